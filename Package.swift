@@ -1,0 +1,52 @@
+// swift-tools-version:6.0
+// FileCoordination: Apple's file coordination model (NSFileCoordinator / NSFilePresenter)
+// for Linux, async-native and cross-process.
+import PackageDescription
+
+let package = Package(
+    name: "FileCoordination",
+    products: [
+        .library(name: "FileCoordination", targets: ["FileCoordination"]),
+        .executable(name: "filecoord", targets: ["filecoord"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+    ],
+    targets: [
+        // libinotifytools (Debian: libinotifytools0-dev). It ships no pkg-config file;
+        // the module map links `inotifytools` itself.
+        .systemLibrary(
+            name: "CInotifyTools",
+            providers: [.apt(["libinotifytools0-dev"])]
+        ),
+        // Thin C wrappers for calls Swift cannot make directly (variadic open/fcntl,
+        // preadv2 flags, O_TMPFILE, OFD locks).
+        .target(name: "CFileCoordinationShims"),
+        .target(
+            name: "AsyncFileIO",
+            dependencies: [
+                "CFileCoordinationShims",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
+        .target(
+            name: "FileWatching",
+            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO"]
+        ),
+        .target(
+            name: "FileCoordination",
+            dependencies: ["AsyncFileIO", "FileWatching"]
+        ),
+        .executableTarget(
+            name: "filecoord",
+            dependencies: [
+                "FileCoordination",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),
+        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching"]),
+        .testTarget(name: "filecoordTests", dependencies: ["FileCoordination"]),
+    ]
+)

@@ -1,0 +1,351 @@
+import CFileCoordinationShims
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A descriptor opened and validated by ``FileOperations``.
+struct OpenedFile: Sendable {
+    var fd: Int32
+    var type: FileType
+    /// `st_size` at open time (0 for devices and for pseudo-files such as `/proc`'s).
+    var size: Int64
+}
+
+/// The blocking file operations behind every public API. All of them run on
+/// ``IOThreadPool`` threads (or inside a pool job of the batch reader); none is ever
+/// called from a task's own thread.
+enum FileOperations {
+    /// Opens `path` for reading and checks it is something that can be read to an end:
+    /// a regular file or a character device. The open uses `O_NONBLOCK` so that a FIFO
+    /// with no writer is reported instead of hanging the thread.
+    static func openForReading(_ path: FilePath) -> Result<OpenedFile, FileCoordinationError> {
+        let opened = path.withPlatformString {
+            Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY)
+        }
+        let fd: Int32
+        switch opened {
+        case .success(let descriptor): fd = descriptor
+        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path))
+        }
+        switch validate(fd: fd, path: path, forWriting: false) {
+        case .success(let file): return .success(file)
+        case .failure(let error):
+            _ = Syscall.close(fd)
+            return .failure(error)
+        }
+    }
+
+    /// Opens `path` for writing (`flags` adds `O_CREAT`, `O_TRUNC`, `O_APPEND`, `O_EXCL`).
+    static func openForWriting(_ path: FilePath, flags: Int32, mode: UInt32 = 0o666) -> Result<OpenedFile, FileCoordinationError> {
+        let opened = path.withPlatformString {
+            Syscall.open($0, O_WRONLY | O_NONBLOCK | O_NOCTTY | flags, mode)
+        }
+        let fd: Int32
+        switch opened {
+        case .success(let descriptor): fd = descriptor
+        case .failure(.noSuchAddressOrDevice):
+            // O_WRONLY|O_NONBLOCK on a FIFO without a reader.
+            return .failure(unsupported(path, "is a FIFO"))
+        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path))
+        }
+        switch validate(fd: fd, path: path, forWriting: true) {
+        case .success(let file): return .success(file)
+        case .failure(let error):
+            _ = Syscall.close(fd)
+            return .failure(error)
+        }
+    }
+
+    private static func validate(fd: Int32, path: FilePath, forWriting: Bool) -> Result<OpenedFile, FileCoordinationError> {
+        let info: stat
+        switch Syscall.fstat(fd) {
+        case .success(let value): info = value
+        case .failure(let errno): return .failure(FileCoordinationError("fstat", errno: errno, path: path))
+        }
+        let type = FileType(mode: info.st_mode)
+        switch type {
+        case .regular:
+            break
+        case .characterDevice:
+            // Devices keep blocking semantics; only the open needed O_NONBLOCK.
+            if case .failure(let errno) = Syscall.setNonBlocking(fd, false) {
+                return .failure(FileCoordinationError("fcntl", errno: errno, path: path))
+            }
+        case .directory:
+            return .failure(FileCoordinationError(code: .isDirectory, path: path, operation: "open", errno: .isDirectory,
+                                                  message: "is a directory, not a file"))
+        case .fifo:
+            return .failure(unsupported(path, "is a FIFO"))
+        case .socket:
+            return .failure(unsupported(path, "is a socket"))
+        case .blockDevice, .symbolicLink, .unknown:
+            return .failure(unsupported(path, "is not a regular file"))
+        }
+        return .success(OpenedFile(fd: fd, type: type, size: Int64(info.st_size)))
+    }
+
+    private static func unsupported(_ path: FilePath, _ what: String) -> FileCoordinationError {
+        FileCoordinationError(code: .unsupportedFileType, path: path, operation: "open",
+                              message: "\(what); only regular files and character devices can be opened")
+    }
+
+    static func tooLarge(_ path: FilePath?, limit: Int) -> FileCoordinationError {
+        FileCoordinationError(code: .fileTooLarge, path: path, operation: "read",
+                              message: "the file is larger than the \(limit)-byte limit")
+    }
+
+    /// Wraps a `malloc`ed buffer as `Data` without copying; frees it when empty.
+    static func data(_ buffer: UnsafeMutableRawPointer, count: Int) -> Data {
+        guard count > 0 else {
+            free(buffer)
+            return Data()
+        }
+        return Data(bytesNoCopy: buffer, count: count, deallocator: .free)
+    }
+
+    /// Reads up to `count` bytes at `offset` (or, when `offset` is nil, at the
+    /// descriptor's position), stopping early only at end of file.
+    static func read(fd: Int32, path: FilePath?, offset: Int64?, count: Int) -> Result<Data, FileCoordinationError> {
+        guard count > 0 else { return .success(Data()) }
+        guard let buffer = malloc(count) else { return .failure(tooLarge(path, limit: count)) }
+        var got = 0
+        while got < count {
+            let step = offset.map { Syscall.pread(fd, buffer + got, count - got, $0 + Int64(got)) }
+                ?? Syscall.read(fd, buffer + got, count - got)
+            switch step {
+            case .success(0):
+                return .success(data(buffer, count: got))
+            case .success(let n):
+                got += n
+            case .failure(let errno):
+                free(buffer)
+                return .failure(FileCoordinationError("read", errno: errno, path: path))
+            }
+        }
+        return .success(data(buffer, count: got))
+    }
+
+    /// Reads until end of file into a growing buffer, failing once more than
+    /// `maximumSize` bytes arrive (so `/dev/zero` ends with an error, not an exhausted heap).
+    static func readUntilEnd(fd: Int32, path: FilePath?, offset: Int64?, initialCapacity: Int,
+                             maximumSize: Int) -> Result<Data, FileCoordinationError> {
+        var capacity = max(4096, min(initialCapacity, maximumSize == .max ? initialCapacity : maximumSize + 1))
+        guard var buffer = malloc(capacity) else { return .failure(tooLarge(path, limit: capacity)) }
+        var got = 0
+        while true {
+            if got == capacity {
+                let grown = capacity > Int.max / 2 ? Int.max : capacity * 2
+                guard let bigger = realloc(buffer, grown) else {
+                    free(buffer)
+                    return .failure(tooLarge(path, limit: maximumSize))
+                }
+                buffer = bigger
+                capacity = grown
+            }
+            let step = offset.map { Syscall.pread(fd, buffer + got, capacity - got, $0 + Int64(got)) }
+                ?? Syscall.read(fd, buffer + got, capacity - got)
+            switch step {
+            case .success(0):
+                return .success(data(buffer, count: got))
+            case .success(let n):
+                got += n
+                if got > maximumSize {
+                    free(buffer)
+                    return .failure(tooLarge(path, limit: maximumSize))
+                }
+            case .failure(let errno):
+                free(buffer)
+                return .failure(FileCoordinationError("read", errno: errno, path: path))
+            }
+        }
+    }
+
+    /// Reads an opened file from its start to its end. A regular file with a known size
+    /// is read in one allocation of exactly that size (the size it had when opened);
+    /// devices and size-less pseudo-files are read until end of file.
+    static func readAll(_ file: OpenedFile, path: FilePath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
+        if file.type == .regular && file.size > 0 {
+            guard file.size <= Int64(maximumSize) else { return .failure(tooLarge(path, limit: maximumSize)) }
+            return read(fd: file.fd, path: path, offset: nil, count: Int(file.size))
+        }
+        return readUntilEnd(fd: file.fd, path: path, offset: nil, initialCapacity: 16 * 1024, maximumSize: maximumSize)
+    }
+
+    /// open + read + close, reporting any step's failure against `path`.
+    static func readWholeFile(_ path: FilePath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
+        openForReading(path).flatMap { file in
+            let result = readAll(file, path: path, maximumSize: maximumSize)
+            if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
+                return .failure(FileCoordinationError("close", errno: errno, path: path))
+            }
+            return result
+        }
+    }
+
+    /// Writes every byte of `bytes` at `offset` (or at the position when nil).
+    static func writeAll(fd: Int32, path: FilePath?, offset: Int64?, _ bytes: some DataProtocol) -> Result<Int, FileCoordinationError> {
+        var written = 0
+        for region in bytes.regions {
+            let result: Result<Void, FileCoordinationError> = region.withUnsafeBytes { raw in
+                guard let base = raw.baseAddress else { return .success(()) }
+                var done = 0
+                while done < raw.count {
+                    let step = offset.map { Syscall.pwrite(fd, base + done, raw.count - done, $0 + Int64(written + done)) }
+                        ?? Syscall.write(fd, base + done, raw.count - done)
+                    switch step {
+                    case .success(let n): done += n
+                    case .failure(let errno): return .failure(FileCoordinationError("write", errno: errno, path: path))
+                    }
+                }
+                return .success(())
+            }
+            if case .failure(let error) = result { return .failure(error) }
+            written += region.count
+        }
+        return .success(written)
+    }
+
+    static func fsync(fd: Int32, path: FilePath?) -> Result<Void, FileCoordinationError> {
+        Syscall.fsync(fd).mapError("fsync", path)
+    }
+
+    /// fsyncs a directory so that a rename inside it is durable.
+    static func syncDirectory(_ directory: FilePath) -> Result<Void, FileCoordinationError> {
+        directory.withPlatformString { Syscall.open($0, O_RDONLY | fc_O_DIRECTORY) }
+            .mapError("open", directory)
+            .flatMap { fd in
+                let result = Syscall.fsync(fd).mapError("fsync", directory)
+                _ = Syscall.close(fd)
+                return result
+            }
+    }
+}
+
+// MARK: - Atomic replacement
+
+/// A file being written aside, to replace its target in one rename when committed.
+///
+/// The content goes into an unnamed `O_TMPFILE` in the target's directory (or, on a
+/// file system without `O_TMPFILE`, into a hidden temporary name there). A writer
+/// killed before ``commit`` leaves the target untouched and, with `O_TMPFILE`, nothing
+/// else behind. ``commit`` fsyncs the data, links it in under a temporary name, renames
+/// it over the target and fsyncs the directory, so readers see the old or the new
+/// content and never a mixture.
+struct AtomicReplacement: Sendable {
+    let target: FilePath
+    let directory: FilePath
+    let fd: Int32
+    /// The visible temporary name when `O_TMPFILE` was not available.
+    let namedTemporary: FilePath?
+    let withoutOverwriting: Bool
+
+    private static let counter = Atomic<Int>(0)
+    private static let procAvailable: Bool = access("/proc/self/fd", F_OK) == 0
+
+    static func temporaryName(for target: FilePath, in directory: FilePath) -> FilePath {
+        let name = target.lastComponent?.string ?? "file"
+        let serial = counter.add(1, ordering: .relaxed).newValue
+        return directory.appending(".\(name).filecoord-\(getpid())-\(serial)-\(UInt32.random(in: 0 ... .max))")
+    }
+
+    /// Opens the temporary file. Keeps the target's permission bits when it exists.
+    static func begin(target: FilePath, withoutOverwriting: Bool) -> Result<AtomicReplacement, FileCoordinationError> {
+        var directory = target.removingLastComponent()
+        if directory.isEmpty { directory = "." }
+        var mode: mode_t?
+        switch target.withPlatformString({ Syscall.stat(path: $0) }) {
+        case .success(let info):
+            if FileType(mode: info.st_mode) == .directory {
+                return .failure(FileCoordinationError(code: .isDirectory, path: target, operation: "open", errno: .isDirectory,
+                                                      message: "is a directory, not a file"))
+            }
+            if withoutOverwriting {
+                return .failure(FileCoordinationError("open", errno: .fileExists, path: target))
+            }
+            mode = info.st_mode & 0o7777
+        case .failure(.noSuchFileOrDirectory):
+            break
+        case .failure(let errno):
+            return .failure(FileCoordinationError("stat", errno: errno, path: target))
+        }
+
+        var fd: Int32 = -1
+        var named: FilePath?
+        if procAvailable {
+            switch directory.withPlatformString({ Syscall.openTemporary(inDirectory: $0, mode: 0o666) }) {
+            case .success(let descriptor): fd = descriptor
+            case .failure(.notSupported), .failure(.isDirectory), .failure(.invalidArgument): break
+            case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: target))
+            }
+        }
+        if fd < 0 {
+            let name = temporaryName(for: target, in: directory)
+            switch name.withPlatformString({ Syscall.open($0, O_WRONLY | O_CREAT | O_EXCL, 0o666) }) {
+            case .success(let descriptor): fd = descriptor; named = name
+            case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: target))
+            }
+        }
+        if let mode, case .failure(let errno) = Syscall.fchmod(fd, mode) {
+            let replacement = AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
+                                                withoutOverwriting: withoutOverwriting)
+            replacement.abort()
+            return .failure(FileCoordinationError("fchmod", errno: errno, path: target))
+        }
+        return .success(AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
+                                          withoutOverwriting: withoutOverwriting))
+    }
+
+    /// Publishes the content under the target's name and closes the descriptor.
+    func commit(sync: Bool) -> Result<Void, FileCoordinationError> {
+        let result = publish(sync: sync)
+        let closed = Syscall.close(fd).mapError("close", target)
+        if case .failure = result { return result }
+        return closed
+    }
+
+    /// fsyncs, renames into place and fsyncs the directory; leaves the descriptor open.
+    /// On failure a visible temporary is removed and the target is left as it was.
+    func publish(sync: Bool) -> Result<Void, FileCoordinationError> {
+        let result = rename(sync: sync)
+        if case .failure = result, let namedTemporary {
+            _ = namedTemporary.withPlatformString { Syscall.unlink($0) }
+        }
+        return result
+    }
+
+    private func rename(sync: Bool) -> Result<Void, FileCoordinationError> {
+        if sync, case .failure(let error) = FileOperations.fsync(fd: fd, path: target) { return .failure(error) }
+        let renamed: Result<Void, FileCoordinationError>
+        if let namedTemporary {
+            renamed = namedTemporary.withPlatformString { from in
+                target.withPlatformString { to in
+                    withoutOverwriting ? Syscall.renameNoReplace(from, to) : Syscall.rename(from, to)
+                }
+            }.mapError("rename", target)
+        } else if withoutOverwriting {
+            renamed = target.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError("link", target)
+        } else {
+            let temporary = Self.temporaryName(for: target, in: directory)
+            renamed = temporary.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError("link", target)
+                .flatMap {
+                    temporary.withPlatformString { from in
+                        target.withPlatformString { to in Syscall.rename(from, to) }
+                    }.mapError("rename", target).flatMapError { error in
+                        _ = temporary.withPlatformString { Syscall.unlink($0) }
+                        return .failure(error)
+                    }
+                }
+        }
+        if case .failure = renamed { return renamed }
+        return sync ? FileOperations.syncDirectory(directory) : .success(())
+    }
+
+    /// Discards the content: the target is left as it was.
+    func abort() {
+        _ = Syscall.close(fd)
+        if let namedTemporary { _ = namedTemporary.withPlatformString { Syscall.unlink($0) } }
+    }
+}

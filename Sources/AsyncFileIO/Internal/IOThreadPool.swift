@@ -1,0 +1,190 @@
+import CFileCoordinationShims
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Threads the library owns, for the system calls that may block (open, fstat, read of
+/// an uncached page, fsync, rename). Work submitted here never runs on the Swift
+/// cooperative pool, so a slow disk or an NFS stall holds one of these threads and no
+/// task executor.
+///
+/// Threads start on demand, up to ``maximumThreads``, and then stay parked on a
+/// condition variable; an idle pool costs nothing but their stacks.
+final class IOThreadPool: @unchecked Sendable {
+    /// The pool every API of the library uses unless told otherwise.
+    static let shared = IOThreadPool(name: "filecoord-io", maximumThreads: 64)
+
+    let name: String
+    let maximumThreads: Int
+
+    // Guarded by `mutex`.
+    private var jobs: [@Sendable () -> Void] = []
+    private var head = 0
+    private var idle = 0
+    private var threads = 0
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    init(name: String, maximumThreads: Int) {
+        precondition(maximumThreads > 0)
+        self.name = name
+        self.maximumThreads = maximumThreads
+        mutex = .allocate(capacity: 1)
+        condition = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(condition, nil)
+    }
+
+    deinit {
+        // Only the shared pool exists in practice, and it lives as long as the process.
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    /// Runs `work` on one of the pool's threads. Never blocks the caller.
+    func submit(_ work: @escaping @Sendable () -> Void) {
+        pthread_mutex_lock(mutex)
+        jobs.append(work)
+        let pending = jobs.count - head
+        let spawn = pending > idle && threads < maximumThreads
+        if spawn { threads += 1 }
+        if idle > 0 { pthread_cond_signal(condition) }
+        pthread_mutex_unlock(mutex)
+        if spawn { startThread(number: threads) }
+    }
+
+    private func startThread(number: Int) {
+        let context = Unmanaged.passRetained(ThreadContext(pool: self, name: "\(name)-\(number)"))
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        pthread_attr_setstacksize(&attributes, 512 * 1024)
+        var thread = pthread_t()
+        let result = pthread_create(&thread, &attributes, { raw in
+            let context = Unmanaged<ThreadContext>.fromOpaque(raw!).takeRetainedValue()
+            fc_set_thread_name(context.name)
+            context.pool.workLoop()
+            return nil
+        }, context.toOpaque())
+        pthread_attr_destroy(&attributes)
+        if result != 0 {
+            context.release()
+            pthread_mutex_lock(mutex)
+            threads -= 1
+            let stranded = threads == 0 && jobs.count > head
+            pthread_mutex_unlock(mutex)
+            // With no thread at all the work could never run: that is not recoverable.
+            precondition(!stranded, "FileCoordination: cannot start an I/O thread (error \(result))")
+        }
+    }
+
+    private func workLoop() {
+        pthread_mutex_lock(mutex)
+        while true {
+            while head == jobs.count {
+                idle += 1
+                pthread_cond_wait(condition, mutex)
+                idle -= 1
+            }
+            let job = jobs[head]
+            head += 1
+            if head == jobs.count {
+                jobs.removeAll(keepingCapacity: true)
+                head = 0
+            } else if head >= 4096 {
+                jobs.removeFirst(head)
+                head = 0
+            }
+            pthread_mutex_unlock(mutex)
+            job()
+            pthread_mutex_lock(mutex)
+        }
+    }
+
+    private final class ThreadContext {
+        let pool: IOThreadPool
+        let name: String
+        init(pool: IOThreadPool, name: String) {
+            self.pool = pool
+            self.name = name
+        }
+    }
+}
+
+extension IOThreadPool {
+    /// Runs blocking `body` on the pool and suspends the calling task until it finishes.
+    ///
+    /// Cancellation: while `body` is still queued, cancelling the task removes it and
+    /// throws `CancellationError`; once `body` has started it runs to completion (a system
+    /// call cannot be interrupted safely) and its result is returned.
+    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        let job = CancellableJob<T>()
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
+                guard job.install(continuation) else {
+                    continuation.resume(throwing: CancellationError())
+                    return
+                }
+                submit {
+                    guard let continuation = job.start() else { return }
+                    continuation.resume(with: Result { try body() })
+                }
+            }
+        } onCancel: {
+            job.cancel()
+        }
+    }
+
+    /// Like ``run(_:)`` for a body that reports failure as a `Result`.
+    func run<T: Sendable>(_ body: @escaping @Sendable () -> Result<T, FileCoordinationError>) async throws -> T {
+        try await run { () throws -> T in try body().get() }
+    }
+}
+
+/// The hand-off between a task waiting for pool work and the pool thread that runs it.
+private final class CancellableJob<T: Sendable>: Sendable {
+    private enum State {
+        case created
+        case waiting(UnsafeContinuation<T, any Error>)
+        case running
+        case cancelled
+    }
+    private let state = Mutex<State>(.created)
+
+    /// Stores the continuation; false when the task was cancelled before it got here.
+    func install(_ continuation: UnsafeContinuation<T, any Error>) -> Bool {
+        state.withLock { state in
+            guard case .created = state else { return false }
+            state = .waiting(continuation)
+            return true
+        }
+    }
+
+    /// Claims the job for running; nil when it was cancelled while queued.
+    func start() -> UnsafeContinuation<T, any Error>? {
+        state.withLock { state in
+            guard case .waiting(let continuation) = state else { return nil }
+            state = .running
+            return continuation
+        }
+    }
+
+    func cancel() {
+        let continuation: UnsafeContinuation<T, any Error>? = state.withLock { state in
+            switch state {
+            case .created:
+                state = .cancelled
+                return nil
+            case .waiting(let continuation):
+                state = .cancelled
+                return continuation
+            case .running, .cancelled:
+                return nil
+            }
+        }
+        continuation?.resume(throwing: CancellationError())
+    }
+}

@@ -1,0 +1,132 @@
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A file opened for reading byte ranges at any offset, from many tasks at once.
+///
+/// Built for large files (several GB): each ``read(byteRange:)`` reads just that range
+/// with `pread`, independently of every other, and returns it in the calling task.
+/// Ranges whose pages are already in the page cache are copied inline with
+/// `preadv2(RWF_NOWAIT)`, which cannot block; the rest is read on the library's I/O
+/// threads. No main-queue or callback defaults: results arrive where you `await` them.
+///
+/// ```swift
+/// let file = try await RandomAccessFile(url: bigFile)
+/// async let header = file.read(byteRange: 0..<4096)
+/// async let footer = file.read(byteRange: file.size - 4096..<file.size)
+/// let parts = try await (header, footer)
+/// try await file.close()
+/// ```
+public final class RandomAccessFile: Sendable {
+    /// The path the file was opened with.
+    public let path: FilePath
+    /// The file's size in bytes when it was opened.
+    public let size: Int64
+    /// The engine carrying out the reads.
+    public let engine: FileIOEngine
+
+    private let fd: Int32
+    private let regular: Bool
+    private let lease = DescriptorLease()
+    private let channel: DispatchChannel?
+    private let noWaitUnsupported = Atomic<Bool>(false)
+
+    /// Opens the file at `path` for range reads.
+    public init(path: FilePath, engine: FileIOEngine = .default) async throws {
+        let file = try await IOThreadPool.shared.run { FileOperations.openForReading(path) }
+        self.path = path
+        self.size = file.size
+        self.engine = engine
+        self.fd = file.fd
+        self.regular = file.type == .regular
+        channel = engine == .dispatchIO ? DispatchChannel(fd: file.fd, random: true, path: path) : nil
+    }
+
+    /// Opens the file at the `file:` URL `url` for range reads.
+    public convenience init(url: URL, engine: FileIOEngine = .default) async throws {
+        try await self.init(path: FilePath(fileURL: url), engine: engine)
+    }
+
+    deinit {
+        if let channel {
+            if lease.close({}) { channel.closeInBackground() }
+        } else {
+            let fd = self.fd
+            lease.close { IOThreadPool.shared.submit { _ = Syscall.close(fd) } }
+        }
+    }
+
+    /// Reads the bytes in `byteRange`. A range reaching past the end of the file returns
+    /// the bytes up to the end; one starting past it returns empty `Data`.
+    public func read(byteRange: Range<Int64>) async throws -> Data {
+        guard byteRange.lowerBound >= 0 else {
+            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
+                                        message: "the range \(byteRange) starts before the beginning of the file")
+        }
+        guard byteRange.count <= Int.max, !byteRange.isEmpty else { return Data() }
+        guard lease.acquire() else {
+            throw FileCoordinationError(code: .closed, path: path, operation: "read", message: "the file is closed")
+        }
+        defer { lease.release() }
+        let offset = byteRange.lowerBound
+        let count = Int(byteRange.count)
+        if let channel { return try await channel.read(offset: offset, length: count) }
+        if regular, count <= 1 << 20, !noWaitUnsupported.load(ordering: .relaxed), let buffer = malloc(count) {
+            switch Syscall.preadNoWait(fd, buffer, count, offset) {
+            case .success(let n) where n == count || n == 0:
+                return FileOperations.data(buffer, count: n)
+            case .success(let n):
+                let head = FileOperations.data(buffer, count: n)
+                return head + (try await readOnPool(offset: offset + Int64(n), count: count - n))
+            case .failure(.resourceTemporarilyUnavailable):
+                free(buffer)
+            case .failure(.notSupported), .failure(.invalidArgument):
+                free(buffer)
+                noWaitUnsupported.store(true, ordering: .relaxed)
+            case .failure(let errno):
+                free(buffer)
+                throw FileCoordinationError("read", errno: errno, path: path)
+            }
+        }
+        return try await readOnPool(offset: offset, count: count)
+    }
+
+    /// Reads the bytes in `byteRange` (the `Int` form of ``read(byteRange:)-5yk4r``).
+    public func read(byteRange: Range<Int>) async throws -> Data {
+        try await read(byteRange: Int64(byteRange.lowerBound) ..< Int64(byteRange.upperBound))
+    }
+
+    private func readOnPool(offset: Int64, count: Int) async throws -> Data {
+        let fd = self.fd, path = self.path
+        let size = self.size
+        return try await IOThreadPool.shared.run {
+            // Do not allocate far more than the file holds for a range past its end.
+            let wanted = offset >= size ? min(count, 64 * 1024) : count
+            return FileOperations.read(fd: fd, path: path, offset: offset, count: wanted)
+        }
+    }
+
+    /// Closes the file, reporting any error; reads still running finish first.
+    /// Later reads fail with ``FileCoordinationError/Code/closed``.
+    public func close() async throws {
+        let path = self.path
+        if let channel {
+            guard lease.close({}) else { return }
+            if let errno = await channel.close(stop: false) {
+                throw FileCoordinationError("close", errno: errno, path: path)
+            }
+            return
+        }
+        let fd = self.fd
+        let result: Result<Void, FileCoordinationError>? = await withCheckedContinuation { continuation in
+            let accepted = lease.close {
+                IOThreadPool.shared.submit { continuation.resume(returning: Syscall.close(fd).mapError("close", path)) }
+            }
+            if !accepted { continuation.resume(returning: nil) }
+        }
+        try result?.get()
+    }
+}

@@ -1,0 +1,45 @@
+// Thin wrappers over Linux calls that Swift cannot reach directly: variadic open and
+// fcntl, preadv2's flags, O_TMPFILE and open-file-description (OFD) locks.
+#ifndef FILECOORDINATION_SHIMS_H
+#define FILECOORDINATION_SHIMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/// open(2) with an explicit mode. Returns the descriptor or -1 with errno set.
+int fc_open(const char *path, int flags, unsigned int mode);
+/// openat(2) with an explicit mode.
+int fc_openat(int dirfd, const char *path, int flags, unsigned int mode);
+/// Opens an unnamed temporary file (O_TMPFILE) in `directory` for writing.
+int fc_open_tmpfile(const char *directory, unsigned int mode);
+/// preadv2(2) with RWF_NOWAIT: reads only what is already in the page cache and
+/// returns -1/EAGAIN instead of blocking on the device.
+ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset);
+/// Sets or clears O_NONBLOCK on an open descriptor.
+int fc_set_nonblocking(int fd, int on);
+/// Takes (type F_RDLCK / F_WRLCK) or releases (F_UNLCK) an OFD lock on [start, start+length).
+/// `wait` selects F_OFD_SETLKW over F_OFD_SETLK.
+int fc_ofd_lock(int fd, short type, int64_t start, int64_t length, int wait);
+/// Queries an OFD lock: returns 0 and sets *type to F_UNLCK when the range could be locked,
+/// else the conflicting lock's type.
+int fc_ofd_getlock(int fd, short type, int64_t start, int64_t length, short *conflicting);
+/// renameat2(2) with RENAME_NOREPLACE.
+int fc_rename_noreplace(const char *from, const char *to);
+/// Names the calling thread (at most 15 bytes are kept).
+void fc_set_thread_name(const char *name);
+/// Writes the calling thread's name into `buffer` (at least 16 bytes).
+int fc_get_thread_name(char *buffer, size_t size);
+
+/// Constants that Swift imports poorly or not at all.
+extern const int fc_O_TMPFILE;
+extern const int fc_O_PATH;
+extern const int fc_O_NOFOLLOW;
+extern const int fc_O_DIRECTORY;
+extern const int fc_AT_SYMLINK_FOLLOW;
+extern const int fc_AT_FDCWD;
+extern const short fc_F_RDLCK;
+extern const short fc_F_WRLCK;
+extern const short fc_F_UNLCK;
+
+#endif

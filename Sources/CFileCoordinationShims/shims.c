@@ -1,0 +1,68 @@
+#define _GNU_SOURCE
+#include "CFileCoordinationShims.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+const int fc_O_TMPFILE = O_TMPFILE;
+const int fc_O_PATH = O_PATH;
+const int fc_O_NOFOLLOW = O_NOFOLLOW;
+const int fc_O_DIRECTORY = O_DIRECTORY;
+const int fc_AT_SYMLINK_FOLLOW = AT_SYMLINK_FOLLOW;
+const int fc_AT_FDCWD = AT_FDCWD;
+const short fc_F_RDLCK = F_RDLCK;
+const short fc_F_WRLCK = F_WRLCK;
+const short fc_F_UNLCK = F_UNLCK;
+
+int fc_open(const char *path, int flags, unsigned int mode) {
+    return open(path, flags, (mode_t)mode);
+}
+
+int fc_openat(int dirfd, const char *path, int flags, unsigned int mode) {
+    return openat(dirfd, path, flags, (mode_t)mode);
+}
+
+int fc_open_tmpfile(const char *directory, unsigned int mode) {
+    return open(directory, O_TMPFILE | O_WRONLY | O_CLOEXEC, (mode_t)mode);
+}
+
+ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset) {
+    struct iovec iov = { buffer, count };
+    return preadv2(fd, &iov, 1, (off_t)offset, RWF_NOWAIT);
+}
+
+int fc_set_nonblocking(int fd, int on) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return -1;
+    flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+    return fcntl(fd, F_SETFL, flags);
+}
+
+int fc_ofd_lock(int fd, short type, int64_t start, int64_t length, int wait) {
+    struct flock lock = { .l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)start, .l_len = (off_t)length, .l_pid = 0 };
+    return fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &lock);
+}
+
+int fc_ofd_getlock(int fd, short type, int64_t start, int64_t length, short *conflicting) {
+    struct flock lock = { .l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)start, .l_len = (off_t)length, .l_pid = 0 };
+    int r = fcntl(fd, F_OFD_GETLK, &lock);
+    if (r == 0 && conflicting) *conflicting = lock.l_type;
+    return r;
+}
+
+int fc_rename_noreplace(const char *from, const char *to) {
+    return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
+}
+
+void fc_set_thread_name(const char *name) {
+    char buffer[16];
+    snprintf(buffer, sizeof buffer, "%s", name);
+    pthread_setname_np(pthread_self(), buffer);
+}
+
+int fc_get_thread_name(char *buffer, size_t size) {
+    return pthread_getname_np(pthread_self(), buffer, size);
+}
