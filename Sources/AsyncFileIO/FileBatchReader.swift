@@ -153,8 +153,12 @@ public struct FileBatchReader: AsyncSequence, Sendable {
     }
 }
 
-/// The state shared by a batch's workers and its consumer. Workers claim indices and
-/// store results; the consumer takes results in bulk, which starts more workers.
+/// The state shared by a batch's workers and its consumer.
+///
+/// Built to stay off locks on the hot path: workers claim indices with an atomic
+/// counter and keep finished results in a private buffer, publishing them under the
+/// lock in groups, or at once when the consumer is waiting. The consumer takes all
+/// published results in one lock acquisition and starts workers when there is room.
 final class BatchStorage: Sendable {
     enum Take {
         case results([BatchReadResult])
@@ -163,31 +167,72 @@ final class BatchStorage: Sendable {
     }
 
     private struct State {
-        var nextIndex = 0
-        var handed = 0
+        /// Given order: a ring of `slots.count` results indexed by `index % slots.count`.
         var slots: [BatchReadResult?]
+        /// Completion order: results in arrival order.
         var ready: [BatchReadResult] = []
-        var bufferedBytes = 0
+        var handed = 0
         var activeWorkers = 0
-        var cancelled = false
         var waiter: UnsafeContinuation<Void, Never>?
+        /// When the consumer parked (monotonic nanoseconds).
+        var waitingSince: UInt64 = 0
 
         var deliverable: Bool {
             slots.isEmpty ? !ready.isEmpty : slots[handed % slots.count] != nil
         }
+
+        /// Whether enough is deliverable to be worth waking the consumer for: each wake
+        /// costs two context switches, so results are handed over in groups.
+        func worthWaking(groupSize: Int, groupBytes: Int) -> Bool {
+            if slots.isEmpty {
+                return ready.count >= groupSize || ready.reduce(0, { $0 + BatchStorage.size(of: $1) }) >= groupBytes
+            }
+            var count = 0, bytes = 0
+            while count < groupSize, bytes < groupBytes, let result = slots[(handed + count) % slots.count] {
+                count += 1
+                bytes += BatchStorage.size(of: result)
+            }
+            return count >= groupSize || bytes >= groupBytes
+        }
     }
+
+    /// How many results (or bytes) make a group worth waking the consumer for.
+    private static let wakeGroup = 64
+    private static let wakeBytes = 4 << 20
+    /// A waiting consumer is woken for whatever is ready after this long (nanoseconds).
+    private static let wakeLatency: UInt64 = 1_000_000
+
+    /// Results a worker keeps before publishing when nobody is waiting for them.
+    private static let publishEvery = 16
 
     private let inputs: [FileBatchReader.Input]
     private let options: BatchReadOptions
+    private let concurrency: Int
+    /// How far claiming may run ahead of the consumer (a soft bound: concurrent claims
+    /// may pass it by at most `concurrency`, which the ring has room for).
     private let window: Int
+    private let nextIndex = Atomic<Int>(0)
+    private let handed = Atomic<Int>(0)
+    private let bufferedBytes = Atomic<Int>(0)
+    private let cancelled = Atomic<Bool>(false)
+    private let consumerWaiting = Atomic<Bool>(false)
+    /// Set once a read took long enough to have waited for a device: from then on the
+    /// batch may use up to `concurrency` threads. Until then, reads come from the page
+    /// cache and more threads than cores would only take turns.
+    private let blocking = Atomic<Bool>(false)
+    private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     private let state: Mutex<State>
 
     init(inputs: [FileBatchReader.Input], options: BatchReadOptions) {
         self.inputs = inputs
         self.options = options
-        let concurrency = max(1, options.concurrency)
-        window = max(4 * concurrency, 64)
-        let slots = options.order == .given ? [BatchReadResult?](repeating: nil, count: window) : []
+        concurrency = max(1, options.concurrency)
+        // Room for every worker's private group plus as much again in the shared ring,
+        // so that workers pause for a slow consumer, not for each other.
+        window = max(2 * concurrency * Self.publishEvery, 64)
+        let slots = options.order == .given
+            ? [BatchReadResult?](repeating: nil, count: window + concurrency)
+            : []
         state = Mutex(State(slots: slots))
     }
 
@@ -198,21 +243,25 @@ final class BatchStorage: Sendable {
             var moved: [BatchReadResult] = []
             if state.slots.isEmpty {
                 swap(&moved, &state.ready)
+                state.handed += moved.count
             } else {
-                while let result = state.slots[state.handed % window] {
-                    state.slots[state.handed % window] = nil
+                let ring = state.slots.count
+                while let result = state.slots[state.handed % ring] {
+                    state.slots[state.handed % ring] = nil
                     state.handed += 1
                     moved.append(result)
                 }
             }
-            if state.slots.isEmpty { state.handed += moved.count }
-            for result in moved { state.bufferedBytes -= Self.size(of: result) }
+            handed.store(state.handed, ordering: .releasing)
+            var bytes = 0
+            for result in moved { bytes += Self.size(of: result) }
+            let buffered = bufferedBytes.subtract(bytes, ordering: .relaxed).newValue
             var spawn = 0
-            if !state.cancelled && state.bufferedBytes < options.maximumBufferedBytes {
-                spawn = min(max(1, options.concurrency) - state.activeWorkers,
-                            inputs.count - state.nextIndex,
-                            window - (state.nextIndex - state.handed))
-                spawn = max(0, spawn)
+            if !cancelled.load(ordering: .relaxed) && buffered < options.maximumBufferedBytes {
+                let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
+                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, Self.processors)
+                spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed,
+                                   window - (claimed - state.handed)))
                 state.activeWorkers += spawn
             }
             if !moved.isEmpty { return (.results(moved), spawn) }
@@ -226,8 +275,10 @@ final class BatchStorage: Sendable {
     func waitForResults() async {
         await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
             let now = state.withLock { state in
-                if state.deliverable || state.activeWorkers == 0 || state.cancelled { return true }
+                if state.deliverable || state.activeWorkers == 0 || cancelled.load(ordering: .relaxed) { return true }
                 state.waiter = continuation
+                state.waitingSince = Self.now()
+                consumerWaiting.store(true, ordering: .relaxed)
                 return false
             }
             if now { continuation.resume() }
@@ -240,6 +291,7 @@ final class BatchStorage: Sendable {
             let now = state.withLock { state in
                 if state.activeWorkers == 0 { return true }
                 state.waiter = continuation
+                consumerWaiting.store(true, ordering: .relaxed)
                 return false
             }
             if now { continuation.resume() }
@@ -247,8 +299,8 @@ final class BatchStorage: Sendable {
     }
 
     func cancel() {
+        cancelled.store(true, ordering: .relaxed)
         let waiter = state.withLock { state in
-            state.cancelled = true
             defer { state.waiter = nil }
             return state.waiter
         }
@@ -257,36 +309,55 @@ final class BatchStorage: Sendable {
 
     // MARK: Worker side
 
-    private static func size(of result: BatchReadResult) -> Int {
-        (try? result.result.get().count) ?? 0
+    fileprivate static func size(of result: BatchReadResult) -> Int {
+        if case .success(let data) = result.result { return data.count }
+        return 0
     }
 
-    /// Stores a finished result and claims the next index, in one lock acquisition.
-    private func store(_ result: BatchReadResult?) -> Int? {
-        let (claim, waiter): (Int?, UnsafeContinuation<Void, Never>?) = state.withLock { state in
-            if let result {
-                if state.slots.isEmpty {
-                    state.ready.append(result)
-                } else {
-                    state.slots[result.index % window] = result
-                }
-                state.bufferedBytes += Self.size(of: result)
-            }
-            var claim: Int?
-            if state.cancelled || state.nextIndex >= inputs.count || state.nextIndex - state.handed >= window
-                || state.bufferedBytes >= options.maximumBufferedBytes
-            {
-                state.activeWorkers -= 1
+    /// Claims the next index, or nil when the worker should stop: the batch is done or
+    /// cancelled, or reading is too far ahead of the consumer.
+    private func claim() -> Int? {
+        guard !cancelled.load(ordering: .relaxed),
+              bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
+              nextIndex.load(ordering: .relaxed) - handed.load(ordering: .acquiring) < window
+        else { return nil }
+        let index = nextIndex.wrappingAdd(1, ordering: .relaxed).oldValue
+        return index < inputs.count ? index : nil
+    }
+
+    /// Publishes a worker's finished results; with `exiting`, also retires the worker.
+    private func publish(_ results: inout [BatchReadResult], exiting: Bool) {
+        var bytes = 0
+        for result in results { bytes += Self.size(of: result) }
+        bufferedBytes.add(bytes, ordering: .relaxed)
+        let waiter: UnsafeContinuation<Void, Never>? = state.withLock { state in
+            if state.slots.isEmpty {
+                state.ready.append(contentsOf: results)
             } else {
-                claim = state.nextIndex
-                state.nextIndex += 1
+                for result in results { state.slots[result.index % state.slots.count] = result }
             }
-            guard state.waiter != nil, state.deliverable || state.activeWorkers == 0 else { return (claim, nil) }
+            if exiting { state.activeWorkers -= 1 }
+            guard state.waiter != nil else { return nil }
+            if state.activeWorkers > 0 {
+                guard state.deliverable else { return nil }
+                let tail = nextIndex.load(ordering: .relaxed) >= inputs.count
+                guard tail || state.worthWaking(groupSize: Self.wakeGroup, groupBytes: Self.wakeBytes)
+                    || Self.now() - state.waitingSince >= Self.wakeLatency
+                else { return nil }
+            }
+            consumerWaiting.store(false, ordering: .relaxed)
             defer { state.waiter = nil }
-            return (claim, state.waiter)
+            return state.waiter
         }
+        results.removeAll(keepingCapacity: true)
         waiter?.resume()
-        return claim
+    }
+
+    /// Monotonic nanoseconds (vDSO, no system call).
+    private static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     private func othersActive() -> Bool {
@@ -297,21 +368,41 @@ final class BatchStorage: Sendable {
         switch options.engine {
         case .threadPool:
             IOThreadPool.shared.submit { [self] in
-                var result: BatchReadResult?
-                while let index = store(result) {
-                    result = readBlocking(index)
+                var finished: [BatchReadResult] = []
+                finished.reserveCapacity(Self.publishEvery)
+                var finishedBytes = 0
+                var oldest: UInt64 = 0
+                while let index = claim() {
+                    let started = Self.now()
+                    let result = readBlocking(index)
+                    if finished.isEmpty { oldest = started }
+                    if Self.now() - started > 200_000 && !blocking.load(ordering: .relaxed) {
+                        blocking.store(true, ordering: .relaxed)
+                    }
+                    finishedBytes += Self.size(of: result)
+                    finished.append(result)
+                    // Publishing takes the lock and may wake the consumer: do it for a group
+                    // of results, for a large one, or when the consumer has waited a while.
+                    if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
+                        || (consumerWaiting.load(ordering: .relaxed) && Self.now() - oldest >= 100_000)
+                    {
+                        publish(&finished, exiting: false)
+                        finishedBytes = 0
+                    }
                 }
+                publish(&finished, exiting: true)
             }
         case .dispatchIO:
             Task { [self] in
-                var result: BatchReadResult?
-                while let index = store(result) {
-                    result = await readWithDispatch(index)
+                var finished: [BatchReadResult] = []
+                while let index = claim() {
+                    finished.append(await readWithDispatch(index))
+                    publish(&finished, exiting: false)
                 }
+                publish(&finished, exiting: true)
             }
         }
     }
-
     private func readBlocking(_ index: Int) -> BatchReadResult {
         switch inputs[index] {
         case .invalid(let path, let error):

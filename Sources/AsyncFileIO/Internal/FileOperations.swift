@@ -110,6 +110,32 @@ enum FileOperations {
     /// descriptor's position), stopping early only at end of file.
     static func read(fd: Int32, path: FilePath?, offset: Int64?, count: Int) -> Result<Data, FileCoordinationError> {
         guard count > 0 else { return .success(Data()) }
+        guard let buffer = BufferRecycler.allocate(count) else { return .failure(tooLarge(path, limit: count)) }
+        var got = 0
+        while got < count {
+            let step = offset.map { Syscall.pread(fd, buffer + got, count - got, $0 + Int64(got)) }
+                ?? Syscall.read(fd, buffer + got, count - got)
+            switch step {
+            case .success(0):
+                break
+            case .success(let n):
+                got += n
+                continue
+            case .failure(let errno):
+                BufferRecycler.release(buffer, count: count)
+                return .failure(FileCoordinationError("read", errno: errno, path: path))
+            }
+            break
+        }
+        guard got < count else { return .success(BufferRecycler.data(buffer, count: count)) }
+        // The file ended early: keep the bytes, return the buffer.
+        let data = Data(bytes: buffer, count: got)
+        BufferRecycler.release(buffer, count: count)
+        return .success(data)
+    }
+
+    static func readUnrecycled(fd: Int32, path: FilePath?, offset: Int64?, count: Int) -> Result<Data, FileCoordinationError> {
+        guard count > 0 else { return .success(Data()) }
         guard let buffer = malloc(count) else { return .failure(tooLarge(path, limit: count)) }
         var got = 0
         while got < count {

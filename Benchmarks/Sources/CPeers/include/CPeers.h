@@ -1,0 +1,14 @@
+// The practical limits the benchmark compares against, in plain C.
+#ifndef FILECOORD_BENCH_CPEERS_H
+#define FILECOORD_BENCH_CPEERS_H
+#include <stddef.h>
+#include <stdint.h>
+
+/// Reads every file (open, fstat, read, close) on `threads` pthreads that take the next
+/// path from a shared counter. Returns the bytes read; *checksum gets first+last+size sums.
+int64_t peer_read_files(const char *const *paths, size_t count, int threads, uint64_t *checksum);
+
+/// `count` random 4 KiB preads at 4 KiB-aligned offsets of `fd` (file of `size` bytes),
+/// split over `threads` threads. Returns a checksum of one byte per read.
+uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsigned seed);
+#endif

@@ -1,0 +1,272 @@
+// FileCoordination's benchmark: every figure is printed beside the peers measured in
+// the same run, as a ratio, because this machine is noisy.
+//
+//   filecoord-bench [--dataset DIR] [--rounds N] [small] [large] [random]
+//
+// small:  10,000 files of 1-16 KiB, read whole (files/s)
+// large:  8 files of 64 MiB, read whole (MiB/s)
+// random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
+import CPeers
+import Dispatch
+import FileCoordination
+import Foundation
+import NIOFileSystem
+
+struct Tally: Sendable {
+    var bytes = 0
+    var sum: UInt64 = 0
+    mutating func add(_ data: Data) {
+        guard let first = data.first, let last = data.last else { return }
+        bytes += data.count
+        sum &+= UInt64(first) &+ UInt64(last) &+ UInt64(data.count)
+    }
+}
+
+enum Configuration {
+    static let parsed: (dataset: String, rounds: Int, workloads: [String]) = {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        func option(_ name: String, default value: String) -> String {
+            guard let index = arguments.firstIndex(of: name), index + 1 < arguments.count else { return value }
+            defer { arguments.removeSubrange(index ... index + 1) }
+            return arguments[index + 1]
+        }
+        let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
+        let rounds = Int(option("--rounds", default: "5")) ?? 5
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random"] : arguments)
+    }()
+}
+let datasetRoot = Configuration.parsed.dataset
+let rounds = Configuration.parsed.rounds
+let workloads = Configuration.parsed.workloads
+let concurrency = Int(ProcessInfo.processInfo.environment["FILECOORD_BENCH_CONCURRENCY"] ?? "16") ?? 16
+/// `FILECOORD_BENCH_ONLY=prefix`: measure only the methods whose name starts so (and the C peer).
+let only = ProcessInfo.processInfo.environment["FILECOORD_BENCH_ONLY"]
+
+// MARK: Dataset
+
+func makeDataset() throws -> (small: [String], large: [String], big: String) {
+    let fm = FileManager.default
+    var generator = SplitMix(seed: 59)
+    var small: [String] = []
+    for index in 0 ..< 10_000 {
+        let directory = "\(datasetRoot)/small/\(String(format: "%03d", index / 1000))"
+        let path = "\(directory)/f\(String(format: "%06d", index)).bin"
+        if !fm.fileExists(atPath: path) {
+            try fm.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let size = Int(generator.next() % 15361) + 1024
+            try Data((0 ..< size).map { _ in UInt8(truncatingIfNeeded: generator.next()) }).write(to: URL(fileURLWithPath: path))
+        }
+        small.append(path)
+    }
+    var large: [String] = []
+    let block = Data((0 ..< (1 << 20)).map { _ in UInt8(truncatingIfNeeded: generator.next()) })
+    try fm.createDirectory(atPath: "\(datasetRoot)/large", withIntermediateDirectories: true)
+    for index in 0 ..< 8 {
+        let path = "\(datasetRoot)/large/big\(index).bin"
+        if !fm.fileExists(atPath: path) { try writeRepeated(block, times: 64, to: path) }
+        large.append(path)
+    }
+    let big = "\(datasetRoot)/one-gib.bin"
+    if !fm.fileExists(atPath: big) { try writeRepeated(block, times: 1024, to: big) }
+    return (small, large, big)
+}
+
+func writeRepeated(_ block: Data, times: Int, to path: String) throws {
+    _ = FileManager.default.createFile(atPath: path, contents: nil)
+    let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+    for _ in 0 ..< times { try handle.write(contentsOf: block) }
+    try handle.close()
+}
+
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+// MARK: Methods that read a list of files
+
+func cPool(_ paths: [String]) -> Tally {
+    var strings = paths.map { strdup($0) }
+    defer { strings.forEach { free($0) } }
+    var sum: UInt64 = 0
+    let bytes = strings.withUnsafeBufferPointer { buffer in
+        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
+            peer_read_files($0, buffer.count, Int32(concurrency), &sum)
+        }
+    }
+    strings.removeAll()
+    return Tally(bytes: Int(bytes), sum: sum)
+}
+
+func filecoord(_ paths: [FilePath], engine: FileIOEngine) async throws -> Tally {
+    var tally = Tally()
+    for try await file in FileBatchReader(paths: paths, options: BatchReadOptions(concurrency: concurrency, engine: engine)) {
+        tally.add(try file.get())
+    }
+    return tally
+}
+
+func inGroup(_ paths: [String], _ read: @escaping @Sendable (String) async throws -> Data) async throws -> Tally {
+    try await withThrowingTaskGroup(of: Tally.self) { group in
+        var iterator = paths.makeIterator()
+        for _ in 0 ..< concurrency {
+            if let path = iterator.next() { group.addTask { var t = Tally(); t.add(try await read(path)); return t } }
+        }
+        var total = Tally()
+        while let tally = try await group.next() {
+            total.bytes += tally.bytes
+            total.sum &+= tally.sum
+            if let path = iterator.next() { group.addTask { var t = Tally(); t.add(try await read(path)); return t } }
+        }
+        return total
+    }
+}
+
+func foundationParallel(_ paths: [String]) async throws -> Tally {
+    try await inGroup(paths) { try Data(contentsOf: URL(fileURLWithPath: $0, isDirectory: false)) }
+}
+
+func nio(_ paths: [String]) async throws -> Tally {
+    try await inGroup(paths) { path in
+        try await FileSystem.shared.withFileHandle(forReadingAt: NIOFileSystem.FilePath(path)) { handle in
+            let buffer = try await handle.readToEnd(maximumSizeAllowed: .mebibytes(1024))
+            return Data(buffer.readableBytesView)
+        }
+    }
+}
+
+// MARK: Measurement
+
+struct Sample {
+    var method: String
+    var values: [Double] = []
+    var median: Double { values.sorted()[values.count / 2] }
+}
+
+func seconds(_ body: () async throws -> Void) async rethrows -> Double {
+    let start = DispatchTime.now().uptimeNanoseconds
+    try await body()
+    return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+}
+
+func report(_ workload: String, unit: String, _ samples: [Sample], peer: String, goals: [String: Double]) {
+    let base = samples.first { $0.method == peer }?.median ?? samples[0].median
+    print("\n\(workload)  (median of \(rounds) rounds; ratio against \(peer) in the same run)")
+    for sample in samples {
+        let ratio = sample.median / base
+        var line = "  \(sample.method.padding(toLength: 28, withPad: " ", startingAt: 0))"
+        line += String(format: "%12.0f %@   %.2fx", sample.median, unit, ratio)
+        if let goal = goals[sample.method] { line += String(format: "   goal >= %.2fx: %@", goal, ratio >= goal ? "met" : "NOT MET") }
+        print(line)
+    }
+}
+
+func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escaping (Tally, Double) -> Double) async throws {
+    let filePaths = paths.map { FilePath($0) }
+    let allMethods: [(String, () async throws -> Tally)] = [
+        ("c pread pool (16 threads)", { cPool(paths) }),
+        ("filecoord threadPool", { try await filecoord(filePaths, engine: .threadPool) }),
+        ("filecoord dispatchIO", { try await filecoord(filePaths, engine: .dispatchIO) }),
+        ("foundation in task group", { try await foundationParallel(paths) }),
+        ("swift-nio FileSystem", { try await nio(paths) }),
+    ]
+    var expected: Tally?
+    let methods = allMethods.filter { only == nil || $0.0.hasPrefix(only!) || ($0.0.hasPrefix("c ") && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil) }
+    var samples = methods.map { Sample(method: $0.0) }
+    _ = cPool(paths) // warm the page cache
+    for _ in 0 ..< rounds {
+        for (index, method) in methods.enumerated() {
+            var tally = Tally()
+            let time = try await seconds { tally = try await method.1() }
+            if let expected, expected.bytes != tally.bytes || expected.sum != tally.sum {
+                print("  checksum mismatch in \(method.0): \(tally) vs \(expected)")
+            }
+            expected = expected ?? tally
+            samples[index].values.append(perSecond(tally, time))
+        }
+    }
+    report(name, unit: unit, samples, peer: "c pread pool (16 threads)", goals: ["filecoord threadPool": 0.9])
+}
+
+func runRandom(_ path: String) async throws {
+    let count = 100_000
+    let size: Int64 = 1 << 30
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    precondition(fd >= 0, "cannot open \(path)")
+    defer { close(fd) }
+    _ = peer_random_reads(fd, size, Int(count), 2, 7) // warm
+    let offsets: [Int64] = {
+        var generator = SplitMix(seed: 11)
+        return (0 ..< count).map { _ in Int64(generator.next() % UInt64(size / 4096)) * 4096 }
+    }()
+    let ours = try await RandomAccessFile(path: FilePath(path))
+    let oursDispatch = try await RandomAccessFile(path: FilePath(path), engine: .dispatchIO)
+    let nioHandle = try await FileSystem.shared.openFile(forReadingAt: NIOFileSystem.FilePath(path))
+
+    func sequential(_ file: RandomAccessFile, _ slice: ArraySlice<Int64>) async throws -> UInt64 {
+        var sum: UInt64 = 0
+        for offset in slice {
+            let data = try await file.read(byteRange: offset ..< offset + 4096)
+            sum &+= UInt64(data[data.startIndex + 7])
+        }
+        return sum
+    }
+    func parallel(_ file: RandomAccessFile, tasks: Int) async throws {
+        try await withThrowingTaskGroup(of: UInt64.self) { group in
+            let chunk = count / tasks
+            for task in 0 ..< tasks {
+                let slice = offsets[task * chunk ..< (task + 1) * chunk]
+                group.addTask { try await sequential(file, slice) }
+            }
+            for try await _ in group {}
+        }
+    }
+    let allMethods: [(String, () async throws -> Void)] = [
+        ("c pread loop (1 thread)", { _ = peer_random_reads(fd, size, Int(count), 1, 7) }),
+        ("filecoord threadPool, 1 task", { _ = try await sequential(ours, offsets[...]) }),
+        ("c pread (2 threads)", { _ = peer_random_reads(fd, size, Int(count), 2, 7) }),
+        ("filecoord threadPool, 2 tasks", { try await parallel(ours, tasks: 2) }),
+        ("filecoord dispatchIO, 1 task", { _ = try await sequential(oursDispatch, offsets[..<(count / 10)]) }),
+        ("swift-nio FileSystem, 1 task", {
+            for offset in offsets[..<(count / 10)] {
+                _ = try await nioHandle.readChunk(fromAbsoluteOffset: offset, length: .bytes(4096))
+            }
+        }),
+    ]
+    let methods = allMethods.filter { only == nil || $0.0.hasPrefix(only!) || ($0.0.hasPrefix("c ") && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil) }
+    var samples = methods.map { Sample(method: $0.0) }
+    for _ in 0 ..< rounds {
+        for (index, method) in methods.enumerated() {
+            let time = try await seconds { try await method.1() }
+            let reads = method.0.contains("dispatchIO") || method.0.contains("nio") ? count / 10 : count
+            samples[index].values.append(Double(reads) / time)
+        }
+    }
+    try await nioHandle.close()
+    try await ours.close()
+    try await oursDispatch.close()
+    report("random 4 KiB reads of a 1 GiB file", unit: "reads/s", samples, peer: "c pread loop (1 thread)",
+           goals: ["filecoord threadPool, 1 task": 0.8, "filecoord threadPool, 2 tasks": 0.8])
+}
+
+let dataset = try makeDataset()
+print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
+for workload in workloads {
+    switch workload {
+    case "small":
+        try await runFiles("10,000 files of 1-16 KiB", dataset.small, unit: "files/s") { _, time in Double(dataset.small.count) / time }
+    case "large":
+        try await runFiles("8 files of 64 MiB", dataset.large, unit: "MiB/s") { tally, time in Double(tally.bytes) / 1_048_576 / time }
+    case "random":
+        try await runRandom(dataset.big)
+    default:
+        print("unknown workload \(workload)")
+    }
+}

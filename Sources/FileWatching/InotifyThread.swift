@@ -1,0 +1,238 @@
+import AsyncFileIO
+import CFileCoordinationShims
+import CInotifyTools
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One inotify event as the watcher thread read it, detached from libinotifytools' buffer.
+struct InotifyEvent: Sendable, Equatable {
+    /// The watch descriptor the event arrived on (-1 for a queue overflow).
+    var wd: Int32
+    /// The `IN_*` bits.
+    var mask: UInt32
+    /// Pairs the two halves of a rename (`IN_MOVED_FROM` / `IN_MOVED_TO`).
+    var cookie: UInt32
+    /// The entry's name inside a watched directory (empty for the watched item itself).
+    var name: [UInt8]
+
+    var isOverflow: Bool { mask & UInt32(IN_Q_OVERFLOW) != 0 }
+}
+
+/// The only thread in the process that calls libinotifytools.
+///
+/// libinotifytools keeps global, unlocked state, so every call into it (initialise,
+/// add or remove a watch, read the next event) happens here. Other threads and tasks
+/// send commands through a queue and ring a doorbell: an unnamed `O_TMPFILE` on tmpfs
+/// that the thread itself watches, so the thread sleeps in `inotifytools_next_event`
+/// with no timeout and wakes for either a file-system event or a command, never polling.
+final class InotifyThread: @unchecked Sendable {
+    /// Started on first use; lives as long as the process.
+    static let shared = InotifyThread()
+
+    typealias Handler = @Sendable (InotifyEvent) -> Void
+
+    private enum Command {
+        case add(FilePath, UInt32, Handler, CheckedContinuation<Result<Int32, FileCoordinationError>, Never>)
+        case remove(Int32, CheckedContinuation<Void, Never>)
+        case count(CheckedContinuation<Int, Never>)
+    }
+
+    private struct Queue {
+        var commands: [Command] = []
+        /// Set when the thread could not start inotify: every command fails with it.
+        var failure: FileCoordinationError?
+    }
+    private let queue = Mutex(Queue())
+    private let doorbell: Int32
+    private let startupError: FileCoordinationError?
+
+    /// The thread's own state: touched only on the thread.
+    private var handlers: [Int32: Handler] = [:]
+    private var doorbellWatch: Int32 = -1
+
+    static let threadName = "filecoord-inotify"
+
+    private init() {
+        var fd: Int32 = -1
+        var lastError: Errno = .noSuchFileOrDirectory
+        for directory in ["/dev/shm", ProcessInfoLite.temporaryDirectory, "/tmp"] {
+            fd = directory.withCString { fc_open_tmpfile($0, 0o600) }
+            if fd >= 0 { break }
+            lastError = Errno(rawValue: errno)
+        }
+        doorbell = fd
+        startupError = fd < 0
+            ? FileCoordinationError("open", errno: lastError, path: FilePath("/dev/shm"))
+            : nil
+        guard startupError == nil else { return }
+        let context = Unmanaged.passRetained(self).toOpaque()
+        var thread = pthread_t()
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        let created = pthread_create(&thread, &attributes, { raw in
+            let owner = Unmanaged<InotifyThread>.fromOpaque(raw!).takeRetainedValue()
+            fc_set_thread_name(InotifyThread.threadName)
+            owner.run()
+            return nil
+        }, context)
+        pthread_attr_destroy(&attributes)
+        precondition(created == 0, "FileCoordination: cannot start the inotify thread (error \(created))")
+    }
+
+    // MARK: Requests from any thread
+
+    /// Adds a watch on `path` for the `IN_*` events in `mask`; `handler` runs on the
+    /// watcher thread for each event and must return quickly.
+    func addWatch(_ path: FilePath, mask: UInt32, handler: @escaping Handler) async throws -> Int32 {
+        if let startupError { throw startupError }
+        let result = await withCheckedContinuation { continuation in
+            send(.add(path, mask, handler, continuation))
+        }
+        return try result.get()
+    }
+
+    /// Removes a watch added by ``addWatch(_:mask:handler:)``; its handler is not called again.
+    func removeWatch(_ wd: Int32) async {
+        guard startupError == nil else { return }
+        await withCheckedContinuation { continuation in
+            send(.remove(wd, continuation))
+        }
+    }
+
+    /// How many watches libinotifytools holds for the callers (the doorbell excluded).
+    func watchCount() async -> Int {
+        guard startupError == nil else { return 0 }
+        return await withCheckedContinuation { continuation in
+            send(.count(continuation))
+        }
+    }
+
+    private func send(_ command: Command) {
+        let failure: FileCoordinationError? = queue.withLock { queue in
+            if let failure = queue.failure { return failure }
+            queue.commands.append(command)
+            return nil
+        }
+        if let failure {
+            Self.fail(command, with: failure)
+            return
+        }
+        // Rewriting one byte of a tmpfs file: no device, no journal; it cannot block.
+        var byte: UInt8 = 1
+        _ = pwrite(doorbell, &byte, 1, 0)
+    }
+
+    private static func fail(_ command: Command, with error: FileCoordinationError) {
+        switch command {
+        case .add(_, _, _, let continuation): continuation.resume(returning: .failure(error))
+        case .remove(_, let continuation): continuation.resume()
+        case .count(let continuation): continuation.resume(returning: 0)
+        }
+    }
+
+    // MARK: The thread
+
+    private func run() {
+        guard inotifytools_initialize() != 0 else {
+            failAll(Errno(rawValue: inotifytools_error()))
+            return
+        }
+        doorbellWatch = inotifytools_watch_file("/proc/self/fd/\(doorbell)", Int32(IN_MODIFY))
+        guard doorbellWatch > 0 else {
+            failAll(Errno(rawValue: inotifytools_error()))
+            return
+        }
+        while true {
+            guard let raw = inotifytools_next_event(-1) else { continue }
+            let wd = raw.pointee.wd
+            if wd == doorbellWatch {
+                drainCommands()
+                continue
+            }
+            let event = Self.copy(raw)
+            if event.isOverflow {
+                for handler in handlers.values { handler(event) }
+                continue
+            }
+            handlers[wd]?(event)
+            if event.mask & UInt32(IN_IGNORED) != 0 { handlers[wd] = nil }
+        }
+    }
+
+    private static func copy(_ raw: UnsafeMutablePointer<inotify_event>) -> InotifyEvent {
+        let length = Int(raw.pointee.len)
+        var name: [UInt8] = []
+        if length > 0 {
+            let bytes = UnsafeRawPointer(raw).advanced(by: MemoryLayout<inotify_event>.size)
+                .assumingMemoryBound(to: UInt8.self)
+            let buffer = UnsafeBufferPointer(start: bytes, count: length)
+            name = Array(buffer.prefix { $0 != 0 })
+        }
+        return InotifyEvent(wd: raw.pointee.wd, mask: raw.pointee.mask, cookie: raw.pointee.cookie, name: name)
+    }
+
+    private func drainCommands() {
+        let pending = queue.withLock { queue in
+            defer { queue.commands.removeAll() }
+            return queue.commands
+        }
+        for command in pending {
+            switch command {
+            case .add(let path, let mask, let handler, let continuation):
+                let wd = path.withPlatformString { inotifytools_watch_file($0, Int32(bitPattern: mask)) }
+                if wd > 0 {
+                    handlers[Int32(wd)] = handler
+                    continuation.resume(returning: .success(Int32(wd)))
+                } else {
+                    continuation.resume(returning: .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))))
+                }
+            case .remove(let wd, let continuation):
+                if handlers.removeValue(forKey: wd) != nil { _ = inotifytools_remove_watch_by_wd(wd) }
+                continuation.resume()
+            case .count(let continuation):
+                continuation.resume(returning: Int(inotifytools_get_num_watches()) - 1)
+            }
+        }
+    }
+
+    static func watchError(_ path: FilePath, _ errno: Errno) -> FileCoordinationError {
+        switch errno {
+        case .noSpace:
+            let limit = inotifytools_get_max_user_watches()
+            return FileCoordinationError(
+                code: .watchLimitReached, path: path, operation: "inotify_add_watch", errno: errno,
+                message: "the inotify watch limit (fs.inotify.max_user_watches = \(limit)) is reached; "
+                    + "raise it with sysctl fs.inotify.max_user_watches=N")
+        case .tooManyOpenFiles:
+            let limit = inotifytools_get_max_user_instances()
+            return FileCoordinationError(
+                code: .watchLimitReached, path: path, operation: "inotify_init", errno: errno,
+                message: "the inotify instance limit (fs.inotify.max_user_instances = \(limit)) is reached")
+        default:
+            return FileCoordinationError("inotify_add_watch", errno: errno, path: path)
+        }
+    }
+
+    /// Startup failed on the thread: fail what is queued and everything sent later, and
+    /// let the thread end.
+    private func failAll(_ errno: Errno) {
+        let error = Self.watchError(FilePath("/proc/self/fd/\(doorbell)"), errno)
+        let pending = queue.withLock { queue in
+            queue.failure = error
+            defer { queue.commands.removeAll() }
+            return queue.commands
+        }
+        for command in pending { Self.fail(command, with: error) }
+    }
+}
+
+/// `TMPDIR` without importing Foundation into the watcher.
+enum ProcessInfoLite {
+    static var temporaryDirectory: String {
+        getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
+    }
+}

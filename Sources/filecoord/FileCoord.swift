@@ -1,0 +1,48 @@
+import ArgumentParser
+import FileCoordination
+import Foundation
+
+/// `filecoord`: file coordination for shell scripts and other languages.
+/// The contract is `shared/cli-contract.md`; exit status 0 success, 1 an operation
+/// failed, 2 usage error, 3 timed out.
+@main
+struct FileCoord: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "filecoord",
+        abstract: "Coordinated file access between processes, for Linux.",
+        discussion: """
+            Readers share, writers are exclusive, and presenters hear about changes \
+            before and after they happen. See `filecoord help <subcommand>`.
+            """,
+        subcommands: [Read.self, Write.self, Demo.self]
+    )
+
+    static func main() async {
+        do {
+            var command = try parseAsRoot()
+            if var command = command as? AsyncParsableCommand {
+                try await command.run()
+            } else {
+                try command.run()
+            }
+        } catch let exit as ExitCode {
+            Foundation.exit(exit.rawValue)
+        } catch {
+            let code = exitCode(for: error)
+            if code == .success {
+                self.exit(withError: error)
+            }
+            // Usage errors exit 2 per the contract (ArgumentParser's own default is 64).
+            let message = fullMessage(for: error)
+            if !message.isEmpty { Output.error(message) }
+            Foundation.exit(code == .validationFailure ? 2 : code.rawValue)
+        }
+    }
+}
+
+/// Exit statuses of the contract.
+enum Status {
+    static let failed = ExitCode(1)
+    static let usage = ExitCode(2)
+    static let timedOut = ExitCode(3)
+}

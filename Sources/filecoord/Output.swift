@@ -1,0 +1,144 @@
+import FileCoordination
+import Foundation
+
+/// Everything the tool prints. Paths are printed with their exact bytes, so a name that
+/// is not UTF-8 reads the same as in `ls`'s raw output.
+enum Output {
+    static let standardErrorIsTerminal = isatty(2) != 0
+
+    /// `filecoord: <message>` on stderr.
+    static func error(_ message: String) {
+        writeStandardError(Array("filecoord: \(message)\n".utf8))
+    }
+
+    /// `filecoord: <path>: <what failed>: <cause> (<ERRNO>)` on stderr.
+    static func report(_ failure: FileCoordinationError) {
+        var line = Array("filecoord: ".utf8)
+        if let path = failure.path {
+            path.withPlatformString { pointer in
+                line += UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
+            }
+            line += Array(": ".utf8)
+        }
+        line += Array("\(failure.operation) failed: \(failure.message)".utf8)
+        if let errno = failure.errno { line += Array(" (\(errno.symbolicName))".utf8) }
+        line.append(UInt8(ascii: "\n"))
+        writeStandardError(line)
+    }
+
+    static func writeStandardError(_ bytes: [UInt8]) {
+        write(bytes, to: 2)
+    }
+
+    /// For the demo's narration, where a blocking write to a terminal is what we want.
+    static func writeStandardOutput(_ bytes: [UInt8]) {
+        write(bytes, to: 1)
+    }
+
+    private static func write(_ bytes: [UInt8], to fd: Int32) {
+        bytes.withUnsafeBytes { raw in
+            var offset = 0
+            while offset < raw.count {
+                let n = Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                if n <= 0 { if errno == EINTR { continue } else { return } }
+                offset += n
+            }
+        }
+    }
+}
+
+/// Writes to a pipe, terminal or file descriptor the tool did not open (stdout) from a
+/// thread of its own, so the blocking write never holds a cooperative-pool thread.
+final class DescriptorWriter: Sendable {
+    private let fd: Int32
+    private let queue: DispatchQueue
+
+    init(fd: Int32, label: String) {
+        self.fd = fd
+        queue = DispatchQueue(label: label)
+    }
+
+    func write(_ data: Data) async throws {
+        let fd = self.fd
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            queue.async {
+                let result: Result<Void, any Error> = data.withUnsafeBytes { raw in
+                    var offset = 0
+                    while offset < raw.count {
+                        let n = Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
+                        if n < 0 {
+                            if errno == EINTR { continue }
+                            return .failure(FileCoordinationError("write", errno: Errno(rawValue: errno),
+                                                                  path: FilePath("/dev/fd/\(fd)")))
+                        }
+                        offset += n
+                    }
+                    return .success(())
+                }
+                continuation.resume(with: result)
+            }
+        }
+    }
+
+    /// Reads at most `count` bytes (one read(2)), on the writer's thread; empty at the end.
+    func read(upToCount count: Int) async -> Data {
+        let fd = self.fd
+        return await withCheckedContinuation { continuation in
+            queue.async {
+                var buffer = Data(count: count)
+                var n = 0
+                repeat {
+                    n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, count) }
+                } while n < 0 && errno == EINTR
+                buffer.count = max(0, n)
+                continuation.resume(returning: buffer)
+            }
+        }
+    }
+
+    /// Reads the descriptor to its end (standard input), on the writer's thread.
+    func readToEnd() async -> Data {
+        let fd = self.fd
+        return await withCheckedContinuation { continuation in
+            queue.async {
+                var data = Data()
+                var buffer = [UInt8](repeating: 0, count: 65536)
+                while true {
+                    let n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, $0.count) }
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { break }
+                    data.append(contentsOf: buffer[0 ..< n])
+                }
+                continuation.resume(returning: data)
+            }
+        }
+    }
+}
+
+/// Recovers the exact bytes of command-line arguments. Swift decodes `argv` into
+/// `String`s, replacing bytes that are not UTF-8; a path must keep them.
+enum RawArguments {
+    private static let table: [String: [[UInt8]]] = {
+        var table: [String: [[UInt8]]] = [:]
+        for index in 1 ..< Int(CommandLine.argc) {
+            guard let pointer = CommandLine.unsafeArgv[index] else { continue }
+            let bytes = Array(UnsafeBufferPointer(start: pointer, count: strlen(pointer))).map { UInt8(bitPattern: $0) }
+            table[String(decoding: bytes, as: UTF8.self), default: []].append(bytes)
+        }
+        return table
+    }()
+
+    /// The path as it was typed, bytes and all.
+    static func path(_ argument: String) -> FilePath {
+        guard let bytes = table[argument]?.first else { return FilePath(argument) }
+        return FilePath(bytes: bytes)
+    }
+}
+
+extension FilePath {
+    /// A path from raw bytes (no NUL inside).
+    init(bytes: some Collection<UInt8>) {
+        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
+        self = chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+    }
+}

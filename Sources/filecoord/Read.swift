@@ -1,0 +1,150 @@
+import ArgumentParser
+import FileCoordination
+import Foundation
+
+extension FileIOEngine: ExpressibleByArgument {
+    public init?(argument: String) {
+        switch argument {
+        case "threadPool", "threads": self = .threadPool
+        case "dispatchIO", "dispatch": self = .dispatchIO
+        default: return nil
+        }
+    }
+
+    public static var allValueStrings: [String] { ["threadPool", "dispatchIO"] }
+}
+
+struct Read: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Read files in parallel, each under a coordinated read intent.",
+        discussion: """
+            Every file is read whole. A file that fails is reported on stderr and skipped; \
+            the others are still read, and the exit status is 1. Without --cat or --json \
+            a summary goes to stderr. --json prints one object on stdout: \
+            {"files":N,"bytes":B,"failed":F,"seconds":S,"filesPerSecond":X,"mibPerSecond":Y}, \
+            where seconds times the read phase only.
+            """
+    )
+
+    @Argument(help: "Files to read.")
+    var paths: [String] = []
+
+    @Option(name: .customLong("from-list"), help: ArgumentHelp("Read paths from FILE, one a line (- for stdin).", valueName: "FILE"))
+    var fromList: String?
+
+    @Flag(name: [.customShort("z"), .customLong("null")], help: "The list separates paths with NUL bytes, for names that contain newlines.")
+    var nullSeparated = false
+
+    @Option(help: "How many files are read at once.")
+    var concurrency = 16
+
+    @Flag(name: .customLong("no-coordination"), help: "Read without taking coordinated read intents.")
+    var noCoordination = false
+
+    @Flag(help: "Write the contents to stdout in the order given (byte-identical to cat).")
+    var cat = false
+
+    @Flag(help: "Print one JSON summary object on stdout.")
+    var json = false
+
+    @Option(help: ArgumentHelp("The I/O engine: threadPool (default) or dispatchIO.", valueName: "ENGINE"))
+    var engine: FileIOEngine = .default
+
+    func validate() throws {
+        guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        guard !paths.isEmpty || fromList != nil else { throw ValidationError("name files to read, or --from-list") }
+        guard !(cat && json) else { throw ValidationError("--cat and --json cannot be combined") }
+    }
+
+    func run() async throws {
+        guard noCoordination else {
+            Output.error("coordinated reads arrive with the coordinator; pass --no-coordination for now")
+            throw Status.usage
+        }
+        var list = paths.map(RawArguments.path)
+        if let fromList {
+            list += try await Self.readList(fromList, separator: nullSeparated ? 0 : UInt8(ascii: "\n"))
+        }
+
+        let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
+        let progress = Output.standardErrorIsTerminal && !json ? Progress(total: list.count) : nil
+        var files = 0, failed = 0, bytes = 0
+        let clock = ContinuousClock()
+        let start = clock.now
+        let batch = FileBatchReader(paths: list, options: BatchReadOptions(concurrency: concurrency, engine: engine))
+        for try await file in batch {
+            switch file.result {
+            case .success(let data):
+                files += 1
+                bytes += data.count
+                try await output?.write(data)
+            case .failure(let error):
+                failed += 1
+                progress?.clear()
+                Output.report(error)
+            }
+            progress?.update(done: files + failed)
+        }
+        let elapsed = clock.now - start
+        progress?.clear()
+
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let perSecond = seconds > 0 ? Double(files) / seconds : 0
+        let mibPerSecond = seconds > 0 ? Double(bytes) / 1_048_576 / seconds : 0
+        if json {
+            let line = String(format: #"{"files":%d,"bytes":%d,"failed":%d,"seconds":%.6f,"filesPerSecond":%.1f,"mibPerSecond":%.1f}"#,
+                              files, bytes, failed, seconds, perSecond, mibPerSecond)
+            try await DescriptorWriter(fd: 1, label: "filecoord.stdout").write(Data((line + "\n").utf8))
+        } else if !cat {
+            Output.writeStandardError(Array(String(
+                format: "read %d files, %d bytes in %.3f s (%.0f files/s, %.1f MiB/s)%@\n",
+                files, bytes, seconds, perSecond, mibPerSecond, failed > 0 ? ", \(failed) failed" as NSString : "" as NSString
+            ).utf8))
+        }
+        if failed > 0 { throw Status.failed }
+    }
+
+    /// Reads a list of paths from a file or stdin, split on `separator`.
+    static func readList(_ source: String, separator: UInt8) async throws -> [FilePath] {
+        let data: Data
+        if source == "-" {
+            data = await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
+        } else {
+            do {
+                data = try await Data(asyncContentsOf: RawArguments.path(source))
+            } catch let error as FileCoordinationError {
+                Output.report(error)
+                throw Status.failed
+            }
+        }
+        return data.split(separator: separator, omittingEmptySubsequences: true).map { FilePath(bytes: $0) }
+    }
+}
+
+/// A one-line progress bar on a terminal's stderr, redrawn at most ten times a second.
+final class Progress {
+    private let total: Int
+    private var lastDraw = ContinuousClock.now - .seconds(1)
+    private var drawn = false
+
+    init(total: Int) {
+        self.total = total
+    }
+
+    func update(done: Int) {
+        let now = ContinuousClock.now
+        guard now - lastDraw >= .milliseconds(100) || done == total else { return }
+        lastDraw = now
+        let width = 30
+        let filled = total > 0 ? width * done / total : width
+        let bar = String(repeating: "=", count: filled) + String(repeating: " ", count: width - filled)
+        Output.writeStandardError(Array("\r[\(bar)] \(done)/\(total)".utf8))
+        drawn = true
+    }
+
+    func clear() {
+        guard drawn else { return }
+        Output.writeStandardError(Array("\r\u{1B}[K".utf8))
+        drawn = false
+    }
+}
