@@ -46,7 +46,7 @@ let package = Package(
             ]
         ),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),
-        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching"]),
+        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims"]),
         .testTarget(name: "filecoordTests", dependencies: ["FileCoordination"]),
     ]
 )

@@ -111,7 +111,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
 
     /// Delivers results; dropping it cancels the files not yet read.
     public final class Iterator: AsyncIteratorProtocol {
-        private let storage: BatchStorage
+        let storage: BatchStorage
         private var local: [BatchReadResult] = []
         private var localIndex = 0
 
@@ -235,6 +235,9 @@ final class BatchStorage: Sendable {
             : []
         state = Mutex(State(slots: slots))
     }
+
+    /// How many files have been claimed for reading so far (for tests of back-pressure).
+    var claimedCount: Int { min(nextIndex.load(ordering: .relaxed), inputs.count) }
 
     // MARK: Consumer side
 

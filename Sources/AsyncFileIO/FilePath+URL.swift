@@ -2,8 +2,10 @@ import Foundation
 import SystemPackage
 
 extension FilePath {
-    /// The path of a `file:` URL, with the exact bytes of its name (percent-escaped
-    /// bytes that are not UTF-8 are kept as they are).
+    /// The path of a `file:` URL, with the exact bytes of its name: percent-escapes are
+    /// decoded byte by byte, so names that are not valid UTF-8 survive the round trip
+    /// through ``fileURL`` (Foundation's own file-system representation on Linux does
+    /// not keep them).
     ///
     /// - Throws: ``FileCoordinationError`` with code ``FileCoordinationError/Code/notFileURL``
     ///   for any other URL.
@@ -12,16 +14,68 @@ extension FilePath {
             throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
                                         message: "\(url.absoluteString) is not a file URL")
         }
-        let path = url.withUnsafeFileSystemRepresentation { $0.map { FilePath(platformString: $0) } }
-        guard let path, !path.isEmpty else {
-            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
-                                        message: "\(url.absoluteString) has no file-system path")
+        let encoded = url.absoluteURL.path(percentEncoded: true)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(encoded.utf8.count)
+        var iterator = encoded.utf8.makeIterator()
+        while let byte = iterator.next() {
+            if byte == UInt8(ascii: "%"), let high = iterator.next().flatMap(Self.hexValue),
+               let low = iterator.next().flatMap(Self.hexValue)
+            {
+                bytes.append(high << 4 | low)
+            } else {
+                bytes.append(byte)
+            }
         }
-        self = path
+        guard !bytes.isEmpty, !bytes.contains(0) else {
+            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
+                                        message: "\(url.absoluteString) has no usable file-system path")
+        }
+        // Foundation keeps a trailing slash for directory URLs; a path does not need it.
+        if bytes.count > 1, bytes.last == UInt8(ascii: "/") { bytes.removeLast() }
+        self = bytes.withUnsafeBufferPointer { buffer in
+            let chars = buffer.map { CChar(bitPattern: $0) } + [0]
+            return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+        }
     }
 
-    /// A `file:` URL for this path that round-trips its exact bytes.
+    /// A `file:` URL for this path. Every byte outside the unreserved set is
+    /// percent-escaped, so any name a Linux file can have round-trips exactly through
+    /// ``init(fileURL:)``.
     public var fileURL: URL {
-        withPlatformString { URL(fileURLWithFileSystemRepresentation: $0, isDirectory: false, relativeTo: nil) }
+        var text = "file://"
+        withPlatformString { pointer in
+            var index = 0
+            while pointer[index] != 0 {
+                let byte = UInt8(bitPattern: pointer[index])
+                if Self.isUnreserved(byte) {
+                    text.unicodeScalars.append(Unicode.Scalar(byte))
+                } else {
+                    text += "%" + String(byte >> 4, radix: 16, uppercase: true) + String(byte & 0xF, radix: 16, uppercase: true)
+                }
+                index += 1
+            }
+        }
+        return URL(string: text)!
+    }
+
+    private static func isUnreserved(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a") ... UInt8(ascii: "z"), UInt8(ascii: "A") ... UInt8(ascii: "Z"),
+             UInt8(ascii: "0") ... UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+             UInt8(ascii: "_"), UInt8(ascii: "~"), UInt8(ascii: "/"):
+            true
+        default:
+            false
+        }
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0") ... UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a") ... UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A") ... UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
     }
 }

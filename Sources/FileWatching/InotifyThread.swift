@@ -53,7 +53,8 @@ final class InotifyThread: @unchecked Sendable {
     private var handlers: [Int32: Handler] = [:]
     private var doorbellWatch: Int32 = -1
 
-    static let threadName = "filecoord-inotify"
+    /// At most 15 bytes: the kernel truncates longer thread names.
+    static let threadName = "filecoord-watch"
 
     private init() {
         var fd: Int32 = -1
@@ -141,11 +142,19 @@ final class InotifyThread: @unchecked Sendable {
             failAll(Errno(rawValue: inotifytools_error()))
             return
         }
-        doorbellWatch = inotifytools_watch_file("/proc/self/fd/\(doorbell)", Int32(IN_MODIFY))
+        // inotifytools_watch_file answers 1 or 0; the descriptor is looked up by name.
+        let doorbellPath = "/proc/self/fd/\(doorbell)"
+        guard inotifytools_watch_file(doorbellPath, Int32(IN_MODIFY)) != 0 else {
+            failAll(Errno(rawValue: inotifytools_error()))
+            return
+        }
+        doorbellWatch = inotifytools_wd_from_filename(doorbellPath)
         guard doorbellWatch > 0 else {
             failAll(Errno(rawValue: inotifytools_error()))
             return
         }
+        // Commands sent before the doorbell was watched rang nothing: serve them now.
+        drainCommands()
         while true {
             guard let raw = inotifytools_next_event(-1) else { continue }
             let wd = raw.pointee.wd
@@ -183,10 +192,12 @@ final class InotifyThread: @unchecked Sendable {
         for command in pending {
             switch command {
             case .add(let path, let mask, let handler, let continuation):
-                let wd = path.withPlatformString { inotifytools_watch_file($0, Int32(bitPattern: mask)) }
+                let wd = path.withPlatformString { name in
+                    inotifytools_watch_file(name, Int32(bitPattern: mask)) != 0 ? Self.watchDescriptor(of: name) : -1
+                }
                 if wd > 0 {
-                    handlers[Int32(wd)] = handler
-                    continuation.resume(returning: .success(Int32(wd)))
+                    handlers[wd] = handler
+                    continuation.resume(returning: .success(wd))
                 } else {
                     continuation.resume(returning: .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))))
                 }
@@ -197,6 +208,21 @@ final class InotifyThread: @unchecked Sendable {
                 continuation.resume(returning: Int(inotifytools_get_num_watches()) - 1)
             }
         }
+    }
+
+    /// The descriptor libinotifytools recorded for `name`; it records directories with a
+    /// trailing slash.
+    private static func watchDescriptor(of name: UnsafePointer<CChar>) -> Int32 {
+        let wd = inotifytools_wd_from_filename(name)
+        if wd > 0 { return wd }
+        // Built in a C buffer so that names that are not UTF-8 keep their bytes.
+        let length = strlen(name)
+        guard let slashed = malloc(length + 2)?.assumingMemoryBound(to: CChar.self) else { return -1 }
+        defer { free(slashed) }
+        memcpy(slashed, name, length)
+        slashed[length] = CChar(UInt8(ascii: "/"))
+        slashed[length + 1] = 0
+        return inotifytools_wd_from_filename(slashed)
     }
 
     static func watchError(_ path: FilePath, _ errno: Errno) -> FileCoordinationError {

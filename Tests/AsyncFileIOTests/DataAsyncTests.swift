@@ -1,0 +1,95 @@
+import Foundation
+import SystemPackage
+import Testing
+@testable import AsyncFileIO
+
+@Suite("Data async read and write")
+struct DataAsyncTests {
+    @Test("atomic write replaces the content, keeps the mode and leaves nothing else", arguments: [FileIOEngine.threadPool, .dispatchIO])
+    func atomicWrite(engine: FileIOEngine) async throws {
+        let directory = TemporaryDirectory("atomicwrite")
+        let path = try directory.make("config", Data("v1".utf8))
+        chmod(path.string, 0o640)
+        let content = pattern(300_000)
+        try await content.asyncWrite(to: path, engine: engine)
+        #expect(try await Data(asyncContentsOf: path, engine: engine) == content)
+        let attributes = try FileManager.default.attributesOfItem(atPath: path.string)
+        #expect((attributes[.posixPermissions] as? Int) == 0o640)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path.string) == ["config"])
+    }
+
+    @Test("withoutOverwriting refuses an existing file and creates a new one")
+    func withoutOverwriting() async throws {
+        let directory = TemporaryDirectory("noover")
+        let path = try directory.make("exists", Data("keep".utf8))
+        for options: FileWriteOptions in [[.atomic, .withoutOverwriting], [.withoutOverwriting]] {
+            let error = await #expect(throws: FileCoordinationError.self) {
+                try await Data("clobber".utf8).asyncWrite(to: path, options: options)
+            }
+            #expect(error?.code == .fileExists)
+        }
+        #expect(try await Data(asyncContentsOf: path) == Data("keep".utf8))
+        let fresh = directory.file("fresh")
+        try await Data("new".utf8).asyncWrite(to: fresh, options: [.atomic, .withoutOverwriting])
+        #expect(try await Data(asyncContentsOf: fresh) == Data("new".utf8))
+    }
+
+    @Test("non-atomic writes and appends")
+    func nonAtomic() async throws {
+        let directory = TemporaryDirectory("plain")
+        let path = directory.file("log")
+        try await Data("a".utf8).asyncWrite(to: path, options: [])
+        try await Data("b".utf8).asyncWrite(to: path, options: [.append])
+        try await Data("c".utf8).asyncWrite(to: path, options: [.append, .skipSync])
+        #expect(try await Data(asyncContentsOf: path) == Data("abc".utf8))
+    }
+
+    @Test("writing into a missing directory names the path and ENOENT")
+    func missingDirectory() async throws {
+        let directory = TemporaryDirectory("nodir")
+        let path = directory.file("no/such/dir/file")
+        let error = await #expect(throws: FileCoordinationError.self) { try await Data("x".utf8).asyncWrite(to: path) }
+        #expect(error?.code == .notFound)
+        #expect(error?.path == path)
+    }
+
+    @Test("empty files read as empty Data")
+    func empty() async throws {
+        let directory = TemporaryDirectory("empty")
+        let path = try directory.make("e", Data())
+        #expect(try await Data(asyncContentsOf: path).isEmpty)
+        #expect(try await Data(asyncContentsOf: path, engine: .dispatchIO).isEmpty)
+    }
+
+    @Test("a file larger than maximumSize is fileTooLarge")
+    func maximumSize() async throws {
+        let directory = TemporaryDirectory("max")
+        let path = try directory.make("f", pattern(5000))
+        let error = await #expect(throws: FileCoordinationError.self) { try await Data(asyncContentsOf: path, maximumSize: 4999) }
+        #expect(error?.code == .fileTooLarge)
+        #expect(try await Data(asyncContentsOf: path, maximumSize: 5000).count == 5000)
+    }
+
+    @Test("a concurrent reader sees the old or the new content, never a mixture")
+    func readerNeverSeesTornFile() async throws {
+        let directory = TemporaryDirectory("torn")
+        let old = Data(repeating: 0x61, count: 1 << 20)
+        let new = Data(repeating: 0x62, count: 1 << 20)
+        let path = directory.file("doc")
+        try await old.asyncWrite(to: path)
+        let reader = Task {
+            var reads = 0
+            while !Task.isCancelled {
+                let data = try await Data(asyncContentsOf: path)
+                #expect(data == old || data == new)
+                reads += 1
+            }
+            return reads
+        }
+        for round in 0 ..< 40 {
+            try await (round.isMultiple(of: 2) ? new : old).asyncWrite(to: path, options: [.atomic, .skipSync])
+        }
+        reader.cancel()
+        #expect(try await reader.value > 0)
+    }
+}

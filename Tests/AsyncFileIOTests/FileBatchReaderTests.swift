@@ -1,0 +1,211 @@
+import Foundation
+import SystemPackage
+import Testing
+@testable import AsyncFileIO
+
+@Suite("FileBatchReader")
+struct FileBatchReaderTests {
+    /// `count` files of varied sizes, with their contents.
+    static func makeFiles(_ directory: TemporaryDirectory, count: Int, maximumSize: Int = 3000) throws -> [(FilePath, Data)] {
+        try (0 ..< count).map { index in
+            let content = pattern(index * 37 % maximumSize, seed: UInt64(index))
+            return (try directory.make("f\(index)", content), content)
+        }
+    }
+
+    @Test("results arrive in the given order, complete and correct",
+          arguments: [FileIOEngine.threadPool, .dispatchIO], [1, 3, 16])
+    func givenOrder(engine: FileIOEngine, concurrency: Int) async throws {
+        let directory = TemporaryDirectory("order")
+        let files = try Self.makeFiles(directory, count: 700)
+        var index = 0
+        let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, engine: engine))
+        for try await result in batch {
+            #expect(result.index == index)
+            #expect(result.path == files[index].0)
+            #expect(try result.get() == files[index].1)
+            index += 1
+        }
+        #expect(index == files.count)
+    }
+
+    @Test("completion order delivers every file exactly once")
+    func completionOrder() async throws {
+        let directory = TemporaryDirectory("completion")
+        let files = try Self.makeFiles(directory, count: 500)
+        var seen = Set<Int>()
+        for try await result in FileBatchReader(paths: files.map(\.0), options: .init(order: .completion)) {
+            #expect(seen.insert(result.index).inserted)
+            #expect(try result.get() == files[result.index].1)
+        }
+        #expect(seen.count == files.count)
+    }
+
+    @Test("bad files become per-file errors and never stop the batch")
+    func errorsAreIsolated() async throws {
+        let directory = TemporaryDirectory("isolated")
+        let good = try Self.makeFiles(directory, count: 50)
+        let fifo = directory.file("fifo")
+        try makeFIFO(fifo)
+        var paths = good.map(\.0)
+        paths.insert(directory.file("missing"), at: 10)
+        paths.insert(directory.path, at: 20)
+        paths.insert(fifo, at: 30)
+        var failures: [Int: FileCoordinationError.Code] = [:]
+        var successes = 0
+        for try await result in FileBatchReader(paths: paths) {
+            switch result.result {
+            case .success: successes += 1
+            case .failure(let error):
+                failures[result.index] = error.code
+                #expect(error.path == paths[result.index])
+            }
+        }
+        #expect(successes == 50)
+        #expect(failures == [10: .notFound, 20: .isDirectory, 30: .unsupportedFileType])
+    }
+
+    @Test("URLs that are not file URLs fail alone")
+    func badURL() async throws {
+        let directory = TemporaryDirectory("urls")
+        let files = try Self.makeFiles(directory, count: 3)
+        let urls = [files[0].0.fileURL, URL(string: "https://example.com/x")!, files[2].0.fileURL]
+        var codes: [FileCoordinationError.Code?] = []
+        for try await result in FileBatchReader(urls: urls) {
+            if case .failure(let error) = result.result { codes.append(error.code) } else { codes.append(nil) }
+        }
+        #expect(codes == [nil, .notFileURL, nil])
+    }
+
+    @Test("cancelling mid-batch stops promptly and leaves no descriptor open")
+    func cancellation() async throws {
+        let directory = TemporaryDirectory("cancel")
+        let files = try Self.makeFiles(directory, count: 3000, maximumSize: 20_000)
+        let started = AsyncStream.makeStream(of: Void.self)
+        let consumer = Task {
+            var received = 0
+            do {
+                for try await _ in FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 16)) {
+                    received += 1
+                    if received == 100 { started.continuation.yield() }
+                    if received > 100 { await Task.yield() }
+                }
+            } catch is CancellationError {
+                return (received, true)
+            }
+            return (received, false)
+        }
+        for await _ in started.stream { break }
+        consumer.cancel()
+        let (received, cancelled) = try await consumer.value
+        #expect(cancelled, "the iteration ends with CancellationError")
+        #expect(received < files.count)
+        // next() throws only once every worker has closed its file.
+        #expect(openDescriptors(under: directory.path) == 0)
+    }
+
+    @Test("a slow consumer holds reading back (back-pressure)")
+    func backPressure() async throws {
+        let directory = TemporaryDirectory("pressure")
+        let files = try Self.makeFiles(directory, count: 5000, maximumSize: 100)
+        let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 4))
+        let iterator = batch.makeAsyncIterator()
+        _ = try await iterator.next()
+        // Wait until the workers pause: they stop claiming once far enough ahead.
+        var previous = -1
+        while iterator.storage.claimedCount != previous {
+            previous = iterator.storage.claimedCount
+            await Task.yield()
+            try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
+        }
+        #expect(iterator.storage.claimedCount < 1000, "reading ran \(iterator.storage.claimedCount) files ahead")
+        var count = 1
+        while try await iterator.next() != nil { count += 1 }
+        #expect(count == 5000)
+    }
+
+    @Test("an empty batch ends at once")
+    func emptyBatch() async throws {
+        var count = 0
+        for try await _ in FileBatchReader(paths: [FilePath]()) { count += 1 }
+        #expect(count == 0)
+    }
+
+    @Test("an abandoned iterator stops its workers")
+    func abandoned() async throws {
+        let directory = TemporaryDirectory("abandon")
+        let files = try Self.makeFiles(directory, count: 2000)
+        do {
+            let iterator = FileBatchReader(paths: files.map(\.0)).makeAsyncIterator()
+            _ = try await iterator.next()
+        }
+        await waitUntil { openDescriptors(under: directory.path) == 0 }
+        #expect(openDescriptors(under: directory.path) == 0)
+    }
+}
+
+@Suite("I/O threads")
+struct IOThreadPoolTests {
+    @Test("blocking work runs on the library's named threads, never on the cooperative pool")
+    func runsOnOwnedThreads() async throws {
+        let name = try await IOThreadPool.shared.run { () throws -> String in currentThreadName() }
+        #expect(name.hasPrefix("filecoord-io"))
+    }
+
+    @Test("a job cancelled while queued never runs")
+    func cancelQueued() async throws {
+        let pool = IOThreadPool(name: "test-pool", maximumThreads: 1)
+        let gate = AsyncStream.makeStream(of: Void.self)
+        let blocker = DispatchSemaphore(value: 0)
+        // Occupy the only thread.
+        let busy = Task { try await pool.run { () throws -> Int in gate.continuation.yield(); blocker.wait(); return 1 } }
+        for await _ in gate.stream { break }
+        let ran = ManagedFlag()
+        let queued = Task { try await pool.run { () throws -> Int in ran.set(); return 2 } }
+        queued.cancel()
+        await #expect(throws: CancellationError.self) { try await queued.value }
+        blocker.signal()
+        #expect(try await busy.value == 1)
+        // The pool's one thread is free again and the cancelled job was skipped.
+        #expect(try await pool.run { () throws -> Int in 3 } == 3)
+        #expect(!ran.isSet)
+    }
+}
+
+final class ManagedFlag: Sendable {
+    private let flag = Mutex(false)
+    func set() { flag.withLock { $0 = true } }
+    var isSet: Bool { flag.withLock { $0 } }
+}
+
+import Synchronization
+
+@Suite("FileCoordinationError")
+struct FileCoordinationErrorTests {
+    @Test("errno values map to codes", arguments: [
+        (Errno.noSuchFileOrDirectory, FileCoordinationError.Code.notFound),
+        (.permissionDenied, .permissionDenied),
+        (.notPermitted, .permissionDenied),
+        (.isDirectory, .isDirectory),
+        (.notDirectory, .notDirectory),
+        (.fileExists, .fileExists),
+        (.tooManyOpenFiles, .tooManyOpenFiles),
+        (.tooManyOpenFilesInSystem, .tooManyOpenFiles),
+        (.noSpace, .noSpace),
+        (.ioError, .io),
+    ])
+    func mapping(errno: Errno, code: FileCoordinationError.Code) {
+        #expect(FileCoordinationError.Code(errno) == code)
+        let error = FileCoordinationError("open", errno: errno, path: "/x")
+        #expect(error.code == code)
+        #expect(error.description.hasPrefix("/x: open failed: "))
+        #expect(error.description.hasSuffix("(\(errno.symbolicName))"))
+    }
+
+    @Test("errno symbolic names")
+    func names() {
+        #expect(Errno.noSuchFileOrDirectory.symbolicName == "ENOENT")
+        #expect(Errno.tooManyOpenFiles.symbolicName == "EMFILE")
+        #expect(Errno(rawValue: 9999).symbolicName == "errno 9999")
+    }
+}

@@ -1,0 +1,77 @@
+import Foundation
+import SystemPackage
+import Testing
+@testable import AsyncFileIO
+
+/// A fresh directory under the system's temporary directory, removed on `deinit`.
+final class TemporaryDirectory: Sendable {
+    let path: FilePath
+
+    init(_ name: String = "t") {
+        var template = Array("\(NSTemporaryDirectory())/filecoord-\(name)-XXXXXX".utf8CString)
+        let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        precondition(created != nil, "mkdtemp failed")
+        path = template.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+    }
+
+    deinit {
+        // chmod back anything a test locked down, then remove the tree.
+        _ = try? FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: path.string)
+        try? FileManager.default.removeItem(atPath: path.string)
+    }
+
+    func file(_ name: String) -> FilePath { path.appending(name) }
+
+    /// Writes `data` synchronously (test set-up only).
+    @discardableResult
+    func make(_ name: String, _ data: Data) throws -> FilePath {
+        let target = file(name)
+        try data.write(to: URL(fileURLWithPath: target.string))
+        return target
+    }
+}
+
+/// Deterministic test bytes: `count` bytes seeded by `seed`.
+func pattern(_ count: Int, seed: UInt64 = 1) -> Data {
+    var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+    var data = Data(count: count)
+    data.withUnsafeMutableBytes { (raw: UnsafeMutableRawBufferPointer) in
+        for index in 0 ..< count {
+            state ^= state << 13; state ^= state >> 7; state ^= state << 17
+            raw[index] = UInt8(truncatingIfNeeded: state)
+        }
+    }
+    return data
+}
+
+/// Open descriptors of this process that point into `directory` (other tests running in
+/// parallel open their own files, so a plain count would not be stable).
+func openDescriptors(under directory: FilePath) -> Int {
+    let prefix = directory.string
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return entries.filter { entry in
+        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)") else { return false }
+        return target.hasPrefix(prefix)
+    }.count
+}
+
+/// The calling thread's name.
+func currentThreadName() -> String {
+    var buffer = [CChar](repeating: 0, count: 32)
+    _ = buffer.withUnsafeMutableBufferPointer { fc_get_thread_name_for_tests($0.baseAddress!, $0.count) }
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
+import CFileCoordinationShims
+func fc_get_thread_name_for_tests(_ buffer: UnsafeMutablePointer<CChar>, _ size: Int) -> Int32 {
+    fc_get_thread_name(buffer, size)
+}
+
+let isRoot = getuid() == 0
+
+/// Makes a FIFO (test set-up).
+func makeFIFO(_ path: FilePath) throws {
+    guard path.withPlatformString({ mkfifo($0, 0o600) }) == 0 else {
+        throw FileCoordinationError("mkfifo", errno: Errno(rawValue: errno), path: path)
+    }
+}
