@@ -1,0 +1,44 @@
+# FileCoordination: `make demo` runs the main job, `make test` the tests.
+# Both install what they need on a fresh Debian machine with the Swift toolchain.
+SWIFT ?= swift
+# pipefail: a failing build must not hide behind `| tee`.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build test demo bench clean
+
+all: build
+
+# libinotifytools ships no pkg-config file; the header is the test for the package.
+deps:
+	@if [ ! -f $(INOTIFY_HEADER) ]; then \
+		echo "make: installing libinotifytools0-dev (inotify C library)"; \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libinotifytools0-dev; \
+	fi
+
+build: deps
+	$(SWIFT) build
+
+# Builds everything once (library, CLI, tests), fails on any warning from this
+# project's own sources, then runs the tests without rebuilding.
+test: deps
+	@mkdir -p .build
+	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
+	@if grep -E "^$(CURDIR)/(Sources|Tests)/.*: warning:" .build/build.log; then \
+		echo "make: compiler warnings in this project's sources (listed above)"; exit 1; fi
+	$(SWIFT) test --skip-build
+
+demo: deps
+	$(SWIFT) build -c release --product filecoord
+	.build/release/filecoord demo
+
+# The benchmark is its own package (it builds swift-nio for the peer comparison).
+bench: deps
+	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
+	.build-bench/release/filecoord-bench
+
+clean:
+	rm -rf .build .build-bench

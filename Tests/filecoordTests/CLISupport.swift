@@ -1,0 +1,95 @@
+import Foundation
+import Testing
+
+/// The `filecoord` executable built beside this test bundle (`swift build --build-tests`
+/// builds it; the tests never build anything themselves).
+let filecoordBinary: String = {
+    if let override = ProcessInfo.processInfo.environment["FILECOORD_BIN"] { return override }
+    let me = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    return URL(fileURLWithPath: me).deletingLastPathComponent().appendingPathComponent("filecoord").path
+}()
+
+struct ProcessResult: Sendable {
+    var status: Int32
+    var stdout: Data
+    var stderr: Data
+    var errorText: String { String(decoding: stderr, as: UTF8.self) }
+    var outputText: String { String(decoding: stdout, as: UTF8.self) }
+}
+
+/// Runs a program to completion on a thread of its own (waiting for a child process
+/// blocks, and the cooperative pool must not).
+func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, environment: [String: String] = [:]) async throws -> ProcessResult {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            do {
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: executable)
+                process.arguments = arguments
+                var env = ProcessInfo.processInfo.environment
+                for (key, value) in environment { env[key] = value }
+                process.environment = env
+                let output = Pipe(), errors = Pipe(), input = Pipe()
+                process.standardOutput = output
+                process.standardError = errors
+                process.standardInput = input
+                try process.run()
+                let errorReader = Thread.detachedRead(errors.fileHandleForReading)
+                if let stdin { input.fileHandleForWriting.write(stdin) }
+                try input.fileHandleForWriting.close()
+                let stdout = output.fileHandleForReading.readDataToEndOfFile()
+                process.waitUntilExit()
+                continuation.resume(returning: ProcessResult(status: process.terminationStatus, stdout: stdout, stderr: errorReader.wait()))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
+}
+
+/// `filecoord ARGS...`
+func filecoord(_ arguments: String..., stdin: Data? = nil) async throws -> ProcessResult {
+    try await run(filecoordBinary, arguments, stdin: stdin)
+}
+
+/// A shell command line (for `ulimit`, `setpriv` and the like); `$FILECOORD` names the binary.
+func shell(_ script: String) async throws -> ProcessResult {
+    try await run("/bin/sh", ["-c", script], environment: ["FILECOORD": filecoordBinary])
+}
+
+extension Thread {
+    /// Reads a handle to its end on another thread.
+    final class Reader: @unchecked Sendable {
+        private let done = DispatchSemaphore(value: 0)
+        private var data = Data()
+        init(_ handle: FileHandle) {
+            Thread.detachNewThread { [self] in
+                data = handle.readDataToEndOfFile()
+                done.signal()
+            }
+        }
+        func wait() -> Data {
+            done.wait()
+            return data
+        }
+    }
+
+    static func detachedRead(_ handle: FileHandle) -> Reader { Reader(handle) }
+}
+
+/// A temporary directory for one test.
+final class Scratch: Sendable {
+    let path: String
+    init() {
+        path = NSTemporaryDirectory() + "filecoord-cli-\(getpid())-\(UInt64.random(in: 0 ... .max))"
+        try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    }
+    deinit { try? FileManager.default.removeItem(atPath: path) }
+
+    @discardableResult
+    func write(_ name: String, _ content: String) -> String {
+        let file = "\(path)/\(name)"
+        _ = FileManager.default.createFile(atPath: file, contents: Data(content.utf8))
+        return file
+    }
+}

@@ -1,0 +1,185 @@
+import Foundation
+import Testing
+
+@Suite("filecoord read")
+struct ReadCommandTests {
+    @Test("--cat writes the files byte-identically, in the order given")
+    func cat() async throws {
+        let scratch = Scratch()
+        let a = scratch.write("a", "first\n")
+        let empty = scratch.write("empty", "")
+        let b = scratch.write("b with space", "second\n")
+        let result = try await filecoord("read", "--no-coordination", "--cat", b, empty, a)
+        #expect(result.status == 0)
+        #expect(result.outputText == "second\nfirst\n")
+    }
+
+    @Test("names that are not UTF-8, from argv and from a NUL-separated list on stdin")
+    func rawNames() async throws {
+        let scratch = Scratch()
+        // \377 is not UTF-8; the newline is legal in a Linux file name.
+        let script = """
+            cd '\(scratch.path)' && printf 'raw' > "$(printf 'bad-\\377-name')" && printf 'nl' > "$(printf 'line\\nbreak')" && \
+            "$FILECOORD" read --no-coordination --cat "$(printf 'bad-\\377-name')" && \
+            printf 'bad-\\377-name\\0line\\nbreak\\0' | "$FILECOORD" read --no-coordination --cat --from-list - -z
+            """
+        let result = try await shell(script)
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText == "rawrawnl")
+    }
+
+    @Test("--json summarises on stdout; a list file gives one path a line")
+    func json() async throws {
+        let scratch = Scratch()
+        let paths = (0 ..< 20).map { scratch.write("f\($0)", String(repeating: "x", count: $0)) }
+        let list = scratch.write("list", paths.joined(separator: "\n") + "\n")
+        let result = try await filecoord("read", "--no-coordination", "--json", "--from-list", list, "--concurrency", "3")
+        #expect(result.status == 0)
+        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        #expect(object["files"] as? Int == 20)
+        #expect(object["bytes"] as? Int == (0 ..< 20).reduce(0, +))
+        #expect(object["failed"] as? Int == 0)
+        for key in ["seconds", "filesPerSecond", "mibPerSecond"] { #expect(object[key] is Double || object[key] is Int, "\(key)") }
+    }
+
+    @Test("a failing file is reported in the contract's format and skipped; exit status 1")
+    func failure() async throws {
+        let scratch = Scratch()
+        let good = scratch.write("good", "ok")
+        let missing = "\(scratch.path)/missing"
+        let result = try await filecoord("read", "--no-coordination", "--json", good, missing, scratch.path, good)
+        #expect(result.status == 1)
+        let lines = result.errorText.split(separator: "\n").map(String.init)
+        #expect(lines.contains("filecoord: \(missing): open failed: No such file or directory (ENOENT)"))
+        #expect(lines.contains("filecoord: \(scratch.path): open failed: is a directory, not a file (EISDIR)"))
+        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        #expect(object["files"] as? Int == 2)
+        #expect(object["failed"] as? Int == 2)
+    }
+
+    @Test("usage errors exit 2", arguments: [["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"]])
+    func usage(arguments: [String]) async throws {
+        let result = try await run(filecoordBinary, arguments)
+        #expect(result.status == 2, "\(arguments): \(result.errorText)")
+        #expect(!result.errorText.isEmpty)
+    }
+
+    @Test("10,000 files under ulimit -n 64")
+    func manyFilesFewDescriptors() async throws {
+        let scratch = Scratch()
+        let script = """
+            cd '\(scratch.path)' && mkdir d && i=0 && while [ $i -lt 10000 ]; do printf "$i" > d/$i; i=$((i+1)); done && \
+            ls -d "$PWD"/d/* > list && ulimit -n 64 && "$FILECOORD" read --no-coordination --json --from-list list
+            """
+        let result = try await shell(script)
+        #expect(result.status == 0, "\(result.errorText)")
+        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        #expect(object["files"] as? Int == 10_000)
+        #expect(object["failed"] as? Int == 0)
+    }
+
+    @Test("descriptors run out mid-batch: files wait for one another, none fails")
+    func descriptorExhaustion() async throws {
+        let scratch = Scratch()
+        // Under `ulimit -n 7` the process has a single descriptor to spare, so the
+        // workers meet EMFILE and must wait for each other's files to close.
+        let script = """
+            cd '\(scratch.path)' && i=0 && while [ $i -lt 500 ]; do printf "$i" > f$i; i=$((i+1)); done && \\
+            ls -d "$PWD"/f* > list && ulimit -n 7 && "$FILECOORD" read --no-coordination --json --concurrency 16 --from-list list
+            """
+        let result = try await shell(script)
+        #expect(result.status == 0, "\(result.errorText)")
+        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        #expect(object["files"] as? Int == 500)
+        #expect(object["failed"] as? Int == 0)
+    }
+
+    @Test("with no descriptor to spare at all, the failure is a clear EMFILE line, not a crash")
+    func noDescriptorsLeft() async throws {
+        let scratch = Scratch()
+        let list = scratch.write("list", "\(scratch.write("a", "a"))\n")
+        let result = try await shell("ulimit -n 6 && \"$FILECOORD\" read --no-coordination --from-list '\(list)'")
+        #expect(result.status == 1)
+        // Which open meets the limit first (the list or the file) depends on the
+        // descriptors the runtime holds; either way it is one clear line naming it.
+        #expect(result.errorText.hasPrefix("filecoord: \(scratch.path)/"))
+        #expect(result.errorText.contains(": open failed: Too many open files (EMFILE)\n"))
+    }
+
+    @Test("an unreadable file is EACCES for an unprivileged user",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && getuid() == 0))
+    func denied() async throws {
+        let scratch = Scratch()
+        let secret = scratch.write("secret", "s")
+        let open = scratch.write("open", "o")
+        chmod(secret, 0)
+        chmod(open, 0o644)
+        chmod(scratch.path, 0o755)
+        let result = try await shell("setpriv --reuid=65534 --regid=65534 --clear-groups \"$FILECOORD\" read --no-coordination --cat '\(secret)' '\(open)'")
+        #expect(result.status == 1)
+        #expect(result.errorText.contains("filecoord: \(secret): open failed: Permission denied (EACCES)"))
+        #expect(result.outputText == "o")
+    }
+}
+
+@Suite("filecoord write")
+struct WriteCommandTests {
+    @Test("replaces atomically, or appends")
+    func writeAndAppend() async throws {
+        let scratch = Scratch()
+        let target = scratch.write("t", "old")
+        #expect(try await filecoord("write", "--no-coordination", target, stdin: Data("new".utf8)).status == 0)
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "new")
+        #expect(try await filecoord("write", "--no-coordination", "--append", target, stdin: Data("er".utf8)).status == 0)
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "newer")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path) == ["t"])
+    }
+
+    @Test("a writer killed mid-write leaves the old content and nothing else", arguments: [64 << 10, 1 << 20, 8 << 20])
+    func killedWriter(bytesBeforeKill: Int) async throws {
+        let scratch = Scratch()
+        let target = scratch.write("doc", "old content")
+        // The stdin pipe holds 64 KiB, so once this write returns the writer has taken
+        // (and is writing) all but that much: the kill lands mid-write.
+        let status = try await runAndKill(filecoordBinary, ["write", "--no-coordination", target],
+                                          feeding: Data(repeating: 0x6E, count: bytesBeforeKill))
+        #expect(status == SIGKILL)
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "old content")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path) == ["doc"], "no temporary left behind")
+    }
+}
+
+/// Starts `executable`, writes `input` to its stdin, then kills it with SIGKILL while its
+/// stdin is still open; returns the signal that ended it.
+func runAndKill(_ executable: String, _ arguments: [String], feeding input: Data) async throws -> Int32 {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            do {
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: executable)
+                process.arguments = arguments
+                let stdin = Pipe()
+                process.standardInput = stdin
+                try process.run()
+                stdin.fileHandleForWriting.write(input)
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+                try? stdin.fileHandleForWriting.close()
+                continuation.resume(returning: process.terminationReason == .uncaughtSignal ? process.terminationStatus : -1)
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
+}
+
+@Suite("filecoord demo")
+struct DemoCommandTests {
+    @Test("runs to the end on its own and never shows a torn file")
+    func demo() async throws {
+        let result = try await filecoord("demo", "--files", "300")
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText.contains("0 torn files"))
+        #expect(result.outputText.contains("ENOENT"))
+    }
+}
