@@ -99,6 +99,62 @@ public final class RandomAccessFile: Sendable {
         try await read(byteRange: Int64(byteRange.lowerBound) ..< Int64(byteRange.upperBound))
     }
 
+    /// Reads the bytes at `offset` into `buffer`, as many as fit, and returns how many
+    /// were read (fewer only at the end of the file). No allocation: for tight loops of
+    /// small reads into memory the caller owns. The buffer must stay valid until the
+    /// call returns.
+    public func read(fromOffset offset: Int64, into buffer: UnsafeMutableRawBufferPointer) async throws -> Int {
+        guard offset >= 0 else {
+            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
+                                        message: "the offset \(offset) is before the beginning of the file")
+        }
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
+        guard lease.acquire() else {
+            throw FileCoordinationError(code: .closed, path: path, operation: "read", message: "the file is closed")
+        }
+        defer { lease.release() }
+        let count = buffer.count
+        if let channel {
+            let data = try await channel.read(offset: offset, length: count)
+            data.copyBytes(to: buffer)
+            return data.count
+        }
+        var done = 0
+        if regular, !noWaitUnsupported.load(ordering: .relaxed) {
+            switch Syscall.preadNoWait(fd, base, count, offset) {
+            case .success(let n):
+                if n == count || n == 0 { return n }
+                done = n
+            case .failure(.resourceTemporarilyUnavailable):
+                break
+            case .failure(.notSupported), .failure(.invalidArgument):
+                noWaitUnsupported.store(true, ordering: .relaxed)
+            case .failure(let errno):
+                throw FileCoordinationError("read", errno: errno, path: path)
+            }
+        }
+        // The rest may wait for the device: read it on the I/O threads, into the
+        // caller's memory (the address crosses threads as an integer; the caller's
+        // buffer outlives this call by contract).
+        let fd = self.fd, path = self.path
+        let address = UInt(bitPattern: base) + UInt(done)
+        let remaining = count - done
+        let start = offset + Int64(done)
+        let more = try await IOThreadPool.shared.run { () -> Result<Int, FileCoordinationError> in
+            let target = UnsafeMutableRawPointer(bitPattern: address)!
+            var got = 0
+            while got < remaining {
+                switch Syscall.pread(fd, target + got, remaining - got, start + Int64(got)) {
+                case .success(0): return .success(got)
+                case .success(let n): got += n
+                case .failure(let errno): return .failure(FileCoordinationError("read", errno: errno, path: path))
+                }
+            }
+            return .success(got)
+        }
+        return done + more
+    }
+
     private func readOnPool(offset: Int64, count: Int) async throws -> Data {
         let fd = self.fd, path = self.path
         let size = self.size

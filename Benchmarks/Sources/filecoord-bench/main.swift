@@ -6,9 +6,14 @@
 // small:  10,000 files of 1-16 KiB, read whole (files/s)
 // large:  8 files of 64 MiB, read whole (MiB/s)
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
+// sequential (not in the default set): one thread, no batch machinery, ours vs C
+//
+// Environment: FILECOORD_BENCH_ONLY=prefix measures only matching methods (and the C
+// peer, unless FILECOORD_BENCH_NOPEER is set); FILECOORD_BENCH_CONCURRENCY=N (16).
 import CPeers
 import Dispatch
 import FileCoordination
+@_spi(Benchmarks) import AsyncFileIO
 import Foundation
 import NIOFileSystem
 
@@ -92,13 +97,13 @@ struct SplitMix {
 
 // MARK: Methods that read a list of files
 
-func cPool(_ paths: [String]) -> Tally {
+func cPool(_ paths: [String], threads: Int = concurrency) -> Tally {
     var strings = paths.map { strdup($0) }
     defer { strings.forEach { free($0) } }
     var sum: UInt64 = 0
     let bytes = strings.withUnsafeBufferPointer { buffer in
         buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
-            peer_read_files($0, buffer.count, Int32(concurrency), &sum)
+            peer_read_files($0, buffer.count, Int32(threads), &sum)
         }
     }
     strings.removeAll()
@@ -161,7 +166,7 @@ func report(_ workload: String, unit: String, _ samples: [Sample], peer: String,
     print("\n\(workload)  (median of \(rounds) rounds; ratio against \(peer) in the same run)")
     for sample in samples {
         let ratio = sample.median / base
-        var line = "  \(sample.method.padding(toLength: 28, withPad: " ", startingAt: 0))"
+        var line = "  \(sample.method.padding(toLength: 34, withPad: " ", startingAt: 0))"
         line += String(format: "%12.0f %@   %.2fx", sample.median, unit, ratio)
         if let goal = goals[sample.method] { line += String(format: "   goal >= %.2fx: %@", goal, ratio >= goal ? "met" : "NOT MET") }
         print(line)
@@ -208,6 +213,7 @@ func runRandom(_ path: String) async throws {
     }()
     let ours = try await RandomAccessFile(path: FilePath(path))
     let oursDispatch = try await RandomAccessFile(path: FilePath(path), engine: .dispatchIO)
+
     let nioHandle = try await FileSystem.shared.openFile(forReadingAt: NIOFileSystem.FilePath(path))
 
     func sequential(_ file: RandomAccessFile, _ slice: ArraySlice<Int64>) async throws -> UInt64 {
@@ -228,9 +234,20 @@ func runRandom(_ path: String) async throws {
             for try await _ in group {}
         }
     }
+    func sequentialInto(_ file: RandomAccessFile, _ slice: ArraySlice<Int64>) async throws -> UInt64 {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 4096, alignment: 64)
+        defer { buffer.deallocate() }
+        var sum: UInt64 = 0
+        for offset in slice {
+            _ = try await file.read(fromOffset: offset, into: buffer)
+            sum &+= UInt64(buffer[7])
+        }
+        return sum
+    }
     let allMethods: [(String, () async throws -> Void)] = [
         ("c pread loop (1 thread)", { _ = peer_random_reads(fd, size, Int(count), 1, 7) }),
         ("filecoord threadPool, 1 task", { _ = try await sequential(ours, offsets[...]) }),
+        ("filecoord into buffer, 1 task", { _ = try await sequentialInto(ours, offsets[...]) }),
         ("c pread (2 threads)", { _ = peer_random_reads(fd, size, Int(count), 2, 7) }),
         ("filecoord threadPool, 2 tasks", { try await parallel(ours, tasks: 2) }),
         ("filecoord dispatchIO, 1 task", { _ = try await sequential(oursDispatch, offsets[..<(count / 10)]) }),
@@ -253,7 +270,7 @@ func runRandom(_ path: String) async throws {
     try await ours.close()
     try await oursDispatch.close()
     report("random 4 KiB reads of a 1 GiB file", unit: "reads/s", samples, peer: "c pread loop (1 thread)",
-           goals: ["filecoord threadPool, 1 task": 0.8, "filecoord threadPool, 2 tasks": 0.8])
+           goals: ["filecoord threadPool, 1 task": 0.8, "filecoord into buffer, 1 task": 0.8, "filecoord threadPool, 2 tasks": 0.8])
 }
 
 let dataset = try makeDataset()
@@ -264,6 +281,23 @@ for workload in workloads {
         try await runFiles("10,000 files of 1-16 KiB", dataset.small, unit: "files/s") { _, time in Double(dataset.small.count) / time }
     case "large":
         try await runFiles("8 files of 64 MiB", dataset.large, unit: "MiB/s") { tally, time in Double(tally.bytes) / 1_048_576 / time }
+    case "sequential":
+        // One thread, no batch machinery: the cost of one whole-file read, ours vs C.
+        let paths = dataset.small.map { FilePath($0) }
+        for _ in 0 ..< 3 {
+            var start = DispatchTime.now().uptimeNanoseconds
+            _ = cPool(dataset.small, threads: 1)
+            let c = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+            start = DispatchTime.now().uptimeNanoseconds
+            var total = 0
+            for path in paths { total += _readWholeFileBlocking(path) }
+            let ours = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+            start = DispatchTime.now().uptimeNanoseconds
+            var window: [Data?] = Array(repeating: nil, count: 512)
+            for (index, path) in paths.enumerated() { window[index % 512] = _readWholeFileData(path) }
+            let held = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+            print(String(format: "sequential, 1 thread: C %.2f us/file, ours %.2f us/file, ours holding 512 results %.2f us/file (%d bytes)", c * 1e6 / 10000, ours * 1e6 / 10000, held * 1e6 / 10000, total))
+        }
     case "random":
         try await runRandom(dataset.big)
     default:

@@ -3,50 +3,59 @@ import Synchronization
 /// Guards one open descriptor against being closed (and its number reused) while an
 /// operation is still using it. Operations take a lease; closing waits for the last
 /// lease to end before the close action runs.
+///
+/// Taking and ending a lease is one atomic operation each (it sits on the path of every
+/// range read); only closing takes a lock.
 final class DescriptorLease: Sendable {
-    private struct State {
-        var closed = false
-        var leases = 0
-        var pendingClose: (@Sendable () -> Void)?
-    }
-    private let state = Mutex(State())
+    /// Twice the number of leases, plus 1 once closed.
+    private let word = Atomic<Int>(0)
+    /// The close action, until whoever sees the last lease end after closing runs it.
+    private let pendingClose = Mutex<(@Sendable () -> Void)?>(nil)
 
     /// True once ``close(_:)`` has been called.
-    var isClosed: Bool { state.withLock { $0.closed } }
+    var isClosed: Bool { word.load(ordering: .acquiring) & 1 != 0 }
 
     /// Starts a lease; false when the descriptor is closed or closing.
     func acquire() -> Bool {
-        state.withLock { state in
-            guard !state.closed else { return false }
-            state.leases += 1
-            return true
+        var current = word.load(ordering: .relaxed)
+        while current & 1 == 0 {
+            let (exchanged, original) = word.weakCompareExchange(
+                expected: current, desired: current + 2, successOrdering: .acquiring, failureOrdering: .relaxed)
+            if exchanged { return true }
+            current = original
         }
+        return false
     }
 
     /// Ends a lease; runs a pending close when it was the last.
     func release() {
-        let action: (@Sendable () -> Void)? = state.withLock { state in
-            state.leases -= 1
-            guard state.leases == 0, let action = state.pendingClose else { return nil }
-            state.pendingClose = nil
-            return action
-        }
-        action?()
+        let remaining = word.subtract(2, ordering: .acquiringAndReleasing).newValue
+        if remaining == 1 { runPendingClose() }
     }
 
     /// Marks the descriptor closed and runs `action` once no lease is held.
     /// Returns false (and does not run `action`) if it was already closed.
     @discardableResult
     func close(_ action: @escaping @Sendable () -> Void) -> Bool {
-        let runNow: Bool? = state.withLock { state in
-            guard !state.closed else { return nil }
-            state.closed = true
-            if state.leases == 0 { return true }
-            state.pendingClose = action
-            return false
+        // Store the action before publishing the closed bit, so that the last release
+        // always finds it.
+        let stored = pendingClose.withLock { pending in
+            guard word.load(ordering: .relaxed) & 1 == 0, pending == nil else { return false }
+            pending = action
+            return true
         }
-        guard let runNow else { return false }
-        if runNow { action() }
+        guard stored else { return false }
+        let before = word.bitwiseOr(1, ordering: .acquiringAndReleasing).oldValue
+        guard before & 1 == 0 else { return false }
+        if before == 0 { runPendingClose() }
         return true
+    }
+
+    private func runPendingClose() {
+        let action = pendingClose.withLock { pending in
+            defer { pending = nil }
+            return pending
+        }
+        action?()
     }
 }

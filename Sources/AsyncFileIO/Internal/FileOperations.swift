@@ -375,3 +375,15 @@ struct AtomicReplacement: Sendable {
         if let namedTemporary { _ = namedTemporary.withPlatformString { Syscall.unlink($0) } }
     }
 }
+
+/// For the benchmark only: one blocking whole-file read on the calling thread.
+@_spi(Benchmarks)
+public func _readWholeFileBlocking(_ path: FilePath) -> Int {
+    (try? FileOperations.readWholeFile(path, maximumSize: .max).get().count) ?? -1
+}
+
+/// For the benchmark only: the whole-file read, returning the data.
+@_spi(Benchmarks)
+public func _readWholeFileData(_ path: FilePath) -> Data? {
+    try? FileOperations.readWholeFile(path, maximumSize: .max).get()
+}
