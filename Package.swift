@@ -12,6 +12,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
     ],
     targets: [
         // libinotifytools (Debian: libinotifytools0-dev). It ships no pkg-config file;
@@ -36,7 +37,10 @@ let package = Package(
         ),
         .target(
             name: "FileCoordination",
-            dependencies: ["AsyncFileIO", "FileWatching"]
+            dependencies: [
+                "AsyncFileIO", "FileWatching",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .executableTarget(
             name: "filecoord",
@@ -47,6 +51,7 @@ let package = Package(
         ),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),
         .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims"]),
+        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination"]),
         .testTarget(name: "filecoordTests", dependencies: ["FileCoordination"]),
     ]
 )

@@ -19,6 +19,13 @@ public struct BatchReadResult: Sendable {
 
     /// The content, or the error that prevented reading it.
     public func get() throws(FileCoordinationError) -> Data { try result.get() }
+
+    /// A result (for sequences that renumber or wrap batch results).
+    public init(index: Int, path: FilePath, result: Result<Data, FileCoordinationError>) {
+        self.index = index
+        self.path = path
+        self.result = result
+    }
 }
 
 /// How a ``FileBatchReader`` reads.

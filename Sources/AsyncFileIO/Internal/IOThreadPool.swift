@@ -188,3 +188,10 @@ private final class CancellableJob<T: Sendable>: Sendable {
         continuation?.resume(throwing: CancellationError())
     }
 }
+
+/// Runs blocking `body` on the library's I/O threads (for the FileCoordination module,
+/// which needs the same guarantee for its own file-system questions).
+@_spi(FileCoordinationInternal)
+public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await IOThreadPool.shared.run(body)
+}

@@ -1,0 +1,154 @@
+import Dispatch
+import Foundation
+import Synchronization
+
+extension FileCoordinator {
+    // MARK: Blocking variants (Apple's shape, for code outside async contexts)
+
+    /// Reads an item under a coordinated read claim, **blocking the calling thread**
+    /// until the claim is granted and the presenters have answered.
+    ///
+    /// For code that cannot `await` (a C callback, a synchronous API). Never call it from
+    /// a Swift concurrency task or the main actor: it blocks the thread it runs on, and the
+    /// claims it waits for are granted by tasks that need those threads. Errors are thrown
+    /// where Apple's API would fill an `NSError` pointer.
+    public func coordinate(readingItemAt url: URL, options: ReadingOptions = [], byAccessor reader: (URL) throws -> Void) throws {
+        try blocking([.reading(url, options)]) { try reader($0[0]) }
+    }
+
+    /// Writes an item under a coordinated write claim, **blocking the calling thread**.
+    /// See ``coordinate(readingItemAt:options:byAccessor:)`` for when this may be used.
+    public func coordinate(writingItemAt url: URL, options: WritingOptions = [], byAccessor writer: (URL) throws -> Void) throws {
+        try blocking([.writing(url, options)]) { try writer($0[0]) }
+    }
+
+    /// Reads one item and writes another, **blocking the calling thread**.
+    public func coordinate(
+        readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
+        writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
+        byAccessor accessor: (URL, URL) throws -> Void
+    ) throws {
+        try blocking([.reading(readingURL, readingOptions), .writing(writingURL, writingOptions)]) { try accessor($0[0], $0[1]) }
+    }
+
+    /// Writes two items, **blocking the calling thread**.
+    public func coordinate(
+        writingItemAt url1: URL, options options1: WritingOptions = [],
+        writingItemAt url2: URL, options options2: WritingOptions = [],
+        byAccessor accessor: (URL, URL) throws -> Void
+    ) throws {
+        try blocking([.writing(url1, options1), .writing(url2, options2)]) { try accessor($0[0], $0[1]) }
+    }
+
+    private func blocking(_ requests: [ItemRequest], _ body: ([URL]) throws -> Void) throws {
+        let session = try Self.wait { try await self.begin(requests) }
+        var failure: (any Error)?
+        do { try body(session.urls) } catch { failure = error }
+        let succeeded = failure == nil
+        _ = try? Self.wait { await self.finish(session, accessorSucceeded: succeeded) }
+        if let failure { throw failure }
+    }
+
+    /// Runs `operation` in a task and blocks the calling thread until it ends.
+    private static func wait<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
+        let done = DispatchSemaphore(value: 0)
+        let result = Mutex<Result<T, any Error>?>(nil)
+        Task {
+            let outcome = await Result(catching: operation)
+            result.withLock { $0 = outcome }
+            done.signal()
+        }
+        done.wait()
+        return try result.withLock { $0! }.get()
+    }
+
+    // MARK: Intents on a queue
+
+    /// Coordinates every intent at once, then runs `accessor` on `queue` (Apple's
+    /// `coordinate(with:queue:byAccessor:)`).
+    ///
+    /// Returns at once: the wait for claims and presenters never blocks the caller.
+    /// `accessor` gets nil, or the error that prevented the coordination (it then must
+    /// not touch the items). Inside it, each intent's ``FileAccessIntent/url`` is where
+    /// the item is now. The claims are held until `accessor` returns.
+    public func coordinate(with intents: [FileAccessIntent], queue: DispatchQueue,
+                           byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
+        schedule(intents, run: { work in queue.async(execute: work) }, accessor)
+    }
+
+    /// Coordinates every intent at once, then runs `accessor` on `queue`; see
+    /// ``coordinate(with:queue:byAccessor:)-5d1e5``.
+    public func coordinate(with intents: [FileAccessIntent], queue: OperationQueue,
+                           byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
+        schedule(intents, run: { work in queue.addOperation(work) }, accessor)
+    }
+
+    private func schedule(_ intents: [FileAccessIntent], run: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
+                          _ accessor: @escaping @Sendable ((any Error)?) -> Void) {
+        let requests: [ItemRequest] = intents.map { intent in
+            switch intent.kind {
+            case .reading(let options): .reading(intent.url, options)
+            case .writing(let options): .writing(intent.url, options)
+            }
+        }
+        Task {
+            let session: CoordinationSession
+            do {
+                session = try await self.begin(requests, intents: intents)
+            } catch {
+                run { accessor(error) }
+                return
+            }
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                run {
+                    accessor(nil)
+                    continuation.resume()
+                }
+            }
+            await self.finish(session, accessorSucceeded: true)
+        }
+    }
+
+    // MARK: Batches
+
+    /// Prepares a batch of coordinated accesses (Apple's `prepare(forReadingItemsAt:…)`):
+    /// the presenters of all the items are asked to relinquish and save once, up front;
+    /// the coordinations made inside `batchAccessor` then do not ask them again (they
+    /// still take their claims, and writers still send `did…` messages). The presenters'
+    /// reacquirers run when `batchAccessor` returns or calls its completion handler,
+    /// whichever comes first.
+    public func prepare(
+        forReadingItemsAt readingURLs: [URL], options readingOptions: ReadingOptions = [],
+        writingItemsAt writingURLs: [URL], options writingOptions: WritingOptions = [],
+        isolation: isolated (any Actor)? = #isolation,
+        byAccessor batchAccessor: (_ completionHandler: @escaping @Sendable () -> Void) async throws -> Void
+    ) async throws {
+        var items: [CoordinationSession.Item] = []
+        for url in readingURLs {
+            items.append(.init(path: try Self.normalizedPath(url), request: .reading(url, readingOptions), subtree: false))
+        }
+        for url in writingURLs {
+            items.append(.init(path: try Self.normalizedPath(url), request: .writing(url, writingOptions), subtree: false))
+        }
+        let reacquirers = try await messageBefore(items)
+        let once = Mutex(false)
+        let finish: @Sendable () async -> Void = { [self] in
+            guard once.withLock({ done in defer { done = true }; return !done }) else { return }
+            await runReacquirers(reacquirers)
+        }
+        let prepared = PreparedBatch(presenters: Set(reacquirers.map(\.0.id)).union(
+            items.flatMap { item in
+                let concerned = center.presenters(for: item.path, subtree: false, excluding: filePresenter.map(ObjectIdentifier.init))
+                return (concerned.item + concerned.containers).map(\.id)
+            }))
+        do {
+            try await PreparedBatch.$current.withValue(prepared) {
+                try await batchAccessor { Task { await finish() } }
+            }
+        } catch {
+            await finish()
+            throw error
+        }
+        await finish()
+    }
+}

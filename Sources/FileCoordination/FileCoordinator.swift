@@ -1,0 +1,209 @@
+import Foundation
+import Synchronization
+import SystemPackage
+
+/// Coordinates reading and writing of files and directories with every other coordinator
+/// and presenter: Apple's `NSFileCoordinator`, async-native, for Linux.
+///
+/// Readers share; a writer excludes readers and writers of the same item; deleting,
+/// moving or replacing a directory covers everything inside it. Before an access runs,
+/// the presenters of the item (and of the directories containing it) are asked to
+/// relinquish it and to save; after a write they hear what changed.
+///
+/// ```swift
+/// let coordinator = FileCoordinator()
+/// let text = try await coordinator.coordinate(readingItemAt: url) { url in
+///     try await Data(asyncContentsOf: url)
+/// }
+/// try await coordinator.coordinate(writingItemAt: url) { url in
+///     try await newText.asyncWrite(to: url)
+/// }
+/// ```
+///
+/// The accessor runs in the caller's isolation and gets the URL to use, which differs
+/// from the one asked for if the item was moved while the coordination waited. Claims are
+/// released when the accessor returns or throws; a coordination still waiting when its
+/// task is cancelled (or ``cancel()`` is called) ends with an error and its accessor never
+/// runs.
+///
+/// Coordinators are cheap; make one per operation or keep one per presenter.
+///
+/// A `Sendable` class rather than an actor: an actor would run every accessor on the
+/// coordinator's own executor, serializing unrelated work and forcing callers on the
+/// main actor to write `@Sendable` accessors. Here the accessor runs where the caller is,
+/// and the coordinator's state lives behind locks.
+public final class FileCoordinator: Sendable {
+    /// The presenter this coordinator acts for: it is never messaged about this
+    /// coordinator's own accesses.
+    public let filePresenter: (any FilePresenter)?
+
+    /// Coordinators with the same purpose never block each other. Unique by default; a
+    /// presenter's coordinators share one derived from the presenter.
+    public let purposeIdentifier: String
+
+    private let policy: Mutex<PresenterTimeoutPolicy>
+    let center: CoordinationCenter
+    /// Bumped by ``cancel()``: a coordination that saw another value when it started is
+    /// cancelled even if it was already messaging presenters.
+    let cancellations = Atomic<Int>(0)
+
+    /// A coordinator, optionally acting for `filePresenter`.
+    public convenience init(filePresenter: (any FilePresenter)? = nil) {
+        self.init(filePresenter: filePresenter, purposeIdentifier: nil, center: .shared)
+    }
+
+    /// A coordinator with an explicit purpose identifier (see ``purposeIdentifier``).
+    public convenience init(purposeIdentifier: String) {
+        self.init(filePresenter: nil, purposeIdentifier: purposeIdentifier, center: .shared)
+    }
+
+    init(filePresenter: (any FilePresenter)?, purposeIdentifier: String?, center: CoordinationCenter) {
+        self.filePresenter = filePresenter
+        self.center = center
+        self.purposeIdentifier = purposeIdentifier
+            ?? filePresenter.map { "presenter-\(UInt(bitPattern: ObjectIdentifier($0).hashValue))" }
+            ?? UUID().uuidString
+        policy = Mutex(.default)
+    }
+
+    /// How long presenters may take to answer, and what happens when they do not.
+    /// Default: ``PresenterTimeoutPolicy/default`` (30 s, then proceed with a warning).
+    public var presenterTimeoutPolicy: PresenterTimeoutPolicy {
+        policy.withLock { $0 }
+    }
+
+    /// Sets this coordinator's presenter timeout policy.
+    public func setPresenterTimeoutPolicy(_ newValue: PresenterTimeoutPolicy) {
+        policy.withLock { $0 = newValue }
+    }
+
+    /// Ends every coordination of this coordinator that is still waiting (for claims or
+    /// for presenters) with ``FileCoordinationError/Code/cancelled``; their accessors never
+    /// run. Accessors already running finish normally.
+    public func cancel() {
+        cancellations.add(1, ordering: .relaxed)
+        center.cancel(owner: ObjectIdentifier(self))
+    }
+
+    // MARK: Presenters
+
+    /// Registers a presenter for its ``FilePresenter/presentedItemURL``. Coordinators in
+    /// this process message it from now on.
+    public static func addFilePresenter(_ presenter: any FilePresenter) {
+        guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
+        CoordinationCenter.shared.addPresenter(presenter, at: path)
+    }
+
+    /// Unregisters a presenter; it is not messaged again.
+    public static func removeFilePresenter(_ presenter: any FilePresenter) {
+        CoordinationCenter.shared.removePresenter(presenter)
+    }
+
+    /// The presenters registered in this process.
+    public static var filePresenters: [any FilePresenter] {
+        CoordinationCenter.shared.presenters
+    }
+
+    // MARK: Scoped access
+
+    /// Reads an item under a coordinated read claim.
+    ///
+    /// Presenters of the item (and of directories containing it) first hear
+    /// ``FilePresenter/relinquishPresentedItem(toReader:)`` and, unless `options` contains
+    /// ``ReadingOptions/withoutChanges``, ``FilePresenter/savePresentedItemChanges()``;
+    /// their reacquirers run after `accessor`.
+    public func coordinate<T>(
+        readingItemAt url: URL, options: ReadingOptions = [],
+        isolation: isolated (any Actor)? = #isolation,
+        _ accessor: (URL) async throws -> T
+    ) async throws -> T {
+        try await perform([.reading(url, options)]) { urls in try await accessor(urls[0]) }
+    }
+
+    /// Writes an item under a coordinated write claim.
+    ///
+    /// Presenters first hear ``FilePresenter/relinquishPresentedItem(toWriter:)``, then
+    /// ``FilePresenter/accommodatePresentedItemDeletion()`` (with ``WritingOptions/forDeleting``)
+    /// or ``FilePresenter/savePresentedItemChanges()``; after `accessor` they hear the
+    /// `did…` messages, then their reacquirers run.
+    public func coordinate<T>(
+        writingItemAt url: URL, options: WritingOptions = [],
+        isolation: isolated (any Actor)? = #isolation,
+        _ accessor: (URL) async throws -> T
+    ) async throws -> T {
+        try await perform([.writing(url, options)]) { urls in try await accessor(urls[0]) }
+    }
+
+    /// Reads one item and writes another in one coordination (a copy, an export). Both
+    /// claims are granted together, so two such coordinations never deadlock.
+    public func coordinate<T>(
+        readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
+        writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
+        isolation: isolated (any Actor)? = #isolation,
+        _ accessor: (URL, URL) async throws -> T
+    ) async throws -> T {
+        try await perform([.reading(readingURL, readingOptions), .writing(writingURL, writingOptions)]) { urls in
+            try await accessor(urls[0], urls[1])
+        }
+    }
+
+    /// Writes two items in one coordination (a move, a swap). Both claims are granted
+    /// together, so two such coordinations never deadlock.
+    public func coordinate<T>(
+        writingItemAt url1: URL, options options1: WritingOptions = [],
+        writingItemAt url2: URL, options options2: WritingOptions = [],
+        isolation: isolated (any Actor)? = #isolation,
+        _ accessor: (URL, URL) async throws -> T
+    ) async throws -> T {
+        try await perform([.writing(url1, options1), .writing(url2, options2)]) { urls in
+            try await accessor(urls[0], urls[1])
+        }
+    }
+
+    // MARK: Moves
+
+    /// Announces, inside a write accessor with ``WritingOptions/forMoving``, that the item
+    /// at `oldURL` is about to move to `newURL`. Kept for Apple's protocol; nothing needs
+    /// to happen before the move here.
+    public func item(at oldURL: URL, willMoveTo newURL: URL) {}
+
+    /// Reports, inside a write accessor, that the item at `oldURL` moved to `newURL`.
+    ///
+    /// Presenters of the item and of everything inside it will hear
+    /// ``FilePresenter/presentedItemDidMove(to:)`` with their new URLs; presenters of the
+    /// directories that contained it or now contain it hear
+    /// ``FilePresenter/presentedSubitem(at:didMoveTo:)``. Coordinations waiting for the item
+    /// follow it to its new URL. Messages are delivered after the accessor returns (at
+    /// once when called outside one).
+    public func item(at oldURL: URL, didMoveTo newURL: URL) async {
+        guard let source = try? Self.normalizedPath(oldURL), let destination = try? Self.normalizedPath(newURL) else { return }
+        let exclude = filePresenter.map(ObjectIdentifier.init)
+        // Containers are looked up before the move, so the moved presenters are not among them.
+        var containers = center.presenters(for: source, subtree: false, excluding: exclude).containers
+        let moved = center.move(from: source, to: destination)
+        let movedIDs = Set(moved.map(\.entry.id))
+        let seen = Set(containers.map(\.id))
+        containers += center.presenters(for: destination, subtree: false, excluding: exclude).containers
+            .filter { !seen.contains($0.id) && !movedIDs.contains($0.id) }
+        var messages: [PendingMessage] = moved.filter { $0.entry.id != exclude }.map {
+            .didMove($0.entry, to: $0.newPath)
+        }
+        messages += containers.map { .subitemDidMove($0, from: source, to: destination) }
+        if let context = CoordinationContext.current, context.coordinator === self {
+            context.defer(messages)
+        } else {
+            await deliver(messages)
+        }
+    }
+
+    // MARK: Paths
+
+    /// The absolute, lexically normalized path of a `file:` URL.
+    static func normalizedPath(_ url: URL) throws(FileCoordinationError) -> FilePath {
+        var path = try FilePath(fileURL: url)
+        if path.isRelative {
+            path = FilePath(FileManager.default.currentDirectoryPath).pushing(path)
+        }
+        return path.lexicallyNormalized()
+    }
+}

@@ -1,0 +1,110 @@
+import Foundation
+
+/// Something that presents a file or directory to a user (a document window, a cache, a
+/// build graph) and wants to hear about other code's access to it, before and after.
+///
+/// Register a presenter with ``FileCoordinator/addFilePresenter(_:)``. Whenever another
+/// coordinator, in this process or (with a coordination space) in another, coordinates
+/// access to the presented item, to something inside a presented directory, or (for a
+/// directory presenter) to the directory itself, the presenter is messaged in Apple's
+/// order:
+///
+/// - reads: ``relinquishPresentedItem(toReader:)``, then ``savePresentedItemChanges()``
+///   (unless the reader passed `withoutChanges`), then the read, then the reacquirer
+///   returned by `relinquish`;
+/// - writes: ``relinquishPresentedItem(toWriter:)``, then
+///   ``accommodatePresentedItemDeletion()`` (deleting) or ``savePresentedItemChanges()``,
+///   then the write, then the `did…` messages, then the reacquirer.
+///
+/// A presenter is never messaged about its own coordinator's operations. A callback that
+/// throws makes the coordination fail with that error. A callback that does not return
+/// is handled by the coordinator's ``PresenterTimeoutPolicy``.
+///
+/// Every callback has a default implementation that does nothing, so a presenter
+/// implements only what it needs. Presenters are classes or actors; the item's URL is
+/// read once, at registration, and kept up to date by the coordinators that move it.
+///
+/// ```swift
+/// final actor DocumentWindow: FilePresenter {
+///     nonisolated let presentedItemURL: URL?
+///     init(url: URL) { presentedItemURL = url }
+///
+///     func savePresentedItemChanges() async throws { try await saveDraft() }
+///     func presentedItemDidChange() async { await reload() }
+/// }
+/// ```
+public protocol FilePresenter: AnyObject, Sendable {
+    /// The file or directory presented. Read when the presenter is registered.
+    var presentedItemURL: URL? { get }
+
+    /// Another coordinator is about to read the item: stop writing it. Return a
+    /// reacquirer to run once the read is done, or nil.
+    func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer?
+
+    /// Another coordinator is about to write the item: stop using it. Return a
+    /// reacquirer to run once the write (and its `did…` messages) are done, or nil.
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer?
+
+    /// Write unsaved changes now, so that the coming access sees them.
+    func savePresentedItemChanges() async throws
+
+    /// The item is about to be deleted: close it, forget it.
+    func accommodatePresentedItemDeletion() async throws
+
+    /// The item moved (a coordinated move, or a rename by any program).
+    func presentedItemDidMove(to newURL: URL) async
+
+    /// The item's contents or attributes changed.
+    func presentedItemDidChange() async
+
+    /// Directory presenters: an item appeared inside the directory.
+    func presentedSubitemDidAppear(at url: URL) async
+
+    /// Directory presenters: an item inside the directory changed.
+    func presentedSubitemDidChange(at url: URL) async
+
+    /// Directory presenters: an item inside the directory moved.
+    func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async
+
+    /// Directory presenters: an item inside the directory is about to be deleted.
+    func accommodatePresentedSubitemDeletion(at url: URL) async throws
+}
+
+/// Runs after the access a presenter relinquished its item for.
+public typealias FileReacquirer = @Sendable () async -> Void
+
+/// Who is asking a presenter to relinquish its item, and for what.
+public struct FileAccessRequest: Sendable, Hashable {
+    /// Reading or writing.
+    public enum Kind: Sendable, Hashable { case reading, writing }
+
+    /// The item being accessed (the presented item itself, or something inside it).
+    public var url: URL
+    /// Reading or writing.
+    public var kind: Kind
+    /// The purpose identifier of the coordinator asking.
+    public var purposeIdentifier: String
+    /// The process asking (this one, for in-process coordination).
+    public var processIdentifier: Int32
+
+    /// A request description.
+    public init(url: URL, kind: Kind, purposeIdentifier: String, processIdentifier: Int32) {
+        self.url = url
+        self.kind = kind
+        self.purposeIdentifier = purposeIdentifier
+        self.processIdentifier = processIdentifier
+    }
+}
+
+extension FilePresenter {
+    public func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? { nil }
+    public func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? { nil }
+    public func savePresentedItemChanges() async throws {}
+    public func accommodatePresentedItemDeletion() async throws {}
+    public func presentedItemDidMove(to newURL: URL) async {}
+    public func presentedItemDidChange() async {}
+    public func presentedSubitemDidAppear(at url: URL) async {}
+    public func presentedSubitemDidChange(at url: URL) async {}
+    public func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {}
+    public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
+}

@@ -1,0 +1,239 @@
+import Foundation
+import Synchronization
+import SystemPackage
+
+/// The process-wide side of coordination: the rules, the tasks waiting for claims, and
+/// the registered presenters. Every ``FileCoordinator`` in the process talks to the one
+/// shared center, which is what makes coordinators exclude each other.
+///
+/// The rules (``CoordinationRules``) decide; the center carries out: it resumes the
+/// waiting tasks the rules granted, always outside its lock.
+final class CoordinationCenter: Sendable {
+    static let shared = CoordinationCenter()
+
+    typealias RequestID = CoordinationRules.RequestID
+
+    private struct Waiter {
+        var continuation: UnsafeContinuation<Void, any Error>
+        var owner: ObjectIdentifier
+    }
+
+    private struct State {
+        var rules = CoordinationRules()
+        var waiters: [RequestID: Waiter] = [:]
+        /// Requests whose task was cancelled before they were submitted.
+        var cancelledBeforeSubmit: Set<RequestID> = []
+        var presenters = PresenterRegistry()
+        /// Intents waiting for claims, so moves can update their URLs.
+        var intents: [RequestID: [(FilePath, FileAccessIntent)]] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    // MARK: Claims
+
+    /// Waits until `claims` are granted together; returns the request to release.
+    /// Throws `CancellationError` if the task is cancelled while waiting, or
+    /// ``FileCoordinationError/Code/cancelled`` if the owner's ``cancel(owner:)`` is called.
+    func acquire(_ claims: [CoordinationRules.Claim], purpose: String, owner: ObjectIdentifier,
+                 intents: [(FilePath, FileAccessIntent)] = []) async throws -> RequestID {
+        let id = state.withLock { $0.rules.reserveID() }
+        try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
+                enum Outcome { case granted, waiting, cancelled }
+                let outcome: Outcome = state.withLock { state in
+                    if state.cancelledBeforeSubmit.remove(id) != nil { return .cancelled }
+                    if state.rules.submit(id, purpose: purpose, claims: claims) { return .granted }
+                    state.waiters[id] = Waiter(continuation: continuation, owner: owner)
+                    if !intents.isEmpty { state.intents[id] = intents }
+                    return .waiting
+                }
+                switch outcome {
+                case .granted: continuation.resume()
+                case .cancelled: continuation.resume(throwing: CancellationError())
+                case .waiting: break
+                }
+            }
+        } onCancel: {
+            withdraw(id, because: CancellationError())
+        }
+        return id
+    }
+
+    /// The claims of a granted request as they stand now (after any moves while it waited).
+    func claims(of id: RequestID) -> [CoordinationRules.Claim] {
+        state.withLock { $0.rules.claims(of: id) }
+    }
+
+    /// Ends a granted request; grants whatever was waiting for it.
+    func release(_ id: RequestID) {
+        let granted = state.withLock { state in
+            Self.takeWaiters(state.rules.release(id), from: &state)
+        }
+        for waiter in granted { waiter.continuation.resume() }
+    }
+
+    /// Fails every waiting request of `owner` (``FileCoordinator/cancel()``).
+    func cancel(owner: ObjectIdentifier) {
+        let ids = state.withLock { state in state.waiters.filter { $0.value.owner == owner }.map(\.key) }
+        for id in ids {
+            withdraw(id, because: FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
+                                                        message: "the coordinator was cancelled"))
+        }
+    }
+
+    private func withdraw(_ id: RequestID, because error: any Error) {
+        let (waiter, granted): (Waiter?, [Waiter]) = state.withLock { state in
+            if let waiter = state.waiters.removeValue(forKey: id) {
+                state.intents[id] = nil
+                return (waiter, Self.takeWaiters(state.rules.withdraw(id), from: &state))
+            }
+            // Not submitted yet: remember, so that submitting fails at once. (A request
+            // already granted is left alone: its accessor will run, then release it.)
+            if !state.rules.contains(id) { state.cancelledBeforeSubmit.insert(id) }
+            return (nil, [])
+        }
+        waiter?.continuation.resume(throwing: error)
+        for other in granted { other.continuation.resume() }
+    }
+
+    private static func takeWaiters(_ ids: [RequestID], from state: inout State) -> [Waiter] {
+        ids.compactMap { id in
+            state.intents[id] = nil
+            return state.waiters.removeValue(forKey: id)
+        }
+    }
+
+    /// Counts for tests and `status`.
+    var counts: (granted: Int, waiting: Int) {
+        state.withLock { ($0.rules.grantedCount, $0.rules.waitingCount) }
+    }
+
+    // MARK: Presenters
+
+    func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
+        state.withLock { $0.presenters.add(presenter, at: path) }
+    }
+
+    func removePresenter(_ presenter: any FilePresenter) {
+        state.withLock { $0.presenters.remove(ObjectIdentifier(presenter)) }
+    }
+
+    var presenters: [any FilePresenter] {
+        state.withLock { $0.presenters.all }
+    }
+
+    /// The presenters concerned by an access to `path`: of the item itself, of the
+    /// directories containing it, and (for a subtree access) of the items inside it.
+    func presenters(for path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> PresenterRegistry.Concerned {
+        state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
+    }
+
+    /// Records a move: waiting claims and intents, and registered presenters, follow the
+    /// item. Returns the presenters to tell, with their old and new paths.
+    func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+        let (moved, intents): ([PresenterRegistry.Moved], [(FileAccessIntent, FilePath)]) = state.withLock { state in
+            let changed = state.rules.move(from: source, to: destination)
+            var updates: [(FileAccessIntent, FilePath)] = []
+            for id in changed {
+                guard var list = state.intents[id] else { continue }
+                for index in list.indices where list[index].0.starts(with: source) {
+                    let newPath = PresenterRegistry.rebase(list[index].0, from: source, to: destination)
+                    list[index].0 = newPath
+                    updates.append((list[index].1, newPath))
+                }
+                state.intents[id] = list
+            }
+            return (state.presenters.move(from: source, to: destination), updates)
+        }
+        for (intent, path) in intents { intent.update(path.fileURL) }
+        return moved
+    }
+}
+
+/// Registered presenters, indexed by the path they present, so that finding the
+/// presenters of one item costs a lookup per path component, however many others exist.
+struct PresenterRegistry: Sendable {
+    struct Entry: Sendable {
+        let presenter: any FilePresenter
+        var path: FilePath
+        var id: ObjectIdentifier { ObjectIdentifier(presenter) }
+    }
+
+    /// The presenters an access concerns.
+    struct Concerned: Sendable {
+        /// Presenters of the item itself.
+        var item: [Entry] = []
+        /// Presenters of directories containing the item (nearest first).
+        var containers: [Entry] = []
+        /// Presenters of items inside it (subtree accesses only).
+        var inside: [Entry] = []
+        var isEmpty: Bool { item.isEmpty && containers.isEmpty && inside.isEmpty }
+    }
+
+    struct Moved: Sendable {
+        let entry: Entry
+        let oldPath: FilePath
+        let newPath: FilePath
+    }
+
+    private var entries: [ObjectIdentifier: Entry] = [:]
+    private var byPath: [FilePath: [ObjectIdentifier]] = [:]
+
+    var all: [any FilePresenter] { entries.values.map(\.presenter) }
+    var isEmpty: Bool { entries.isEmpty }
+
+    mutating func add(_ presenter: any FilePresenter, at path: FilePath) {
+        let id = ObjectIdentifier(presenter)
+        remove(id)
+        entries[id] = Entry(presenter: presenter, path: path)
+        byPath[path, default: []].append(id)
+    }
+
+    mutating func remove(_ id: ObjectIdentifier) {
+        guard let entry = entries.removeValue(forKey: id) else { return }
+        byPath[entry.path]?.removeAll { $0 == id }
+        if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
+    }
+
+    func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
+        var result = Concerned()
+        guard !entries.isEmpty else { return result }
+        func lookup(_ key: FilePath) -> [Entry] {
+            (byPath[key] ?? []).compactMap { $0 == excluded ? nil : entries[$0] }
+        }
+        result.item = lookup(path)
+        var ancestor = path
+        while !ancestor.removingLastComponent().isEmpty, ancestor.removingLastComponent() != ancestor {
+            ancestor = ancestor.removingLastComponent()
+            result.containers += lookup(ancestor)
+        }
+        if subtree {
+            for (key, ids) in byPath where key != path && key.starts(with: path) {
+                result.inside += ids.compactMap { $0 == excluded ? nil : entries[$0] }
+            }
+        }
+        return result
+    }
+
+    /// Moves every presenter at or inside `source` to the matching place under `destination`.
+    mutating func move(from source: FilePath, to destination: FilePath) -> [Moved] {
+        var moved: [Moved] = []
+        for (id, entry) in entries where entry.path.starts(with: source) {
+            let newPath = Self.rebase(entry.path, from: source, to: destination)
+            byPath[entry.path]?.removeAll { $0 == id }
+            if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
+            entries[id]!.path = newPath
+            byPath[newPath, default: []].append(id)
+            moved.append(Moved(entry: entries[id]!, oldPath: entry.path, newPath: newPath))
+        }
+        return moved
+    }
+
+    /// `path` (at or inside `source`) as it reads after `source` moved to `destination`.
+    static func rebase(_ path: FilePath, from source: FilePath, to destination: FilePath) -> FilePath {
+        var result = destination
+        for component in path.components.dropFirst(source.components.count) { result.append(component) }
+        return result
+    }
+}

@@ -1,0 +1,400 @@
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One item of a coordination, as asked.
+enum ItemRequest: Sendable {
+    case reading(URL, FileCoordinator.ReadingOptions)
+    case writing(URL, FileCoordinator.WritingOptions)
+
+    var url: URL {
+        switch self {
+        case .reading(let url, _), .writing(let url, _): url
+        }
+    }
+}
+
+/// A message to a presenter after an access, delivered once the accessor has returned.
+enum PendingMessage: Sendable {
+    case didChange(PresenterRegistry.Entry)
+    case didMove(PresenterRegistry.Entry, to: FilePath)
+    case subitemDidAppear(PresenterRegistry.Entry, FilePath)
+    case subitemDidChange(PresenterRegistry.Entry, FilePath)
+    case subitemDidMove(PresenterRegistry.Entry, from: FilePath, to: FilePath)
+}
+
+/// The coordination an accessor runs in (a task-local): collects the move messages
+/// reported with `item(at:didMoveTo:)` until the accessor returns.
+final class CoordinationContext: Sendable {
+    @TaskLocal static var current: CoordinationContext?
+
+    let coordinator: FileCoordinator
+    private let deferred = Mutex<[PendingMessage]>([])
+
+    init(coordinator: FileCoordinator) {
+        self.coordinator = coordinator
+    }
+
+    func `defer`(_ messages: [PendingMessage]) {
+        deferred.withLock { $0 += messages }
+    }
+
+    func takeDeferred() -> [PendingMessage] {
+        deferred.withLock { messages in
+            defer { messages.removeAll() }
+            return messages
+        }
+    }
+}
+
+/// Presenters already asked to relinquish and save by `prepare(...)`: coordinations
+/// inside the batch do not ask them again.
+final class PreparedBatch: Sendable {
+    @TaskLocal static var current: PreparedBatch?
+    let presenters: Set<ObjectIdentifier>
+    init(presenters: Set<ObjectIdentifier>) { self.presenters = presenters }
+}
+
+/// A coordination between its two halves: claims held, presenters messaged.
+final class CoordinationSession: Sendable {
+    struct Item: Sendable {
+        var path: FilePath
+        var request: ItemRequest
+        var subtree: Bool
+        /// For writes with container presenters: whether the item existed before.
+        var existedBefore: Bool?
+
+        var isWrite: Bool { if case .writing = request { true } else { false } }
+        var writingOptions: FileCoordinator.WritingOptions {
+            if case .writing(_, let options) = request { options } else { [] }
+        }
+        var readingOptions: FileCoordinator.ReadingOptions {
+            if case .reading(_, let options) = request { options } else { [] }
+        }
+    }
+
+    let request: CoordinationRules.RequestID?
+    let items: [Item]
+    let reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]
+    let context: CoordinationContext
+
+    init(request: CoordinationRules.RequestID?, items: [Item], reacquirers: [(PresenterRegistry.Entry, FileReacquirer)],
+         context: CoordinationContext) {
+        self.request = request
+        self.items = items
+        self.reacquirers = reacquirers
+        self.context = context
+    }
+
+    var urls: [URL] { items.map(\.path.fileURL) }
+}
+
+extension FileCoordinator {
+    // MARK: The two halves of a coordination
+
+    /// Runs `body` between ``begin(_:intents:)`` and ``finish(_:accessorSucceeded:)``.
+    func perform<T>(
+        _ requests: [ItemRequest], isolation: isolated (any Actor)? = #isolation,
+        _ body: ([URL]) async throws -> T
+    ) async throws -> T {
+        let session = try await begin(requests)
+        if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
+            return try await withSnapshots(session, body)
+        }
+        let outcome: Result<T, any Error>
+        do {
+            outcome = .success(try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) })
+        } catch {
+            outcome = .failure(error)
+        }
+        await finish(session, accessorSucceeded: (try? outcome.get()) != nil)
+        return try outcome.get()
+    }
+
+    /// Takes the claims, then messages the presenters before the access. On failure
+    /// everything taken is given back (reacquirers run, claims released).
+    func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = []) async throws -> CoordinationSession {
+        var items: [CoordinationSession.Item] = []
+        for request in requests {
+            var path = try Self.normalizedPath(request.url)
+            var subtree = false
+            switch request {
+            case .reading(_, let options):
+                if options.contains(.resolvesSymbolicLink) { path = try await Self.resolveLink(path) }
+            case .writing(_, let options):
+                if !options.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing]) {
+                    subtree = try await Self.isDirectory(path)
+                }
+            }
+            items.append(.init(path: path, request: request, subtree: subtree))
+        }
+        let claims = items.map {
+            CoordinationRules.Claim(path: $0.path, access: $0.isWrite ? .writing : .reading, scope: $0.subtree ? .subtree : .item)
+        }
+        let generation = cancellations.load(ordering: .relaxed)
+        let id = try await center.acquire(claims, purpose: purposeIdentifier, owner: ObjectIdentifier(self),
+                                          intents: zip(items, intents).map { ($0.path, $1) })
+        do {
+            // The items may have moved while the claims waited.
+            for (index, claim) in center.claims(of: id).enumerated() where index < items.count {
+                items[index].path = claim.path
+            }
+            for (index, intent) in intents.enumerated() where index < items.count { intent.update(items[index].path.fileURL) }
+            let reacquirers = try await messageBefore(items)
+            let session = CoordinationSession(request: id, items: try await recordExistence(items), reacquirers: reacquirers,
+                                              context: CoordinationContext(coordinator: self))
+            if Task.isCancelled || cancellations.load(ordering: .relaxed) != generation {
+                await runReacquirers(session.reacquirers)
+                center.release(id)
+                if Task.isCancelled { throw CancellationError() }
+                throw FileCoordinationError(code: .cancelled, path: items.first?.path, operation: "coordinate",
+                                            message: "the coordinator was cancelled")
+            }
+            return session
+        } catch {
+            center.release(id)
+            throw error
+        }
+    }
+
+    /// After the accessor: the `did…` messages, then the reacquirers, then the claims go.
+    func finish(_ session: CoordinationSession, accessorSucceeded: Bool) async {
+        var messages: [PendingMessage] = []
+        if accessorSucceeded {
+            let exclude = filePresenter.map(ObjectIdentifier.init)
+            for item in session.items where item.isWrite {
+                let options = item.writingOptions
+                guard !options.contains(.forDeleting) else { continue }
+                let concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
+                if !options.contains(.forMoving) {
+                    messages += concerned.item.map { .didChange($0) }
+                }
+                guard !concerned.containers.isEmpty else { continue }
+                let existsAfter = (try? await Self.exists(item.path)) ?? true
+                if item.existedBefore == false && existsAfter {
+                    messages += concerned.containers.map { .subitemDidAppear($0, item.path) }
+                } else if !options.contains(.forMoving) && existsAfter {
+                    messages += concerned.containers.map { .subitemDidChange($0, item.path) }
+                }
+            }
+        }
+        messages += session.context.takeDeferred()
+        await deliver(messages)
+        await runReacquirers(session.reacquirers)
+        if let request = session.request { center.release(request) }
+    }
+
+    // MARK: Presenters before the access
+
+    private struct Plan {
+        var entry: PresenterRegistry.Entry
+        var request: FileAccessRequest
+        var save = false
+        var accommodateDeletion = false
+        var subitemDeletions: [FilePath] = []
+    }
+
+    /// Asks every concerned presenter to relinquish (and save, or accommodate a
+    /// deletion), all presenters at once, each one's steps in order. Returns their
+    /// reacquirers; on any failure runs the ones collected and throws.
+    func messageBefore(_ items: [CoordinationSession.Item]) async throws -> [(PresenterRegistry.Entry, FileReacquirer)] {
+        let exclude = filePresenter.map(ObjectIdentifier.init)
+        let prepared = PreparedBatch.current?.presenters ?? []
+        var plans: [ObjectIdentifier: Plan] = [:]
+        var order: [ObjectIdentifier] = []
+        for item in items {
+            let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: exclude)
+            guard !concerned.isEmpty else { continue }
+            let request = FileAccessRequest(url: item.path.fileURL, kind: item.isWrite ? .writing : .reading,
+                                            purposeIdentifier: purposeIdentifier, processIdentifier: getpid())
+            func plan(_ entry: PresenterRegistry.Entry, _ update: (inout Plan) -> Void) {
+                guard !prepared.contains(entry.id) else { return }
+                if plans[entry.id] == nil {
+                    plans[entry.id] = Plan(entry: entry, request: request)
+                    order.append(entry.id)
+                } else if request.kind == .writing {
+                    plans[entry.id]!.request = request // a writer outranks a reader
+                }
+                update(&plans[entry.id]!)
+            }
+            let saves: Bool
+            switch item.request {
+            case .reading(_, let options):
+                saves = options.isDisjoint(with: [.withoutChanges, .immediatelyAvailableMetadataOnly])
+            case .writing(_, let options):
+                saves = options.isDisjoint(with: [.forDeleting, .forReplacing, .contentIndependentMetadataOnly])
+            }
+            let deleting = item.writingOptions.contains(.forDeleting)
+            for entry in concerned.item + concerned.inside {
+                plan(entry) { plan in
+                    if deleting { plan.accommodateDeletion = true } else if saves { plan.save = true }
+                }
+            }
+            for entry in concerned.containers {
+                plan(entry) { plan in
+                    if deleting { plan.subitemDeletions.append(item.path) } else if saves { plan.save = true }
+                }
+            }
+        }
+        guard !plans.isEmpty else { return [] }
+        let policy = presenterTimeoutPolicy
+        let outcomes = await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
+            for (index, id) in order.enumerated() {
+                let plan = plans[id]!
+                group.addTask { (index, await Result { try await Self.run(plan, policy: policy) }) }
+            }
+            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: order.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
+        var reacquirers: [(PresenterRegistry.Entry, FileReacquirer)] = []
+        var failure: (any Error)?
+        for (index, outcome) in outcomes.enumerated() {
+            switch outcome {
+            case .success(let reacquirer?): reacquirers.append((plans[order[index]]!.entry, reacquirer))
+            case .success(nil): break
+            case .failure(let error): failure = failure ?? error
+            }
+        }
+        if let failure {
+            await runReacquirers(reacquirers)
+            throw failure
+        }
+        return reacquirers
+    }
+
+    private static func run(_ plan: Plan, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
+        let presenter = plan.entry.presenter
+        let request = plan.request
+        var reacquirer: FileReacquirer?
+        func step<T: Sendable>(_ name: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+            do {
+                return try await PresenterMessenger.bounded(policy, name, of: plan.entry, body)
+            } catch {
+                throw PresenterMessenger.failure(error, callback: name, entry: plan.entry)
+            }
+        }
+        switch request.kind {
+        case .reading:
+            reacquirer = try await step("relinquishPresentedItem(toReader:)") {
+                try await presenter.relinquishPresentedItem(toReader: request)
+            } ?? nil
+        case .writing:
+            reacquirer = try await step("relinquishPresentedItem(toWriter:)") {
+                try await presenter.relinquishPresentedItem(toWriter: request)
+            } ?? nil
+        }
+        do {
+            if plan.accommodateDeletion {
+                _ = try await step("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
+            } else if plan.save {
+                _ = try await step("savePresentedItemChanges()") { try await presenter.savePresentedItemChanges() }
+            }
+            for path in plan.subitemDeletions {
+                let url = path.fileURL
+                _ = try await step("accommodatePresentedSubitemDeletion(at:)") {
+                    try await presenter.accommodatePresentedSubitemDeletion(at: url)
+                }
+            }
+        } catch {
+            // This presenter relinquished: let it take the item back before failing.
+            if let reacquirer { _ = try? await step("reacquirer") { await reacquirer() } }
+            throw error
+        }
+        return reacquirer
+    }
+
+    // MARK: Presenters after the access
+
+    func deliver(_ messages: [PendingMessage]) async {
+        guard !messages.isEmpty else { return }
+        // The change has happened; a slow presenter only delays, never fails it.
+        let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        await withTaskGroup(of: Void.self) { group in
+            for message in messages {
+                group.addTask {
+                    let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
+                    switch message {
+                    case .didChange(let e):
+                        (entry, name, body) = (e, "presentedItemDidChange()", { await e.presenter.presentedItemDidChange() })
+                    case .didMove(let e, let path):
+                        let url = path.fileURL
+                        (entry, name, body) = (e, "presentedItemDidMove(to:)", { await e.presenter.presentedItemDidMove(to: url) })
+                    case .subitemDidAppear(let e, let path):
+                        let url = path.fileURL
+                        (entry, name, body) = (e, "presentedSubitemDidAppear(at:)", { await e.presenter.presentedSubitemDidAppear(at: url) })
+                    case .subitemDidChange(let e, let path):
+                        let url = path.fileURL
+                        (entry, name, body) = (e, "presentedSubitemDidChange(at:)", { await e.presenter.presentedSubitemDidChange(at: url) })
+                    case .subitemDidMove(let e, let from, let to):
+                        let (old, new) = (from.fileURL, to.fileURL)
+                        (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
+                    }
+                    _ = try? await PresenterMessenger.bounded(lenient, name, of: entry, body)
+                }
+            }
+        }
+    }
+
+    func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
+        guard !reacquirers.isEmpty else { return }
+        let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        await withTaskGroup(of: Void.self) { group in
+            for (entry, reacquirer) in reacquirers {
+                group.addTask { _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() } }
+            }
+        }
+    }
+
+    // MARK: File-system questions (on the I/O threads)
+
+    private func recordExistence(_ items: [CoordinationSession.Item]) async throws -> [CoordinationSession.Item] {
+        var items = items
+        let exclude = filePresenter.map(ObjectIdentifier.init)
+        for index in items.indices where items[index].isWrite {
+            let containers = center.presenters(for: items[index].path, subtree: false, excluding: exclude).containers
+            if !containers.isEmpty { items[index].existedBefore = try await Self.exists(items[index].path) }
+        }
+        return items
+    }
+
+    static func exists(_ path: FilePath) async throws -> Bool {
+        try await FileSystemQueries.exists(path)
+    }
+
+    static func isDirectory(_ path: FilePath) async throws -> Bool {
+        try await FileSystemQueries.isDirectory(path)
+    }
+
+    static func resolveLink(_ path: FilePath) async throws -> FilePath {
+        try await FileSystemQueries.resolveSymbolicLink(path)
+    }
+
+    // MARK: forUploading
+
+    private func withSnapshots<T>(
+        _ session: CoordinationSession, isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
+    ) async throws -> T {
+        let snapshots: [FilePath]
+        do {
+            snapshots = try await FileSystemQueries.snapshots(of: session.items.map(\.path))
+        } catch {
+            await finish(session, accessorSucceeded: false)
+            throw error
+        }
+        // The read is the snapshot: presenters get their item back and writers may go on
+        // while the accessor uses the copy.
+        await finish(session, accessorSucceeded: true)
+        defer { FileSystemQueries.removeSnapshots(snapshots) }
+        return try await body(snapshots.map(\.fileURL))
+    }
+}
+
+extension Result where Failure == any Error {
+    init(catching body: () async throws -> Success) async {
+        do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+import Logging
+import Synchronization
+import SystemPackage
+
+/// Calls presenter callbacks under a coordinator's ``PresenterTimeoutPolicy``.
+enum PresenterMessenger {
+    static let logger = Logger(label: "FileCoordination")
+
+    /// Runs `body` (one presenter callback). Returns its value; nil when it timed out
+    /// and the policy proceeds. Throws the callback's error, ``FileCoordinationError``
+    /// `.timedOut` when the policy fails, or `CancellationError` if the coordinating task
+    /// is cancelled meanwhile.
+    ///
+    /// The callback runs in a task of its own, raced against a timer: a presenter that
+    /// never returns is left behind (and cancelled), never waited for.
+    static func bounded<T: Sendable>(
+        _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+        _ body: @escaping @Sendable () async throws -> T
+    ) async throws -> T? {
+        let race = Race<T>()
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
+                race.install(continuation)
+                let work = Task {
+                    do { race.finish(.success(try await body())) } catch { race.finish(.failure(error)) }
+                }
+                let timer = Task {
+                    try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
+                    guard !Task.isCancelled else { return }
+                    let path = entry.path
+                    let seconds = Double(policy.timeout.components.seconds) + Double(policy.timeout.components.attoseconds) / 1e18
+                    switch policy.action {
+                    case .proceed:
+                        if race.finish(.success(nil)) {
+                            logger.warning("presenter did not answer in time; proceeding without it",
+                                           metadata: ["presenter": "\(type(of: entry.presenter))", "path": "\(path)",
+                                                      "callback": "\(callback)", "timeout": "\(seconds)s"])
+                            work.cancel()
+                        }
+                    case .fail:
+                        let error = FileCoordinationError(
+                            code: .timedOut, path: path, operation: callback,
+                            message: "the presenter \(type(of: entry.presenter)) did not answer within \(seconds) s")
+                        if race.finish(.failure(error)) { work.cancel() }
+                    }
+                }
+                race.onFinish { timer.cancel() }
+            }
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
+        }
+    }
+
+    /// Wraps a presenter's own error as the coordination's failure.
+    static func failure(_ error: any Error, callback: String, entry: PresenterRegistry.Entry) -> any Error {
+        if error is CancellationError { return error }
+        if let error = error as? FileCoordinationError, error.code == .timedOut { return error }
+        return FileCoordinationError(code: .presenterFailed, path: entry.path, operation: callback,
+                                     message: "the presenter refused: \(error)", cause: error)
+    }
+}
+
+/// First finisher wins: the callback, the timer, or cancellation.
+private final class Race<T: Sendable>: Sendable {
+    private struct State {
+        var continuation: UnsafeContinuation<T?, any Error>?
+        var result: Result<T?, any Error>?
+        var finished = false
+        var onFinish: (@Sendable () -> Void)?
+    }
+    private let state = Mutex(State())
+
+    func install(_ continuation: UnsafeContinuation<T?, any Error>) {
+        let early: Result<T?, any Error>? = state.withLock { state in
+            if let result = state.result { return result }
+            state.continuation = continuation
+            return nil
+        }
+        if let early { continuation.resume(with: early) }
+    }
+
+    func onFinish(_ action: @escaping @Sendable () -> Void) {
+        let now = state.withLock { state in
+            if state.finished { return true }
+            state.onFinish = action
+            return false
+        }
+        if now { action() }
+    }
+
+    /// True if this call decided the outcome.
+    @discardableResult
+    func finish(_ result: Result<T?, any Error>) -> Bool {
+        let (won, continuation, action): (Bool, UnsafeContinuation<T?, any Error>?, (@Sendable () -> Void)?) = state.withLock { state in
+            guard !state.finished else { return (false, nil, nil) }
+            state.finished = true
+            state.result = result
+            defer { state.continuation = nil; state.onFinish = nil }
+            return (true, state.continuation, state.onFinish)
+        }
+        continuation?.resume(with: result)
+        action?()
+        return won
+    }
+}

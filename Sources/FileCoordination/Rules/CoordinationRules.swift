@@ -1,0 +1,218 @@
+import SystemPackage
+
+/// Who waits for whom: the coordination rules as a pure state machine.
+///
+/// No I/O, no locks, no clocks: callers submit requests, release and withdraw them, and
+/// get back which requests became granted. ``CoordinationCenter`` holds one instance
+/// under a lock and carries out the results (resuming waiting tasks).
+///
+/// The rules, Apple's:
+/// - Readers share; a writer excludes readers and writers of the same item.
+/// - A *subtree* claim (writing a directory with `forDeleting`, `forMoving` or
+///   `forReplacing`) also covers everything inside the directory: it waits for all
+///   access inside and blocks new access there until it is released.
+/// - A plain access to an item inside a directory does not touch the directory itself:
+///   reading `/a/b` never blocks a reader (or writer) of `/a`.
+/// - Requests with the same purpose identifier never block each other.
+///
+/// And two of this implementation's own:
+/// - A request's claims are granted together or not at all, so a coordination over
+///   several items can never hold one while waiting for another (no deadlock, whatever
+///   the order of the items).
+/// - Grants are first come, first served: a request waits while an *earlier* waiting
+///   request conflicts with it. A stream of readers therefore cannot starve a writer.
+struct CoordinationRules: Sendable {
+    enum Access: Sendable, Hashable { case reading, writing }
+    enum Scope: Sendable, Hashable { case item, subtree }
+
+    /// One item a request needs.
+    struct Claim: Sendable, Hashable {
+        var path: FilePath
+        var access: Access
+        var scope: Scope
+
+        init(path: FilePath, access: Access, scope: Scope = .item) {
+            self.path = path
+            self.access = access
+            self.scope = scope
+        }
+    }
+
+    /// Requests are numbered in submission order; the number decides fairness.
+    struct RequestID: Sendable, Hashable, Comparable, CustomStringConvertible {
+        let raw: UInt64
+        static func < (a: RequestID, b: RequestID) -> Bool { a.raw < b.raw }
+        var description: String { "#\(raw)" }
+    }
+
+    private struct Request: Sendable {
+        let id: RequestID
+        let purpose: String
+        var claims: [Claim]
+        var granted: Bool
+    }
+
+    private var requests: [RequestID: Request] = [:]
+    /// Waiting requests in submission order.
+    private var waiting: [RequestID] = []
+    /// Requests with an item-scope claim on each path.
+    private var itemIndex: [FilePath: [RequestID]] = [:]
+    /// Requests with a subtree claim (rare: directory delete, move, replace).
+    private var subtreeHolders: Set<RequestID> = []
+    private var nextID: UInt64 = 1
+
+    /// Number of granted requests.
+    var grantedCount: Int { requests.count - waiting.count }
+    /// Number of waiting requests.
+    var waitingCount: Int { waiting.count }
+    /// Whether `id` is currently granted.
+    func isGranted(_ id: RequestID) -> Bool { requests[id]?.granted == true }
+    /// Whether `id` is known (granted or waiting).
+    func contains(_ id: RequestID) -> Bool { requests[id] != nil }
+    /// The claims of `id` as they stand (waiting claims follow moves).
+    func claims(of id: RequestID) -> [Claim] { requests[id]?.claims ?? [] }
+
+    /// Reserves the number of a request about to be submitted.
+    mutating func reserveID() -> RequestID {
+        defer { nextID += 1 }
+        return RequestID(raw: nextID)
+    }
+
+    /// Submits a request under a number from ``reserveID()``. Returns whether it was
+    /// granted at once; otherwise it waits until a ``release(_:)`` or ``withdraw(_:)``
+    /// grants it.
+    mutating func submit(_ id: RequestID, purpose: String, claims: [Claim]) -> Bool {
+        precondition(requests[id] == nil, "request \(id) submitted twice")
+        let request = Request(id: id, purpose: purpose, claims: claims, granted: false)
+        requests[id] = request
+        index(request)
+        if canGrant(request) {
+            requests[id]!.granted = true
+            return true
+        }
+        // Keep the queue in number order even if numbers were reserved out of order.
+        let position = waiting.firstIndex { $0 > id } ?? waiting.endIndex
+        waiting.insert(id, at: position)
+        return false
+    }
+
+    /// Ends a granted request; returns the requests that became granted, in order.
+    mutating func release(_ id: RequestID) -> [RequestID] {
+        guard let request = requests[id] else { return [] }
+        precondition(request.granted, "release of waiting request \(id); withdraw it instead")
+        remove(request)
+        return grantWaiting()
+    }
+
+    /// Gives up a waiting request (cancelled); returns requests that became granted
+    /// because they no longer queue behind it.
+    mutating func withdraw(_ id: RequestID) -> [RequestID] {
+        guard let request = requests[id], !request.granted else { return [] }
+        remove(request)
+        waiting.removeAll { $0 == id }
+        return grantWaiting()
+    }
+
+    /// An item moved from `source` to `destination`: waiting claims on it, or inside it,
+    /// now name the new place (so the accessor gets the URL the item has when it runs).
+    /// Returns the waiting requests whose claims changed.
+    mutating func move(from source: FilePath, to destination: FilePath) -> [RequestID] {
+        var changed: [RequestID] = []
+        for id in waiting {
+            guard var request = requests[id] else { continue }
+            var touched = false
+            for index in request.claims.indices {
+                let path = request.claims[index].path
+                guard path.starts(with: source) else { continue }
+                var moved = destination
+                for component in path.components.dropFirst(source.components.count) { moved.append(component) }
+                request.claims[index].path = moved
+                touched = true
+            }
+            guard touched else { continue }
+            remove(requests[id]!)
+            requests[id] = request
+            index(request)
+            changed.append(id)
+        }
+        // Moving cannot make a waiting request grantable on its own account in a way
+        // that skips the queue: grants are re-evaluated on the next release as usual.
+        return changed
+    }
+
+    // MARK: Conflicts
+
+    /// Whether two claims of requests with different purposes exclude each other.
+    static func conflict(_ a: Claim, _ b: Claim) -> Bool {
+        guard a.access == .writing || b.access == .writing else { return false }
+        if a.path == b.path { return true }
+        if a.scope == .subtree && b.path.starts(with: a.path) { return true }
+        if b.scope == .subtree && a.path.starts(with: b.path) { return true }
+        return false
+    }
+
+    /// Requests (other than `request`) with a claim that might conflict with one of its claims.
+    private func candidates(for request: Request) -> Set<RequestID> {
+        var result = Set<RequestID>()
+        for claim in request.claims {
+            if let sharing = itemIndex[claim.path] { result.formUnion(sharing) }
+            result.formUnion(subtreeHolders)
+            if claim.scope == .subtree {
+                for (path, holders) in itemIndex where path.starts(with: claim.path) { result.formUnion(holders) }
+            }
+        }
+        result.remove(request.id)
+        return result
+    }
+
+    private func conflicts(_ a: Request, _ b: Request) -> Bool {
+        guard a.purpose != b.purpose else { return false }
+        for x in a.claims {
+            for y in b.claims where Self.conflict(x, y) { return true }
+        }
+        return false
+    }
+
+    /// Grantable: no conflict with a granted request, nor with an earlier waiting one.
+    private func canGrant(_ request: Request) -> Bool {
+        for other in candidates(for: request) {
+            guard let rival = requests[other] else { continue }
+            if rival.granted || rival.id < request.id, conflicts(request, rival) { return false }
+        }
+        return true
+    }
+
+    private mutating func grantWaiting() -> [RequestID] {
+        var granted: [RequestID] = []
+        var stillWaiting: [RequestID] = []
+        for id in waiting {
+            guard let request = requests[id] else { continue }
+            if canGrant(request) {
+                requests[id]!.granted = true
+                granted.append(id)
+            } else {
+                stillWaiting.append(id)
+            }
+        }
+        waiting = stillWaiting
+        return granted
+    }
+
+    // MARK: Index
+
+    private mutating func index(_ request: Request) {
+        for claim in request.claims {
+            if claim.scope == .subtree { subtreeHolders.insert(request.id) }
+            itemIndex[claim.path, default: []].append(request.id)
+        }
+    }
+
+    private mutating func remove(_ request: Request) {
+        requests[request.id] = nil
+        subtreeHolders.remove(request.id)
+        for claim in request.claims {
+            itemIndex[claim.path]?.removeAll { $0 == request.id }
+            if itemIndex[claim.path]?.isEmpty == true { itemIndex[claim.path] = nil }
+        }
+    }
+}
