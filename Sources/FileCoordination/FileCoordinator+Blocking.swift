@@ -4,6 +4,10 @@ import Synchronization
 
 extension FileCoordinator {
     // MARK: Blocking variants (Apple's shape, for code outside async contexts)
+    //
+    // Named `coordinateBlocking` rather than `coordinate`: with a trailing closure the
+    // `byAccessor:` label disappears, and Swift would pick the blocking overload for any
+    // synchronous accessor, even in async code.
 
     /// Reads an item under a coordinated read claim, **blocking the calling thread**
     /// until the claim is granted and the presenters have answered.
@@ -12,18 +16,21 @@ extension FileCoordinator {
     /// a Swift concurrency task or the main actor: it blocks the thread it runs on, and the
     /// claims it waits for are granted by tasks that need those threads. Errors are thrown
     /// where Apple's API would fill an `NSError` pointer.
-    public func coordinate(readingItemAt url: URL, options: ReadingOptions = [], byAccessor reader: (URL) throws -> Void) throws {
+    @available(*, noasync, message: "blocks the calling thread; use coordinate(readingItemAt:options:_:)")
+    public func coordinateBlocking(readingItemAt url: URL, options: ReadingOptions = [], byAccessor reader: (URL) throws -> Void) throws {
         try blocking([.reading(url, options)]) { try reader($0[0]) }
     }
 
     /// Writes an item under a coordinated write claim, **blocking the calling thread**.
-    /// See ``coordinate(readingItemAt:options:byAccessor:)`` for when this may be used.
-    public func coordinate(writingItemAt url: URL, options: WritingOptions = [], byAccessor writer: (URL) throws -> Void) throws {
+    /// See ``coordinateBlocking(readingItemAt:options:byAccessor:)`` for when this may be used.
+    @available(*, noasync, message: "blocks the calling thread; use coordinate(writingItemAt:options:_:)")
+    public func coordinateBlocking(writingItemAt url: URL, options: WritingOptions = [], byAccessor writer: (URL) throws -> Void) throws {
         try blocking([.writing(url, options)]) { try writer($0[0]) }
     }
 
     /// Reads one item and writes another, **blocking the calling thread**.
-    public func coordinate(
+    @available(*, noasync, message: "blocks the calling thread")
+    public func coordinateBlocking(
         readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
         writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
         byAccessor accessor: (URL, URL) throws -> Void
@@ -32,7 +39,8 @@ extension FileCoordinator {
     }
 
     /// Writes two items, **blocking the calling thread**.
-    public func coordinate(
+    @available(*, noasync, message: "blocks the calling thread")
+    public func coordinateBlocking(
         writingItemAt url1: URL, options options1: WritingOptions = [],
         writingItemAt url2: URL, options options2: WritingOptions = [],
         byAccessor accessor: (URL, URL) throws -> Void

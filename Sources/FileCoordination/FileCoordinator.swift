@@ -190,6 +190,7 @@ public final class FileCoordinator: Sendable {
         }
         messages += containers.map { .subitemDidMove($0, from: source, to: destination) }
         if let context = CoordinationContext.current, context.coordinator === self {
+            context.recordMoved(moved.map(\.entry.id))
             context.defer(messages)
         } else {
             await deliver(messages)

@@ -33,6 +33,14 @@ final class CoordinationContext: Sendable {
 
     let coordinator: FileCoordinator
     private let deferred = Mutex<[PendingMessage]>([])
+    /// Presenters told of a move in this coordination: they hear `didMove`, not `didChange`.
+    private let moved = Mutex<Set<ObjectIdentifier>>([])
+
+    func recordMoved(_ ids: some Sequence<ObjectIdentifier>) {
+        moved.withLock { $0.formUnion(ids) }
+    }
+
+    var movedPresenters: Set<ObjectIdentifier> { moved.withLock { $0 } }
 
     init(coordinator: FileCoordinator) {
         self.coordinator = coordinator
@@ -165,10 +173,12 @@ extension FileCoordinator {
         var messages: [PendingMessage] = []
         if accessorSucceeded {
             let exclude = filePresenter.map(ObjectIdentifier.init)
+            let moved = session.context.movedPresenters
             for item in session.items where item.isWrite {
                 let options = item.writingOptions
                 guard !options.contains(.forDeleting) else { continue }
-                let concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
+                var concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
+                concerned.item.removeAll { moved.contains($0.id) }
                 if !options.contains(.forMoving) {
                     messages += concerned.item.map { .didChange($0) }
                 }

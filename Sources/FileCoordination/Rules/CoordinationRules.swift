@@ -151,33 +151,30 @@ struct CoordinationRules: Sendable {
         return false
     }
 
-    /// Requests (other than `request`) with a claim that might conflict with one of its claims.
-    private func candidates(for request: Request) -> Set<RequestID> {
-        var result = Set<RequestID>()
-        for claim in request.claims {
-            if let sharing = itemIndex[claim.path] { result.formUnion(sharing) }
-            result.formUnion(subtreeHolders)
-            if claim.scope == .subtree {
-                for (path, holders) in itemIndex where path.starts(with: claim.path) { result.formUnion(holders) }
-            }
-        }
-        result.remove(request.id)
-        return result
-    }
-
-    private func conflicts(_ a: Request, _ b: Request) -> Bool {
-        guard a.purpose != b.purpose else { return false }
-        for x in a.claims {
-            for y in b.claims where Self.conflict(x, y) { return true }
+    /// Whether `rival` stands in `request`'s way: granted, or waiting since before it,
+    /// with a different purpose and a conflicting claim.
+    private func blocks(_ rivalID: RequestID, _ request: Request) -> Bool {
+        guard rivalID != request.id, let rival = requests[rivalID], rival.granted || rival.id < request.id,
+              rival.purpose != request.purpose
+        else { return false }
+        for x in request.claims {
+            for y in rival.claims where Self.conflict(x, y) { return true }
         }
         return false
     }
 
     /// Grantable: no conflict with a granted request, nor with an earlier waiting one.
+    /// Looks only at requests that share a path with it (plus the rare subtree claims),
+    /// so its cost does not grow with unrelated claims.
     private func canGrant(_ request: Request) -> Bool {
-        for other in candidates(for: request) {
-            guard let rival = requests[other] else { continue }
-            if rival.granted || rival.id < request.id, conflicts(request, rival) { return false }
+        for holder in subtreeHolders where blocks(holder, request) { return false }
+        for claim in request.claims {
+            for other in itemIndex[claim.path] ?? [] where blocks(other, request) { return false }
+            if claim.scope == .subtree {
+                for (path, holders) in itemIndex where path.starts(with: claim.path) {
+                    for other in holders where blocks(other, request) { return false }
+                }
+            }
         }
         return true
     }

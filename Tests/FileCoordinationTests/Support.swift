@@ -1,0 +1,113 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import FileCoordination
+
+/// A shared, ordered log of what presenters and accessors did.
+final class EventLog: Sendable {
+    private let events = Mutex<[String]>([])
+    func append(_ event: String) { events.withLock { $0.append(event) } }
+    var all: [String] { events.withLock { $0 } }
+    func clear() { events.withLock { $0.removeAll() } }
+}
+
+/// A presenter that logs every callback as "NAME:callback[:detail]".
+final class Recorder: FilePresenter {
+    enum Behavior: Sendable { case normal, refuseWriters, hangOnWriters }
+
+    let name: String
+    let log: EventLog
+    let behavior: Behavior
+    private let url: Mutex<URL>
+    var presentedItemURL: URL? { url.withLock { $0 } }
+
+    init(_ name: String, url: URL, log: EventLog, behavior: Behavior = .normal) {
+        self.name = name
+        self.log = log
+        self.behavior = behavior
+        self.url = Mutex(url)
+    }
+
+    struct Refusal: Error, CustomStringConvertible { var description: String { "document is busy" } }
+
+    func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
+        log.append("\(name):relinquishToReader")
+        return { [log, name] in log.append("\(name):reacquire") }
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        log.append("\(name):relinquishToWriter")
+        switch behavior {
+        case .normal: break
+        case .refuseWriters: throw Refusal()
+        case .hangOnWriters:
+            // Never answers (until cancelled, which a hung presenter would not notice either).
+            let forever = AsyncStream<Void> { _ in }
+            for await _ in forever {}
+        }
+        return { [log, name] in log.append("\(name):reacquire") }
+    }
+
+    func savePresentedItemChanges() async throws { log.append("\(name):save") }
+    func accommodatePresentedItemDeletion() async throws { log.append("\(name):accommodateDeletion") }
+    func presentedItemDidMove(to newURL: URL) async {
+        url.withLock { $0 = newURL }
+        log.append("\(name):didMove:\(newURL.path)")
+    }
+    func presentedItemDidChange() async { log.append("\(name):didChange") }
+    func presentedSubitemDidAppear(at url: URL) async { log.append("\(name):subitemDidAppear:\(url.lastPathComponent)") }
+    func presentedSubitemDidChange(at url: URL) async { log.append("\(name):subitemDidChange:\(url.lastPathComponent)") }
+    func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {
+        log.append("\(name):subitemDidMove:\(oldURL.lastPathComponent)->\(newURL.lastPathComponent)")
+    }
+    func accommodatePresentedSubitemDeletion(at url: URL) async throws {
+        log.append("\(name):accommodateSubitemDeletion:\(url.lastPathComponent)")
+    }
+}
+
+/// A temporary directory for one test, removed at the end.
+final class Sandbox: Sendable {
+    let url: URL
+    init() {
+        url = URL(fileURLWithPath: NSTemporaryDirectory())
+            .appendingPathComponent("filecoord-coord-\(getpid())-\(UInt64.random(in: 0 ... .max))")
+        try! FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+    deinit { try? FileManager.default.removeItem(at: url) }
+
+    @discardableResult
+    func file(_ name: String, _ content: String = "x") -> URL {
+        let file = url.appendingPathComponent(name)
+        try! FileManager.default.createDirectory(at: file.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try! Data(content.utf8).write(to: file)
+        return file
+    }
+
+    func directory(_ name: String) -> URL {
+        let directory = url.appendingPathComponent(name)
+        try! FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        return directory
+    }
+}
+
+/// Registers presenters for the duration of `body`.
+func withPresenters<T>(_ presenters: [any FilePresenter], isolation: isolated (any Actor)? = #isolation,
+                       _ body: () async throws -> T) async rethrows -> T {
+    for presenter in presenters { FileCoordinator.addFilePresenter(presenter) }
+    defer { for presenter in presenters { FileCoordinator.removeFilePresenter(presenter) } }
+    return try await body()
+}
+
+/// A one-shot signal one task waits for and another gives.
+final class Gate: Sendable {
+    private let stream: AsyncStream<Void>
+    private let continuation: AsyncStream<Void>.Continuation
+    init() { (stream, continuation) = AsyncStream.makeStream(of: Void.self) }
+    func open() { continuation.yield(); continuation.finish() }
+    func wait() async { for await _ in stream { return } }
+}
+
+/// Waits until `center` has `count` waiting requests (another task is now blocked).
+func waitUntilWaiting(_ center: CoordinationCenter, _ count: Int) async {
+    while center.counts.waiting < count { await Task.yield() }
+}
