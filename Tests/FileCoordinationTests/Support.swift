@@ -102,12 +102,25 @@ func withPresenters<T>(_ presenters: [any FilePresenter], isolation: isolated (a
 final class Gate: Sendable {
     private let stream: AsyncStream<Void>
     private let continuation: AsyncStream<Void>.Continuation
+    private let opened = Mutex(false)
     init() { (stream, continuation) = AsyncStream.makeStream(of: Void.self) }
-    func open() { continuation.yield(); continuation.finish() }
+    var isOpen: Bool { opened.withLock { $0 } }
+    func open() {
+        opened.withLock { $0 = true }
+        continuation.yield()
+        continuation.finish()
+    }
     func wait() async { for await _ in stream { return } }
 }
 
 /// Waits until `center` has `count` waiting requests (another task is now blocked).
 func waitUntilWaiting(_ center: CoordinationCenter, _ count: Int) async {
     while center.counts.waiting < count { await Task.yield() }
+}
+
+/// A value behind a lock, shareable between tasks.
+final class Locked<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+    init(_ value: Value) { mutex = Mutex(value) }
+    func withLock<T>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
 }

@@ -1,4 +1,7 @@
 import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Who waits for whom: the coordination rules as a pure state machine.
 ///
@@ -49,14 +52,20 @@ struct CoordinationRules: Sendable {
         let id: RequestID
         let purpose: String
         var claims: [Claim]
+        /// `claims[i].path` interned: conflicts compare integers, not paths.
+        var pathIDs: [Int] = []
         var granted: Bool
     }
 
     private var requests: [RequestID: Request] = [:]
     /// Waiting requests in submission order.
     private var waiting: [RequestID] = []
-    /// Requests with an item-scope claim on each path.
-    private var itemIndex: [FilePath: [RequestID]] = [:]
+    /// Requests with a claim on each (interned) path.
+    private var itemIndex: [Int: [RequestID]] = [:]
+    /// Interned paths: each distinct claimed path gets a small integer while claimed.
+    private var internedIDs: [FilePath: Int] = [:]
+    private var internedPaths: [Int: (path: FilePath, bytes: [UInt8], uses: Int)] = [:]
+    private var nextPathID = 0
     /// Requests with a subtree claim (rare: directory delete, move, replace).
     private var subtreeHolders: Set<RequestID> = []
     private var nextID: UInt64 = 1
@@ -83,9 +92,7 @@ struct CoordinationRules: Sendable {
     /// grants it.
     mutating func submit(_ id: RequestID, purpose: String, claims: [Claim]) -> Bool {
         precondition(requests[id] == nil, "request \(id) submitted twice")
-        let request = Request(id: id, purpose: purpose, claims: claims, granted: false)
-        requests[id] = request
-        index(request)
+        let request = index(Request(id: id, purpose: purpose, claims: claims, granted: false))
         if canGrant(request) {
             requests[id]!.granted = true
             return true
@@ -118,12 +125,13 @@ struct CoordinationRules: Sendable {
     /// Returns the waiting requests whose claims changed.
     mutating func move(from source: FilePath, to destination: FilePath) -> [RequestID] {
         var changed: [RequestID] = []
+        let sourceBytes = Self.bytes(source)
         for id in waiting {
             guard var request = requests[id] else { continue }
             var touched = false
             for index in request.claims.indices {
                 let path = request.claims[index].path
-                guard path.starts(with: source) else { continue }
+                guard Self.isAtOrInside(Self.bytes(path), sourceBytes) else { continue }
                 var moved = destination
                 for component in path.components.dropFirst(source.components.count) { moved.append(component) }
                 request.claims[index].path = moved
@@ -131,8 +139,7 @@ struct CoordinationRules: Sendable {
             }
             guard touched else { continue }
             remove(requests[id]!)
-            requests[id] = request
-            index(request)
+            _ = index(request)
             changed.append(id)
         }
         // Moving cannot make a waiting request grantable on its own account in a way
@@ -145,10 +152,28 @@ struct CoordinationRules: Sendable {
     /// Whether two claims of requests with different purposes exclude each other.
     static func conflict(_ a: Claim, _ b: Claim) -> Bool {
         guard a.access == .writing || b.access == .writing else { return false }
-        if a.path == b.path { return true }
-        if a.scope == .subtree && b.path.starts(with: a.path) { return true }
-        if b.scope == .subtree && a.path.starts(with: b.path) { return true }
+        let (x, y) = (bytes(a.path), bytes(b.path))
+        if x == y { return true }
+        if a.scope == .subtree && isAtOrInside(y, x) { return true }
+        if b.scope == .subtree && isAtOrInside(x, y) { return true }
         return false
+    }
+
+    /// The bytes of a path.
+    static func bytes(_ path: FilePath) -> [UInt8] {
+        path.withPlatformString { pointer in
+            Array(UnsafeRawBufferPointer(start: pointer, count: strlen(pointer)))
+        }
+    }
+
+    /// Whether the normalized absolute path `inner` is `outer` or inside it: a byte
+    /// prefix ending at a separator. (`FilePath.starts(with:)` gives the same answer at
+    /// many times the cost, and this check runs for every pair of claims.)
+    static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
+        guard inner.count >= outer.count else { return false }
+        let prefix = inner.withUnsafeBytes { i in outer.withUnsafeBytes { o in memcmp(i.baseAddress!, o.baseAddress!, o.count) == 0 } }
+        guard prefix else { return false }
+        return inner.count == outer.count || outer.last == UInt8(ascii: "/") || inner[outer.count] == UInt8(ascii: "/")
     }
 
     /// Whether `rival` stands in `request`'s way: granted, or waiting since before it,
@@ -157,8 +182,13 @@ struct CoordinationRules: Sendable {
         guard rivalID != request.id, let rival = requests[rivalID], rival.granted || rival.id < request.id,
               rival.purpose != request.purpose
         else { return false }
-        for x in request.claims {
-            for y in rival.claims where Self.conflict(x, y) { return true }
+        for (x, xPath) in zip(request.claims, request.pathIDs) {
+            for (y, yPath) in zip(rival.claims, rival.pathIDs) {
+                guard x.access == .writing || y.access == .writing else { continue }
+                if xPath == yPath { return true }
+                if x.scope == .subtree, Self.isAtOrInside(internedPaths[yPath]!.bytes, internedPaths[xPath]!.bytes) { return true }
+                if y.scope == .subtree, Self.isAtOrInside(internedPaths[xPath]!.bytes, internedPaths[yPath]!.bytes) { return true }
+            }
         }
         return false
     }
@@ -168,10 +198,11 @@ struct CoordinationRules: Sendable {
     /// so its cost does not grow with unrelated claims.
     private func canGrant(_ request: Request) -> Bool {
         for holder in subtreeHolders where blocks(holder, request) { return false }
-        for claim in request.claims {
-            for other in itemIndex[claim.path] ?? [] where blocks(other, request) { return false }
+        for (claim, pathID) in zip(request.claims, request.pathIDs) {
+            for other in itemIndex[pathID] ?? [] where blocks(other, request) { return false }
             if claim.scope == .subtree {
-                for (path, holders) in itemIndex where path.starts(with: claim.path) {
+                let outer = internedPaths[pathID]!.bytes
+                for (otherPath, holders) in itemIndex where Self.isAtOrInside(internedPaths[otherPath]!.bytes, outer) {
                     for other in holders where blocks(other, request) { return false }
                 }
             }
@@ -197,19 +228,47 @@ struct CoordinationRules: Sendable {
 
     // MARK: Index
 
-    private mutating func index(_ request: Request) {
-        for claim in request.claims {
+    /// Interns the request's paths, records it and indexes it; returns it as stored.
+    private mutating func index(_ request: Request) -> Request {
+        var request = request
+        request.pathIDs = request.claims.map { intern($0.path) }
+        requests[request.id] = request
+        for (claim, pathID) in zip(request.claims, request.pathIDs) {
             if claim.scope == .subtree { subtreeHolders.insert(request.id) }
-            itemIndex[claim.path, default: []].append(request.id)
+            itemIndex[pathID, default: []].append(request.id)
         }
+        return request
     }
 
     private mutating func remove(_ request: Request) {
         requests[request.id] = nil
         subtreeHolders.remove(request.id)
-        for claim in request.claims {
-            itemIndex[claim.path]?.removeAll { $0 == request.id }
-            if itemIndex[claim.path]?.isEmpty == true { itemIndex[claim.path] = nil }
+        for pathID in request.pathIDs {
+            itemIndex[pathID]?.removeAll { $0 == request.id }
+            if itemIndex[pathID]?.isEmpty == true { itemIndex[pathID] = nil }
+            release(pathID: pathID)
+        }
+    }
+
+    private mutating func intern(_ path: FilePath) -> Int {
+        if let id = internedIDs[path] {
+            internedPaths[id]!.uses += 1
+            return id
+        }
+        let id = nextPathID
+        nextPathID += 1
+        internedIDs[path] = id
+        internedPaths[id] = (path, Self.bytes(path), 1)
+        return id
+    }
+
+    private mutating func release(pathID: Int) {
+        guard let entry = internedPaths[pathID] else { return }
+        if entry.uses <= 1 {
+            internedPaths[pathID] = nil
+            internedIDs[entry.path] = nil
+        } else {
+            internedPaths[pathID]!.uses -= 1
         }
     }
 }

@@ -1,0 +1,374 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import FileCoordination
+
+/// A coordinator with a private center, so counts of waiting claims are this test's own.
+func privateCoordinator(_ center: CoordinationCenter, purpose: String? = nil) -> FileCoordinator {
+    FileCoordinator(filePresenter: nil, purposeIdentifier: purpose, center: center)
+}
+
+@Suite("FileCoordinator behaviour")
+struct CoordinatorBehaviorTests {
+    @Test("a writer waits for the reader; the reader's accessor ends before the writer's starts")
+    func exclusion() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("shared.txt")
+        let log = EventLog()
+        let readerIn = Gate(), releaseReader = Gate()
+        let reader = Task {
+            try await privateCoordinator(center).coordinate(readingItemAt: file) { _ in
+                log.append("read begins")
+                readerIn.open()
+                await releaseReader.wait()
+                log.append("read ends")
+            }
+        }
+        await readerIn.wait()
+        let writer = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in log.append("write") }
+        }
+        await waitUntilWaiting(center, 1)
+        #expect(log.all == ["read begins"], "the writer has not run")
+        releaseReader.open()
+        try await reader.value
+        try await writer.value
+        #expect(log.all == ["read begins", "read ends", "write"])
+        #expect(center.counts == (0, 0))
+    }
+
+    @Test("64 concurrent readers of one item are all inside at once")
+    func readersShare() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("popular.txt")
+        let inside = Locked(0)
+        let (allIn, allInContinuation) = AsyncStream.makeStream(of: Void.self)
+        let everyoneArrived = Gate()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0 ..< 64 {
+                group.addTask {
+                    try await privateCoordinator(center).coordinate(readingItemAt: file) { _ in
+                        if inside.withLock({ $0 += 1; return $0 }) == 64 { allInContinuation.yield() }
+                        // Each reader stays until all 64 hold the claim at the same time:
+                        // serialized readers would never get here (the time limit fails it).
+                        await everyoneArrived.waitShared()
+                    }
+                }
+            }
+            for await _ in allIn { break }
+            everyoneArrived.open()
+            try await group.waitForAll()
+        }
+        #expect(inside.withLock { $0 } == 64)
+    }
+
+    @Test("cancelling a task waiting for its claim ends it with CancellationError; its accessor never runs")
+    func cancelWhileWaiting() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("c.txt")
+        let holderIn = Gate(), releaseHolder = Gate()
+        let ran = Locked(false)
+        let holder = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in holderIn.open(); await releaseHolder.wait() }
+        }
+        await holderIn.wait()
+        let waiter = Task {
+            try await privateCoordinator(center).coordinate(readingItemAt: file) { _ in ran.withLock { $0 = true } }
+        }
+        await waitUntilWaiting(center, 1)
+        waiter.cancel()
+        await #expect(throws: CancellationError.self) { try await waiter.value }
+        #expect(center.counts.waiting == 0)
+        releaseHolder.open()
+        try await holder.value
+        #expect(!ran.withLock { $0 })
+        #expect(center.counts == (0, 0))
+    }
+
+    @Test("a task cancelled before it coordinates never takes the claim")
+    func cancelledBefore() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("c.txt")
+        let go = Gate()
+        let ran = Locked(false)
+        let task = Task {
+            await go.wait()
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in ran.withLock { $0 = true } }
+        }
+        task.cancel()
+        go.open()
+        await #expect(throws: CancellationError.self) { try await task.value }
+        #expect(!ran.withLock { $0 })
+        #expect(center.counts == (0, 0))
+    }
+
+    @Test("cancel() ends the coordinator's waiting coordinations with .cancelled")
+    func coordinatorCancel() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("c.txt")
+        let holderIn = Gate(), releaseHolder = Gate()
+        let holder = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in holderIn.open(); await releaseHolder.wait() }
+        }
+        await holderIn.wait()
+        let coordinator = privateCoordinator(center)
+        let waiter = Task { try await coordinator.coordinate(writingItemAt: file) { _ in } }
+        await waitUntilWaiting(center, 1)
+        coordinator.cancel()
+        let error = await #expect(throws: FileCoordinationError.self) { try await waiter.value }
+        #expect(error?.code == .cancelled)
+        releaseHolder.open()
+        try await holder.value
+    }
+
+    @Test("a coordination waiting for an item that moves gets the new URL")
+    func urlFollowsMove() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let folder = box.directory("before")
+        box.file("before/note.txt", "hello")
+        let after = box.url.appendingPathComponent("after")
+        let moverIn = Gate(), moveNow = Gate()
+        let mover = privateCoordinator(center)
+        let moving = Task {
+            try await mover.coordinate(writingItemAt: folder, options: .forMoving) { url in
+                moverIn.open()
+                await moveNow.wait()
+                try FileManager.default.moveItem(at: url, to: after)
+                await mover.item(at: url, didMoveTo: after)
+            }
+        }
+        await moverIn.wait()
+        let reading = Task {
+            try await privateCoordinator(center).coordinate(readingItemAt: folder.appendingPathComponent("note.txt")) { url in
+                (url.path, try String(contentsOf: url, encoding: .utf8))
+            }
+        }
+        await waitUntilWaiting(center, 1)
+        moveNow.open()
+        try await moving.value
+        let (path, text) = try await reading.value
+        #expect(path == after.appendingPathComponent("note.txt").path)
+        #expect(text == "hello")
+    }
+
+    @Test("coordinators with the same purpose never block each other")
+    func samePurpose() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("p.txt")
+        try await privateCoordinator(center, purpose: "editor").coordinate(writingItemAt: file) { _ in
+            // A second writer with the same purpose goes straight in (a deadlock otherwise).
+            try await privateCoordinator(center, purpose: "editor").coordinate(writingItemAt: file) { _ in }
+        }
+    }
+
+    @Test("deleting a directory waits for a read inside it")
+    func directoryDeleteWaitsForInside() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let folder = box.directory("tree")
+        let inner = box.file("tree/deep/file.txt")
+        let log = EventLog()
+        let readerIn = Gate(), releaseReader = Gate()
+        let reader = Task {
+            try await privateCoordinator(center).coordinate(readingItemAt: inner) { _ in
+                readerIn.open()
+                await releaseReader.wait()
+                log.append("read done")
+            }
+        }
+        await readerIn.wait()
+        let deleter = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: folder, options: .forDeleting) { url in
+                log.append("delete")
+                try FileManager.default.removeItem(at: url)
+            }
+        }
+        await waitUntilWaiting(center, 1)
+        // Meanwhile reading the directory's sibling is unaffected.
+        try await privateCoordinator(center).coordinate(readingItemAt: box.file("sibling.txt")) { _ in log.append("sibling") }
+        releaseReader.open()
+        try await reader.value
+        try await deleter.value
+        #expect(log.all == ["sibling", "read done", "delete"])
+    }
+
+    @Test("the blocking variant works from a plain thread and waits for a conflicting writer")
+    func blocking() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("b.txt", "before")
+        let writerIn = Gate(), releaseWriter = Gate()
+        let writer = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { url in
+                writerIn.open()
+                await releaseWriter.wait()
+                try Data("after".utf8).write(to: url)
+            }
+        }
+        await writerIn.wait()
+        let reading = Task {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<String, any Error>) in
+                Thread.detachNewThread {
+                    do {
+                        var read = ""
+                        try privateCoordinator(center).coordinateBlocking(readingItemAt: file) { url in
+                            read = try String(contentsOf: url, encoding: .utf8)
+                        }
+                        continuation.resume(returning: read)
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+            }
+        }
+        // The blocked thread's claim is queued behind the writer; now let the writer finish.
+        await waitUntilWaiting(center, 1)
+        releaseWriter.open()
+        try await writer.value
+        #expect(try await reading.value == "after", "the reader ran after the writer released")
+    }
+
+    @Test("intents on a queue: the accessor runs on that queue with the intents' URLs")
+    func intentsOnQueue() async throws {
+        let box = Sandbox()
+        let a = box.file("a.txt", "A"), b = box.url.appendingPathComponent("b.txt")
+        let queue = DispatchQueue(label: "test.intents")
+        let read = FileAccessIntent.readingIntent(with: a)
+        let write = FileAccessIntent.writingIntent(with: b)
+        let error: (any Error)? = await withCheckedContinuation { continuation in
+            FileCoordinator().coordinate(with: [read, write], queue: queue) { error in
+                dispatchPrecondition(condition: .onQueue(queue))
+                if error == nil {
+                    try? Data(contentsOf: read.url).write(to: write.url)
+                }
+                continuation.resume(returning: error)
+            }
+        }
+        #expect(error == nil)
+        #expect(try String(contentsOf: b, encoding: .utf8) == "A")
+    }
+
+    @Test("forUploading: a file snapshot and a directory as a zip; writers need not wait for the accessor")
+    func forUploading() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("report.txt", "contents")
+        box.file("folder/one.txt", "1")
+        box.file("folder/sub/two.txt", "22")
+        let folder = box.url.appendingPathComponent("folder")
+        let snapshotPath = try await privateCoordinator(center).coordinate(readingItemAt: file, options: .forUploading) { url in
+            #expect(try String(contentsOf: url, encoding: .utf8) == "contents")
+            // The claim is gone already: a writer of the original proceeds at once.
+            try await privateCoordinator(center).coordinate(writingItemAt: file) { original in
+                try Data("changed".utf8).write(to: original)
+            }
+            #expect(try String(contentsOf: url, encoding: .utf8) == "contents", "the snapshot is unaffected")
+            return url.path
+        }
+        #expect(!snapshotPath.isEmpty)
+        let names = try await privateCoordinator(center).coordinate(readingItemAt: folder, options: .forUploading) { url in
+            #expect(url.pathExtension == "zip")
+            let check = Process()
+            check.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            check.arguments = ["python3", "-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); assert z.testzip() is None; print(' '.join(sorted(z.namelist())))", url.path]
+            let output = Pipe()
+            check.standardOutput = output
+            try check.run()
+            check.waitUntilExit()
+            return String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        }
+        #expect(names.trimmingCharacters(in: .whitespacesAndNewlines) == "one.txt sub/ sub/two.txt")
+    }
+
+    @Test("coordinated batch read: results in order, bad files alone, and a writer gets in between windows")
+    func batchRead() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        var urls = (0 ..< 300).map { box.file("f\($0)", "\($0)") }
+        urls.insert(box.url.appendingPathComponent("missing"), at: 150)
+        let coordinator = privateCoordinator(center)
+        var index = 0
+        var failures = 0
+        for try await result in coordinator.readFiles(at: urls, window: 64) {
+            #expect(result.index == index)
+            switch result.result {
+            case .success(let data): #expect(String(decoding: data, as: UTF8.self) == urls[index].lastPathComponent.dropFirst().description)
+            case .failure(let error): #expect(error.code == .notFound); failures += 1
+            }
+            if index == 100 {
+                // Between windows a writer of a file already read is not blocked for long.
+                try await privateCoordinator(center).coordinate(writingItemAt: urls[0]) { _ in }
+            }
+            index += 1
+        }
+        #expect(index == urls.count)
+        #expect(failures == 1)
+        #expect(center.counts == (0, 0))
+    }
+
+    @Test("stress: many tasks, multi-item intents, random cancellation; no deadlock, no overlap, every claim released",
+          arguments: 0 ..< 3)
+    func stress(seed: Int) async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let files = (0 ..< 4).map { box.file("s\($0)") }
+        let folder = box.url
+        // Per item: how many readers and writers are inside right now.
+        let active = Locked<[String: (readers: Int, writers: Int)]>([:])
+        let violations = Locked(0)
+        func enter(_ url: URL, writing: Bool) {
+            active.withLock { table in
+                var entry = table[url.path] ?? (0, 0)
+                if entry.writers > 0 || (writing && entry.readers > 0) { violations.withLock { $0 += 1 } }
+                if writing { entry.writers += 1 } else { entry.readers += 1 }
+                table[url.path] = entry
+            }
+        }
+        func leave(_ url: URL, writing: Bool) {
+            active.withLock { table in
+                if writing { table[url.path]!.writers -= 1 } else { table[url.path]!.readers -= 1 }
+            }
+        }
+        await withTaskGroup(of: Void.self) { group in
+            var generator = SeededGenerator(seed: UInt64(seed))
+            for _ in 0 ..< 300 {
+                let a = files.randomElement(using: &generator)!, b = files.randomElement(using: &generator)!
+                let kind = Int.random(in: 0 ..< 5, using: &generator)
+                let cancelAfter = Int.random(in: 0 ..< 4, using: &generator) == 0
+                let task = Task {
+                    let coordinator = privateCoordinator(center)
+                    switch kind {
+                    case 0:
+                        try await coordinator.coordinate(readingItemAt: a) { url in enter(url, writing: false); await Task.yield(); leave(url, writing: false) }
+                    case 1:
+                        try await coordinator.coordinate(writingItemAt: a) { url in enter(url, writing: true); await Task.yield(); leave(url, writing: true) }
+                    case 2 where a != b:
+                        try await coordinator.coordinate(readingItemAt: a, writingItemAt: b) { r, w in
+                            enter(r, writing: false); enter(w, writing: true); await Task.yield()
+                            leave(r, writing: false); leave(w, writing: true)
+                        }
+                    case 3 where a != b:
+                        try await coordinator.coordinate(writingItemAt: b, writingItemAt: a) { x, y in
+                            enter(x, writing: true); enter(y, writing: true); await Task.yield()
+                            leave(x, writing: true); leave(y, writing: true)
+                        }
+                    default:
+                        // The directory itself, for moving: excludes everything inside.
+                        try await coordinator.coordinate(writingItemAt: folder, options: .forMoving) { _ in
+                            for file in files { enter(file, writing: true) }
+                            await Task.yield()
+                            for file in files { leave(file, writing: true) }
+                        }
+                    }
+                }
+                if cancelAfter { task.cancel() }
+                group.addTask { _ = try? await task.value }
+            }
+        }
+        #expect(violations.withLock { $0 } == 0)
+        #expect(center.counts == (0, 0), "every claim released")
+    }
+}
+
+extension Gate {
+    /// Waits for the gate with many waiters at once (one stream per waiter would be
+    /// needed otherwise): polls the opened flag between yields.
+    func waitShared() async {
+        while !isOpen { await Task.yield() }
+    }
+}
