@@ -1,5 +1,8 @@
 import Foundation
 import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
 
 extension FilePath {
     /// The path of a `file:` URL, with the exact bytes of its name: percent-escapes are
@@ -14,7 +17,19 @@ extension FilePath {
             throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
                                         message: "\(url.absoluteString) is not a file URL")
         }
-        let encoded = url.absoluteURL.path(percentEncoded: true)
+        let encoded = url.baseURL == nil ? url.path(percentEncoded: true) : url.absoluteURL.path(percentEncoded: true)
+        // The common case, nothing escaped: the string is the path.
+        var escaped = true
+        var encodedCopy = encoded
+        encodedCopy.withUTF8 { bytes in
+            escaped = bytes.isEmpty || memchr(bytes.baseAddress!, Int32(UInt8(ascii: "%")), bytes.count) != nil
+        }
+        if !escaped {
+            var path = FilePath(encoded)
+            if path.string.count > 1, encoded.hasSuffix("/") { path = FilePath(String(encoded.dropLast())) }
+            self = path
+            return
+        }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(encoded.utf8.count)
         var iterator = encoded.utf8.makeIterator()

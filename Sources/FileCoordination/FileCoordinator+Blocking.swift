@@ -133,10 +133,10 @@ extension FileCoordinator {
     ) async throws {
         var items: [CoordinationSession.Item] = []
         for url in readingURLs {
-            items.append(.init(path: try Self.normalizedPath(url), request: .reading(url, readingOptions), subtree: false))
+            items.append(.init(path: try Self.normalizedPath(url), request: .reading(url, readingOptions), url: url, subtree: false))
         }
         for url in writingURLs {
-            items.append(.init(path: try Self.normalizedPath(url), request: .writing(url, writingOptions), subtree: false))
+            items.append(.init(path: try Self.normalizedPath(url), request: .writing(url, writingOptions), url: url, subtree: false))
         }
         let reacquirers = try await messageBefore(items)
         let once = Mutex(false)

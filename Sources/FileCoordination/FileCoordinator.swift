@@ -205,6 +205,27 @@ public final class FileCoordinator: Sendable {
         if path.isRelative {
             path = FilePath(FileManager.default.currentDirectoryPath).pushing(path)
         }
-        return path.lexicallyNormalized()
+        return needsNormalizing(path) ? path.lexicallyNormalized() : path
+    }
+
+    /// Whether a path has `.` or `..` components or doubled separators (normalizing
+    /// costs more than this scan, and almost no path needs it).
+    private static func needsNormalizing(_ path: FilePath) -> Bool {
+        path.withPlatformString { pointer in
+            var previous: CChar = 0
+            var index = 0
+            while pointer[index] != 0 {
+                let char = pointer[index]
+                if char == 0x2F /* / */ && previous == 0x2F { return true }
+                if char == 0x2E /* . */ && (previous == 0x2F || previous == 0x2E) {
+                    let next = pointer[index + 1]
+                    if next == 0 || next == 0x2F || (previous == 0x2E && index >= 2 && pointer[index - 2] == 0x2F) { return true }
+                    if next == 0x2E && (pointer[index + 2] == 0 || pointer[index + 2] == 0x2F) { return true }
+                }
+                previous = char
+                index += 1
+            }
+            return false
+        }
     }
 }

@@ -82,7 +82,8 @@ struct Demo: AsyncParsableCommand {
         let reader = Task {
             var seen = (old: 0, new: 0, torn: 0)
             while !Task.isCancelled {
-                let data = try await Data(asyncContentsOf: path)
+                // Cancelled mid-read means the demo is over, not that the read failed.
+                guard let data = try? await Data(asyncContentsOf: path) else { continue }
                 if data == old { seen.old += 1 } else if data == new { seen.new += 1 } else { seen.torn += 1 }
             }
             return seen
@@ -91,7 +92,7 @@ struct Demo: AsyncParsableCommand {
             try await (round.isMultiple(of: 2) ? new : old).asyncWrite(to: path)
         }
         reader.cancel()
-        let seen = try await reader.value
+        let seen = await reader.value
         say("   \(rounds) atomic replacements; the reader saw \(seen.old) old, \(seen.new) new, \(seen.torn) torn files")
     }
 

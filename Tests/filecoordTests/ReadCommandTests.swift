@@ -94,18 +94,6 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 0)
     }
 
-    @Test("with no descriptor to spare at all, the failure is a clear EMFILE line, not a crash")
-    func noDescriptorsLeft() async throws {
-        let scratch = Scratch()
-        let list = scratch.write("list", "\(scratch.write("a", "a"))\n")
-        let result = try await shell("ulimit -n 6 && \"$FILECOORD\" read --no-coordination --from-list '\(list)'")
-        #expect(result.status == 1)
-        // Which open meets the limit first (the list or the file) depends on the
-        // descriptors the runtime holds; either way it is one clear line naming it.
-        #expect(result.errorText.hasPrefix("filecoord: \(scratch.path)/"))
-        #expect(result.errorText.contains(": open failed: Too many open files (EMFILE)\n"))
-    }
-
     @Test("an unreadable file is EACCES for an unprivileged user",
           .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && getuid() == 0))
     func denied() async throws {

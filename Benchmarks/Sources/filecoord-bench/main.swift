@@ -37,7 +37,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -273,6 +273,53 @@ func runRandom(_ path: String) async throws {
            goals: ["filecoord threadPool, 1 task": 0.8, "filecoord into buffer, 1 task": 0.8, "filecoord threadPool, 2 tasks": 0.8])
 }
 
+/// Issue 3's figures: what an uncontended coordinated read adds to the I/O, and whether
+/// 64 concurrent readers of one item run side by side.
+func runCoordination(_ paths: [String]) async throws {
+    let url = URL(fileURLWithPath: paths[0])
+    let coordinator = FileCoordinator()
+    let iterations = 200_000
+    for _ in 0 ..< 1000 { try await coordinator.coordinate(readingItemAt: url) { _ in } } // warm
+    var samples: [Double] = []
+    for _ in 0 ..< rounds {
+        let start = DispatchTime.now().uptimeNanoseconds
+        for _ in 0 ..< iterations { try await coordinator.coordinate(readingItemAt: url) { _ in } }
+        samples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / Double(iterations) / 1000)
+    }
+    let overhead = samples.sorted()[samples.count / 2]
+    // The same read with and without coordination, 64 tasks at once on one item.
+    func timed(_ coordinated: Bool) async throws -> Double {
+        let reads = 64 * 500
+        let start = DispatchTime.now().uptimeNanoseconds
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0 ..< 64 {
+                group.addTask {
+                    for _ in 0 ..< 500 {
+                        if coordinated {
+                            _ = try await coordinator.coordinate(readingItemAt: url) { url in try await Data(asyncContentsOf: url) }
+                        } else {
+                            _ = try await Data(asyncContentsOf: url)
+                        }
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        return Double(reads) / (Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9)
+    }
+    var plain: [Double] = [], coordinated: [Double] = []
+    for _ in 0 ..< rounds {
+        plain.append(try await timed(false))
+        coordinated.append(try await timed(true))
+    }
+    let p = plain.sorted()[plain.count / 2], c = coordinated.sorted()[coordinated.count / 2]
+    print("\ncoordination (in process, no presenters; median of \(rounds) rounds)")
+    print(String(format: "  uncontended coordinated read, empty accessor   %8.2f us per coordination   goal <= 2 us: %@",
+                 overhead, overhead <= 2 ? "met" : "NOT MET"))
+    print(String(format: "  64 tasks reading one item, uncoordinated       %8.0f reads/s", p))
+    print(String(format: "  64 tasks reading one item, coordinated         %8.0f reads/s   %.2fx (readers are not serialized when close to 1)", c, c / p))
+}
+
 let dataset = try makeDataset()
 print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
 for workload in workloads {
@@ -300,6 +347,8 @@ for workload in workloads {
         }
     case "random":
         try await runRandom(dataset.big)
+    case "coordination":
+        try await runCoordination(dataset.small)
     default:
         print("unknown workload \(workload)")
     }

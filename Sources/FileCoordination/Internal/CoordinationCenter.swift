@@ -36,14 +36,22 @@ final class CoordinationCenter: Sendable {
     /// Throws `CancellationError` if the task is cancelled while waiting, or
     /// ``FileCoordinationError/Code/cancelled`` if the owner's ``cancel(owner:)`` is called.
     func acquire(_ claims: [CoordinationRules.Claim], purpose: String, owner: ObjectIdentifier,
-                 intents: [(FilePath, FileAccessIntent)] = []) async throws -> RequestID {
-        let id = state.withLock { $0.rules.reserveID() }
+                 intents: [(FilePath, FileAccessIntent)] = []) async throws -> (id: RequestID, waited: Bool) {
+        try Task.checkCancellation()
+        // Fast path: free claims are granted under the lock, with no suspension.
+        let (id, granted) = state.withLock { state in
+            let id = state.rules.reserveID()
+            return (id, state.rules.submit(id, purpose: purpose, claims: claims))
+        }
+        if granted { return (id, false) }
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 enum Outcome { case granted, waiting, cancelled }
                 let outcome: Outcome = state.withLock { state in
+                    // Submitted above and still waiting, unless it was granted or
+                    // withdrawn (cancelled) in between.
                     if state.cancelledBeforeSubmit.remove(id) != nil { return .cancelled }
-                    if state.rules.submit(id, purpose: purpose, claims: claims) { return .granted }
+                    if state.rules.isGranted(id) { return .granted }
                     state.waiters[id] = Waiter(continuation: continuation, owner: owner)
                     if !intents.isEmpty { state.intents[id] = intents }
                     return .waiting
@@ -57,7 +65,7 @@ final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
-        return id
+        return (id, true)
     }
 
     /// The claims of a granted request as they stand now (after any moves while it waited).
@@ -88,9 +96,13 @@ final class CoordinationCenter: Sendable {
                 state.intents[id] = nil
                 return (waiter, Self.takeWaiters(state.rules.withdraw(id), from: &state))
             }
-            // Not submitted yet: remember, so that submitting fails at once. (A request
-            // already granted is left alone: its accessor will run, then release it.)
-            if !state.rules.contains(id) { state.cancelledBeforeSubmit.insert(id) }
+            // Submitted and waiting, but its task has not parked yet: withdraw it now and
+            // let the parking step fail at once. (A request already granted is left
+            // alone: its accessor will run, then release it.)
+            if state.rules.contains(id) && !state.rules.isGranted(id) {
+                state.cancelledBeforeSubmit.insert(id)
+                return (nil, Self.takeWaiters(state.rules.withdraw(id), from: &state))
+            }
             return (nil, [])
         }
         waiter?.continuation.resume(throwing: error)

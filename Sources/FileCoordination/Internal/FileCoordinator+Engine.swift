@@ -71,6 +71,9 @@ final class CoordinationSession: Sendable {
     struct Item: Sendable {
         var path: FilePath
         var request: ItemRequest
+        /// The URL to hand the accessor: the caller's own, unless the item moved or a
+        /// symbolic link was resolved (then made from `path`).
+        var url: URL
         var subtree: Bool
         /// For writes with container presenters: whether the item existed before.
         var existedBefore: Bool?
@@ -97,7 +100,7 @@ final class CoordinationSession: Sendable {
         self.context = context
     }
 
-    var urls: [URL] { items.map(\.path.fileURL) }
+    var urls: [URL] { items.map(\.url) }
 }
 
 extension FileCoordinator {
@@ -114,7 +117,12 @@ extension FileCoordinator {
         }
         let outcome: Result<T, any Error>
         do {
-            outcome = .success(try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) })
+            // Only a writer can report moves; readers skip the task-local.
+            if session.items.contains(where: \.isWrite) {
+                outcome = .success(try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) })
+            } else {
+                outcome = .success(try await body(session.urls))
+            }
         } catch {
             outcome = .failure(error)
         }
@@ -137,18 +145,25 @@ extension FileCoordinator {
                     subtree = try await Self.isDirectory(path)
                 }
             }
-            items.append(.init(path: path, request: request, subtree: subtree))
+            let resolved = path
+            items.append(.init(path: resolved, request: request, url: request.url, subtree: subtree))
+            if case .reading(_, let options) = request, options.contains(.resolvesSymbolicLink) {
+                items[items.count - 1].url = resolved.fileURL
+            }
         }
         let claims = items.map {
             CoordinationRules.Claim(path: $0.path, access: $0.isWrite ? .writing : .reading, scope: $0.subtree ? .subtree : .item)
         }
         let generation = cancellations.load(ordering: .relaxed)
-        let id = try await center.acquire(claims, purpose: purposeIdentifier, owner: ObjectIdentifier(self),
-                                          intents: zip(items, intents).map { ($0.path, $1) })
+        let (id, waited) = try await center.acquire(claims, purpose: purposeIdentifier, owner: ObjectIdentifier(self),
+                                                    intents: zip(items, intents).map { ($0.path, $1) })
         do {
             // The items may have moved while the claims waited.
-            for (index, claim) in center.claims(of: id).enumerated() where index < items.count {
-                items[index].path = claim.path
+            if waited {
+                for (index, claim) in center.claims(of: id).enumerated() where index < items.count && claim.path != items[index].path {
+                    items[index].path = claim.path
+                    items[index].url = claim.path.fileURL
+                }
             }
             for (index, intent) in intents.enumerated() where index < items.count { intent.update(items[index].path.fileURL) }
             let reacquirers = try await messageBefore(items)

@@ -63,7 +63,7 @@ struct CoordinationRules: Sendable {
     /// Requests with a claim on each (interned) path.
     private var itemIndex: [Int: [RequestID]] = [:]
     /// Interned paths: each distinct claimed path gets a small integer while claimed.
-    private var internedIDs: [FilePath: Int] = [:]
+    private var internedIDs: [PathKey: Int] = [:]
     private var internedPaths: [Int: (path: FilePath, bytes: [UInt8], uses: Int)] = [:]
     private var nextPathID = 0
     /// Requests with a subtree claim (rare: directory delete, move, replace).
@@ -251,14 +251,15 @@ struct CoordinationRules: Sendable {
     }
 
     private mutating func intern(_ path: FilePath) -> Int {
-        if let id = internedIDs[path] {
+        let key = PathKey(Self.bytes(path))
+        if let id = internedIDs[key] {
             internedPaths[id]!.uses += 1
             return id
         }
         let id = nextPathID
         nextPathID += 1
-        internedIDs[path] = id
-        internedPaths[id] = (path, Self.bytes(path), 1)
+        internedIDs[key] = id
+        internedPaths[id] = (path, key.bytes, 1)
         return id
     }
 
@@ -266,9 +267,19 @@ struct CoordinationRules: Sendable {
         guard let entry = internedPaths[pathID] else { return }
         if entry.uses <= 1 {
             internedPaths[pathID] = nil
-            internedIDs[entry.path] = nil
+            internedIDs[PathKey(entry.bytes)] = nil
         } else {
             internedPaths[pathID]!.uses -= 1
         }
+    }
+}
+
+/// A path's bytes as a dictionary key, hashed in one call (`FilePath` hashes byte by
+/// byte, which showed up as the largest cost of an uncontended coordination).
+struct PathKey: Hashable, Sendable {
+    let bytes: [UInt8]
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    func hash(into hasher: inout Hasher) {
+        bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
     }
 }
