@@ -29,7 +29,10 @@ test: deps
 	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
 	@if grep -E "^$(CURDIR)/(Sources|Tests)/.*: warning:" .build/build.log; then \
 		echo "make: compiler warnings in this project's sources (listed above)"; exit 1; fi
-	$(SWIFT) test --skip-build
+	$(SWIFT) test --skip-build 2>&1 | tee .build/test.log
+	@# One plain closing line: XCTest's "Executed 0 tests" (it finds no XCTest cases)
+	@# comes before Swift Testing's own summary, which counts the real tests.
+	@sed -nE 's/.*Test run with ([0-9]+) tests? in .* passed after.*/tests: \1 passed, 0 failed/p' .build/test.log | tail -1
 
 demo: deps
 	$(SWIFT) build -c release --product filecoord

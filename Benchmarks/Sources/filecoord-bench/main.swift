@@ -287,6 +287,14 @@ func runCoordination(_ paths: [String]) async throws {
         samples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / Double(iterations) / 1000)
     }
     let overhead = samples.sorted()[samples.count / 2]
+    var conversion = 0.0
+    do {
+        let start = DispatchTime.now().uptimeNanoseconds
+        var total = 0
+        for _ in 0 ..< iterations { total &+= (try FilePath(fileURL: url)).length }
+        conversion = Double(DispatchTime.now().uptimeNanoseconds - start) / Double(iterations) / 1000
+        precondition(total > 0)
+    }
     // The same read with and without coordination, 64 tasks at once on one item.
     func timed(_ coordinated: Bool) async throws -> Double {
         let reads = 64 * 500
@@ -316,6 +324,7 @@ func runCoordination(_ paths: [String]) async throws {
     print("\ncoordination (in process, no presenters; median of \(rounds) rounds)")
     print(String(format: "  uncontended coordinated read, empty accessor   %8.2f us per coordination   goal <= 2 us: %@",
                  overhead, overhead <= 2 ? "met" : "NOT MET"))
+    print(String(format: "    of which URL -> FilePath                   %8.2f us", conversion))
     print(String(format: "  64 tasks reading one item, uncoordinated       %8.0f reads/s", p))
     print(String(format: "  64 tasks reading one item, coordinated         %8.0f reads/s   %.2fx (readers are not serialized when close to 1)", c, c / p))
 }

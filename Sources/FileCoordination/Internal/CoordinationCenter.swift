@@ -29,6 +29,11 @@ final class CoordinationCenter: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Registered presenters, readable without the lock (the fast path's question).
+    private let presenterCount = Atomic<Int>(0)
+
+    /// Whether any presenter is registered in this process.
+    var hasPresenters: Bool { presenterCount.load(ordering: .acquiring) > 0 }
 
     // MARK: Claims
 
@@ -124,11 +129,19 @@ final class CoordinationCenter: Sendable {
     // MARK: Presenters
 
     func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
-        state.withLock { $0.presenters.add(presenter, at: path) }
+        let count = state.withLock { state in
+            state.presenters.add(presenter, at: path)
+            return state.presenters.count
+        }
+        presenterCount.store(count, ordering: .releasing)
     }
 
     func removePresenter(_ presenter: any FilePresenter) {
-        state.withLock { $0.presenters.remove(ObjectIdentifier(presenter)) }
+        let count = state.withLock { state in
+            state.presenters.remove(ObjectIdentifier(presenter))
+            return state.presenters.count
+        }
+        presenterCount.store(count, ordering: .releasing)
     }
 
     var presenters: [any FilePresenter] {
@@ -194,6 +207,7 @@ struct PresenterRegistry: Sendable {
 
     var all: [any FilePresenter] { entries.values.map(\.presenter) }
     var isEmpty: Bool { entries.isEmpty }
+    var count: Int { entries.count }
 
     mutating func add(_ presenter: any FilePresenter, at path: FilePath) {
         let id = ObjectIdentifier(presenter)

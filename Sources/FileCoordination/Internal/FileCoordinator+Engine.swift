@@ -111,6 +111,9 @@ extension FileCoordinator {
         _ requests: [ItemRequest], isolation: isolated (any Actor)? = #isolation,
         _ body: ([URL]) async throws -> T
     ) async throws -> T {
+        if requests.count == 1, !center.hasPresenters, Self.isPlain(requests[0]) {
+            return try await performPlain(requests[0], body)
+        }
         let session = try await begin(requests)
         if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
             return try await withSnapshots(session, body)
@@ -128,6 +131,29 @@ extension FileCoordinator {
         }
         await finish(session, accessorSucceeded: (try? outcome.get()) != nil)
         return try outcome.get()
+    }
+
+    /// One item, no option that needs the file system answered first.
+    private static func isPlain(_ request: ItemRequest) -> Bool {
+        switch request {
+        case .reading(_, let options): options.isDisjoint(with: [.forUploading, .resolvesSymbolicLink])
+        case .writing(_, let options): options.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing])
+        }
+    }
+
+    /// The common case, with nobody to message: claim, accessor, release. (With no
+    /// presenter registered there are no messages to send before or after, and moves
+    /// reported inside the accessor are applied to waiting claims at once.)
+    private func performPlain<T>(
+        _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
+    ) async throws -> T {
+        let path = try Self.normalizedPath(request.url)
+        let claim = CoordinationRules.Claim(path: path, access: { if case .writing = request { .writing } else { .reading } }())
+        let (id, waited) = try await center.acquire([claim], purpose: purposeIdentifier, owner: ObjectIdentifier(self))
+        defer { center.release(id) }
+        var url = request.url
+        if waited, let current = center.claims(of: id).first?.path, current != path { url = current.fileURL }
+        return try await body([url])
     }
 
     /// Takes the claims, then messages the presenters before the access. On failure
