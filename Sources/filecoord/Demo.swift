@@ -18,6 +18,7 @@ struct Demo: AsyncParsableCommand {
 
         try await batchRead(root)
         try await atomicReplace(root)
+        try await coordination(root)
         say("""
 
             What happened:
@@ -28,11 +29,14 @@ struct Demo: AsyncParsableCommand {
               missing file and the directory into per-file errors without stopping the rest.
             - Atomic writes go to an unnamed O_TMPFILE beside the target, are fsynced and renamed
               into place: the concurrent reader only ever saw a whole old or a whole new file.
+            - The coordinated writer waited for the reader, and the presenter was asked to
+              relinquish and save before the write, and heard didChange and got its item back
+              after it, in Apple's order. (Between processes: next, through the coordination space.)
             """)
     }
 
     private func say(_ text: String) {
-        Output.writeStandardOutput(Array((text + "\n").utf8))
+        filecoord.say(text)
     }
 
     private func batchRead(_ root: FilePath) async throws {
@@ -96,8 +100,64 @@ struct Demo: AsyncParsableCommand {
         say("   \(rounds) atomic replacements; the reader saw \(seen.old) old, \(seen.new) new, \(seen.torn) torn files")
     }
 
+    private func coordination(_ root: FilePath) async throws {
+        say("\n3. Coordinated access: a presenter, a reader and a writer in one process")
+        let url = root.appending("shared.txt").fileURL
+        try await Data("draft".utf8).asyncWrite(to: url)
+        let presenter = DemoPresenter(url: url) { say("   presenter: \($0)") }
+        FileCoordinator.addFilePresenter(presenter)
+        defer { FileCoordinator.removeFilePresenter(presenter) }
+
+        let readerHolding = AsyncStream.makeStream(of: Void.self)
+        let reader = Task {
+            try await FileCoordinator().coordinate(readingItemAt: url, options: .withoutChanges) { url in
+                say("   reader:    reading (holds a shared claim)")
+                readerHolding.continuation.yield()
+                let text = try await Data(asyncContentsOf: url)
+                say("   reader:    read \(text.count) bytes, done")
+            }
+        }
+        for await _ in readerHolding.stream { break }
+        say("   writer:    asking to write (waits for the reader)")
+        try await FileCoordinator().coordinate(writingItemAt: url) { url in
+            say("   writer:    writing")
+            try await Data("final text".utf8).asyncWrite(to: url)
+        }
+        try await reader.value
+        say("   writer:    done; the file now says \"\(String(decoding: try await Data(asyncContentsOf: url), as: UTF8.self))\"")
+    }
+
     private func rate(_ count: Int, _ duration: Duration) -> String {
         let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
         return String(format: "%8.0f", Double(count) / max(seconds, 1e-9))
     }
+}
+
+/// The demo's presenter: narrates every callback.
+final class DemoPresenter: FilePresenter {
+    let presentedItemURL: URL?
+    private let say: @Sendable (String) -> Void
+
+    init(url: URL, say: @escaping @Sendable (String) -> Void) {
+        presentedItemURL = url
+        self.say = say
+    }
+
+    func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
+        say("relinquish to a reader")
+        return { [say] in say("reacquire after the read") }
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        say("relinquish to a writer")
+        return { [say] in say("reacquire after the write") }
+    }
+
+    func savePresentedItemChanges() async throws { say("save unsaved changes") }
+    func presentedItemDidChange() async { say("the item changed: reload") }
+}
+
+/// Narration on stdout.
+func say(_ text: String) {
+    Output.writeStandardOutput(Array((text + "\n").utf8))
 }

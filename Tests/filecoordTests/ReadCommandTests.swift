@@ -169,5 +169,12 @@ struct DemoCommandTests {
         #expect(result.status == 0, "\(result.errorText)")
         #expect(result.outputText.contains("0 torn files"))
         #expect(result.outputText.contains("ENOENT"))
+        // Coordination, in order: the writer only writes after the reader is done, and the
+        // presenter hears relinquish and save before the write, didChange after it.
+        let lines = result.outputText.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+        func position(_ prefix: String) -> Int { lines.firstIndex { $0.hasPrefix(prefix) } ?? -1 }
+        let order = ["reader:    read ", "presenter: relinquish to a writer", "presenter: save", "writer:    writing",
+                     "presenter: the item changed", "presenter: reacquire after the write"].map(position)
+        #expect(!order.contains(-1) && order == order.sorted(), "\(order)")
     }
 }
