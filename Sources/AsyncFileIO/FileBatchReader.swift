@@ -56,7 +56,7 @@ public struct BatchReadOptions: Sendable {
         self.concurrency = concurrency
         self.order = order
         self.maximumFileSize = maximumFileSize
-        self.maximumBufferedBytes = maximumBufferedBytes
+        self.maximumBufferedBytes = max(1, maximumBufferedBytes)
         self.engine = engine
     }
 }
@@ -187,6 +187,8 @@ final class BatchStorage: Sendable {
         var handed = 0
         var activeWorkers = 0
         var waiter: UnsafeContinuation<Void, Never>?
+        /// Waits for the last worker to stop (after cancellation): only that wakes it.
+        var stopWaiter: UnsafeContinuation<Void, Never>?
         /// When the consumer parked (monotonic nanoseconds).
         var waitingSince: UInt64 = 0
 
@@ -307,8 +309,7 @@ final class BatchStorage: Sendable {
         await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
             let now = state.withLock { state in
                 if state.activeWorkers == 0 { return true }
-                state.waiter = continuation
-                consumerWaiting.store(true, ordering: .relaxed)
+                state.stopWaiter = continuation
                 return false
             }
             if now { continuation.resume() }
@@ -354,6 +355,10 @@ final class BatchStorage: Sendable {
                 for result in results { state.slots[result.index % state.slots.count] = result }
             }
             if exiting { state.activeWorkers -= 1 }
+            if state.activeWorkers == 0, let stopWaiter = state.stopWaiter {
+                state.stopWaiter = nil
+                stopWaiter.resume()
+            }
             guard state.waiter != nil else { return nil }
             if state.activeWorkers > 0 {
                 guard state.deliverable else { return nil }

@@ -81,17 +81,27 @@ extension FileCoordinator {
     /// the item is now. The claims are held until `accessor` returns.
     public func coordinate(with intents: [FileAccessIntent], queue: DispatchQueue,
                            byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
-        schedule(intents, run: { work in queue.async(execute: work) }, accessor)
+        schedule(intents, run: { work, _ in queue.async(execute: work) }, accessor)
     }
 
     /// Coordinates every intent at once, then runs `accessor` on `queue`; see
-    /// ``coordinate(with:queue:byAccessor:)-5d1e5``.
+    /// ``coordinate(with:queue:byAccessor:)-5d1e5``. If the queue drops the operation
+    /// (`cancelAllOperations`) the accessor is not called and the claims are released.
     public func coordinate(with intents: [FileAccessIntent], queue: OperationQueue,
                            byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
-        schedule(intents, run: { work in queue.addOperation(work) }, accessor)
+        schedule(intents, run: { work, dropped in
+            let operation = BlockOperation(block: work)
+            operation.completionBlock = { [weak operation] in
+                if operation?.isCancelled == true { dropped() }
+            }
+            queue.addOperation(operation)
+        }, accessor)
     }
 
-    private func schedule(_ intents: [FileAccessIntent], run: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void,
+    /// Waits for the claims, then hands the accessor to `run` (with what to do if the
+    /// queue drops it), then finishes the coordination once the accessor has run.
+    private func schedule(_ intents: [FileAccessIntent],
+                          run: @escaping @Sendable (_ work: @escaping @Sendable () -> Void, _ dropped: @escaping @Sendable () -> Void) -> Void,
                           _ accessor: @escaping @Sendable ((any Error)?) -> Void) {
         let requests: [ItemRequest] = intents.map { intent in
             switch intent.kind {
@@ -104,16 +114,20 @@ extension FileCoordinator {
             do {
                 session = try await self.begin(requests, intents: intents)
             } catch {
-                run { accessor(error) }
+                run({ accessor(error) }, {})
                 return
             }
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                run {
-                    accessor(nil)
-                    continuation.resume()
+            let ran = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+                let once = Mutex(false)
+                let resume: @Sendable (Bool) -> Void = { value in
+                    if once.withLock({ done in defer { done = true }; return !done }) { continuation.resume(returning: value) }
                 }
+                run({
+                    accessor(nil)
+                    resume(true)
+                }, { resume(false) })
             }
-            await self.finish(session, accessorSucceeded: true)
+            await self.finish(session, accessorSucceeded: ran)
         }
     }
 

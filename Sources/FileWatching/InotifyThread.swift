@@ -21,6 +21,20 @@ struct InotifyEvent: Sendable, Equatable {
     var isOverflow: Bool { mask & UInt32(IN_Q_OVERFLOW) != 0 }
 }
 
+/// What the watcher thread hands a client: one event, the two halves of a rename seen
+/// together, or a queue overflow (events were lost).
+enum InotifyDelivery {
+    case event(InotifyEvent)
+    case move(from: InotifyEvent, to: InotifyEvent)
+    case overflow
+}
+
+/// An object that lives on the watcher thread: it receives the events of its watch
+/// descriptors and may add or remove watches from inside ``handle(_:thread:)``.
+protocol InotifyClient: AnyObject, Sendable {
+    func handle(_ delivery: InotifyDelivery, thread: InotifyThread.OnThread)
+}
+
 /// The only thread in the process that calls libinotifytools.
 ///
 /// libinotifytools keeps global, unlocked state, so every call into it (initialise,
@@ -38,6 +52,31 @@ final class InotifyThread: @unchecked Sendable {
         case add(FilePath, UInt32, Handler, CheckedContinuation<Result<Int32, FileCoordinationError>, Never>)
         case remove(Int32, CheckedContinuation<Void, Never>)
         case count(CheckedContinuation<Int, Never>)
+        case perform(@Sendable (OnThread) -> Void)
+    }
+
+    /// Watch operations valid only on the watcher thread (inside a client's `handle`, or
+    /// a closure sent with ``perform(_:)``).
+    struct OnThread {
+        fileprivate let owner: InotifyThread
+
+        /// Adds a watch whose events go to `client`.
+        func addWatch(_ path: FilePath, mask: UInt32, client: any InotifyClient) -> Result<Int32, FileCoordinationError> {
+            owner.addWatchOnThread(path, mask: mask, client: client)
+        }
+
+        /// Removes a watch; its client hears nothing more from it.
+        func removeWatch(_ wd: Int32) {
+            if owner.clients.removeValue(forKey: wd) != nil { _ = inotifytools_remove_watch_by_wd(wd) }
+        }
+
+        /// Watches held for callers (the doorbell excluded).
+        var watchCount: Int { Int(inotifytools_get_num_watches()) - 1 }
+    }
+
+    /// Runs `body` on the watcher thread, where it may add and remove watches directly.
+    func perform(_ body: @escaping @Sendable (OnThread) -> Void) {
+        send(.perform(body))
     }
 
     private struct Queue {
@@ -50,7 +89,7 @@ final class InotifyThread: @unchecked Sendable {
     private let startupError: FileCoordinationError?
 
     /// The thread's own state: touched only on the thread.
-    private var handlers: [Int32: Handler] = [:]
+    private var clients: [Int32: any InotifyClient] = [:]
     private var doorbellWatch: Int32 = -1
 
     /// At most 15 bytes: the kernel truncates longer thread names.
@@ -132,6 +171,7 @@ final class InotifyThread: @unchecked Sendable {
         case .add(_, _, _, let continuation): continuation.resume(returning: .failure(error))
         case .remove(_, let continuation): continuation.resume()
         case .count(let continuation): continuation.resume(returning: 0)
+        case .perform: break
         }
     }
 
@@ -155,21 +195,65 @@ final class InotifyThread: @unchecked Sendable {
         }
         // Commands sent before the doorbell was watched rang nothing: serve them now.
         drainCommands()
+        var pending: InotifyEvent?
         while true {
-            guard let raw = inotifytools_next_event(-1) else { continue }
-            let wd = raw.pointee.wd
-            if wd == doorbellWatch {
+            let event: InotifyEvent
+            if let next = pending {
+                event = next
+                pending = nil
+            } else {
+                guard let raw = inotifytools_next_event(-1) else { continue }
+                event = Self.copy(raw)
+            }
+            if event.wd == doorbellWatch {
                 drainCommands()
                 continue
             }
-            let event = Self.copy(raw)
             if event.isOverflow {
-                for handler in handlers.values { handler(event) }
+                var seen = Set<ObjectIdentifier>()
+                for client in clients.values where seen.insert(ObjectIdentifier(client)).inserted {
+                    client.handle(.overflow, thread: OnThread(owner: self))
+                }
                 continue
             }
-            handlers[wd]?(event)
-            if event.mask & UInt32(IN_IGNORED) != 0 { handlers[wd] = nil }
+            if event.mask & UInt32(IN_MOVED_FROM) != 0 {
+                // The kernel queues both halves of a rename in the same system call, so
+                // the partner, if it is watched, is already waiting: peek without blocking.
+                if let raw = inotifytools_next_event(0) {
+                    let next = Self.copy(raw)
+                    if next.mask & UInt32(IN_MOVED_TO) != 0 && next.cookie == event.cookie {
+                        deliverMove(from: event, to: next)
+                        continue
+                    }
+                    pending = next
+                }
+            }
+            deliver(event)
         }
+    }
+
+    private func deliver(_ event: InotifyEvent) {
+        clients[event.wd]?.handle(.event(event), thread: OnThread(owner: self))
+        if event.mask & UInt32(IN_IGNORED) != 0 { clients[event.wd] = nil }
+    }
+
+    private func deliverMove(from: InotifyEvent, to: InotifyEvent) {
+        let source = clients[from.wd], destination = clients[to.wd]
+        if let source, let destination, source === destination {
+            source.handle(.move(from: from, to: to), thread: OnThread(owner: self))
+        } else {
+            source?.handle(.event(from), thread: OnThread(owner: self))
+            destination?.handle(.event(to), thread: OnThread(owner: self))
+        }
+    }
+
+    fileprivate func addWatchOnThread(_ path: FilePath, mask: UInt32, client: any InotifyClient) -> Result<Int32, FileCoordinationError> {
+        let wd = path.withPlatformString { name in
+            inotifytools_watch_file(name, Int32(bitPattern: mask)) != 0 ? Self.watchDescriptor(of: name) : -1
+        }
+        guard wd > 0 else { return .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))) }
+        clients[wd] = client
+        return .success(wd)
     }
 
     private static func copy(_ raw: UnsafeMutablePointer<inotify_event>) -> InotifyEvent {
@@ -192,18 +276,12 @@ final class InotifyThread: @unchecked Sendable {
         for command in pending {
             switch command {
             case .add(let path, let mask, let handler, let continuation):
-                let wd = path.withPlatformString { name in
-                    inotifytools_watch_file(name, Int32(bitPattern: mask)) != 0 ? Self.watchDescriptor(of: name) : -1
-                }
-                if wd > 0 {
-                    handlers[wd] = handler
-                    continuation.resume(returning: .success(wd))
-                } else {
-                    continuation.resume(returning: .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))))
-                }
+                continuation.resume(returning: addWatchOnThread(path, mask: mask, client: ClosureClient(handler)))
             case .remove(let wd, let continuation):
-                if handlers.removeValue(forKey: wd) != nil { _ = inotifytools_remove_watch_by_wd(wd) }
+                OnThread(owner: self).removeWatch(wd)
                 continuation.resume()
+            case .perform(let body):
+                body(OnThread(owner: self))
             case .count(let continuation):
                 continuation.resume(returning: Int(inotifytools_get_num_watches()) - 1)
             }
@@ -253,6 +331,19 @@ final class InotifyThread: @unchecked Sendable {
             return queue.commands
         }
         for command in pending { Self.fail(command, with: error) }
+    }
+}
+
+/// Adapts a closure (the smoke-test API) to a client.
+private final class ClosureClient: InotifyClient {
+    let handler: InotifyThread.Handler
+    init(_ handler: @escaping InotifyThread.Handler) { self.handler = handler }
+    func handle(_ delivery: InotifyDelivery, thread: InotifyThread.OnThread) {
+        switch delivery {
+        case .event(let event): handler(event)
+        case .move(let from, let to): handler(from); handler(to)
+        case .overflow: handler(InotifyEvent(wd: -1, mask: UInt32(IN_Q_OVERFLOW), cookie: 0, name: []))
+        }
     }
 }
 

@@ -21,8 +21,10 @@ final class CoordinationCenter: Sendable {
     private struct State {
         var rules = CoordinationRules()
         var waiters: [RequestID: Waiter] = [:]
-        /// Requests whose task was cancelled before they were submitted.
-        var cancelledBeforeSubmit: Set<RequestID> = []
+        /// Waiting requests withdrawn before their task parked, with the error to throw.
+        var cancelledBeforeSubmit: [RequestID: any Error] = [:]
+        /// The coordinator of each waiting request (parked or not), for `cancel(owner:)`.
+        var owners: [RequestID: ObjectIdentifier] = [:]
         var presenters = PresenterRegistry()
         /// Intents waiting for claims, so moves can update their URLs.
         var intents: [RequestID: [(FilePath, FileAccessIntent)]] = [:]
@@ -46,24 +48,26 @@ final class CoordinationCenter: Sendable {
         // Fast path: free claims are granted under the lock, with no suspension.
         let (id, granted) = state.withLock { state in
             let id = state.rules.reserveID()
-            return (id, state.rules.submit(id, purpose: purpose, claims: claims))
+            let granted = state.rules.submit(id, purpose: purpose, claims: claims)
+            if !granted { state.owners[id] = owner }
+            return (id, granted)
         }
         if granted { return (id, false) }
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
-                enum Outcome { case granted, waiting, cancelled }
+                enum Outcome { case granted, waiting, cancelled(any Error) }
                 let outcome: Outcome = state.withLock { state in
                     // Submitted above and still waiting, unless it was granted or
                     // withdrawn (cancelled) in between.
-                    if state.cancelledBeforeSubmit.remove(id) != nil { return .cancelled }
-                    if state.rules.isGranted(id) { return .granted }
+                    if let error = state.cancelledBeforeSubmit.removeValue(forKey: id) { return .cancelled(error) }
+                    if state.rules.isGranted(id) { state.owners[id] = nil; return .granted }
                     state.waiters[id] = Waiter(continuation: continuation, owner: owner)
                     if !intents.isEmpty { state.intents[id] = intents }
                     return .waiting
                 }
                 switch outcome {
                 case .granted: continuation.resume()
-                case .cancelled: continuation.resume(throwing: CancellationError())
+                case .cancelled(let error): continuation.resume(throwing: error)
                 case .waiting: break
                 }
             }
@@ -88,7 +92,7 @@ final class CoordinationCenter: Sendable {
 
     /// Fails every waiting request of `owner` (``FileCoordinator/cancel()``).
     func cancel(owner: ObjectIdentifier) {
-        let ids = state.withLock { state in state.waiters.filter { $0.value.owner == owner }.map(\.key) }
+        let ids = state.withLock { state in state.owners.filter { $0.value == owner }.map(\.key) }
         for id in ids {
             withdraw(id, because: FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
                                                         message: "the coordinator was cancelled"))
@@ -99,13 +103,15 @@ final class CoordinationCenter: Sendable {
         let (waiter, granted): (Waiter?, [Waiter]) = state.withLock { state in
             if let waiter = state.waiters.removeValue(forKey: id) {
                 state.intents[id] = nil
+                state.owners[id] = nil
                 return (waiter, Self.takeWaiters(state.rules.withdraw(id), from: &state))
             }
             // Submitted and waiting, but its task has not parked yet: withdraw it now and
             // let the parking step fail at once. (A request already granted is left
             // alone: its accessor will run, then release it.)
             if state.rules.contains(id) && !state.rules.isGranted(id) {
-                state.cancelledBeforeSubmit.insert(id)
+                state.cancelledBeforeSubmit[id] = error
+                state.owners[id] = nil
                 return (nil, Self.takeWaiters(state.rules.withdraw(id), from: &state))
             }
             return (nil, [])
@@ -117,6 +123,7 @@ final class CoordinationCenter: Sendable {
     private static func takeWaiters(_ ids: [RequestID], from state: inout State) -> [Waiter] {
         ids.compactMap { id in
             state.intents[id] = nil
+            state.owners[id] = nil
             return state.waiters.removeValue(forKey: id)
         }
     }
@@ -129,19 +136,18 @@ final class CoordinationCenter: Sendable {
     // MARK: Presenters
 
     func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
-        let count = state.withLock { state in
+        state.withLock { state in
             state.presenters.add(presenter, at: path)
-            return state.presenters.count
+            // Stored under the lock, so concurrent adds and removes cannot reorder it.
+            presenterCount.store(state.presenters.count, ordering: .releasing)
         }
-        presenterCount.store(count, ordering: .releasing)
     }
 
     func removePresenter(_ presenter: any FilePresenter) {
-        let count = state.withLock { state in
+        state.withLock { state in
             state.presenters.remove(ObjectIdentifier(presenter))
-            return state.presenters.count
+            presenterCount.store(state.presenters.count, ordering: .releasing)
         }
-        presenterCount.store(count, ordering: .releasing)
     }
 
     var presenters: [any FilePresenter] {

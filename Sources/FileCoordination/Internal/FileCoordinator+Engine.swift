@@ -129,7 +129,8 @@ extension FileCoordinator {
         } catch {
             outcome = .failure(error)
         }
-        await finish(session, accessorSucceeded: (try? outcome.get()) != nil)
+        let succeeded = if case .success = outcome { true } else { false }
+        await finish(session, accessorSucceeded: succeeded)
         return try outcome.get()
     }
 
@@ -149,8 +150,12 @@ extension FileCoordinator {
     ) async throws -> T {
         let path = try Self.normalizedPath(request.url)
         let claim = CoordinationRules.Claim(path: path, access: { if case .writing = request { .writing } else { .reading } }())
+        let generation = cancellations.load(ordering: .relaxed)
         let (id, waited) = try await center.acquire([claim], purpose: purposeIdentifier, owner: ObjectIdentifier(self))
         defer { center.release(id) }
+        if waited && cancellations.load(ordering: .relaxed) != generation {
+            throw FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
+        }
         var url = request.url
         if waited, let current = center.claims(of: id).first?.path, current != path { url = current.fileURL }
         return try await body([url])
@@ -193,11 +198,17 @@ extension FileCoordinator {
             }
             for (index, intent) in intents.enumerated() where index < items.count { intent.update(items[index].path.fileURL) }
             let reacquirers = try await messageBefore(items)
-            let session = CoordinationSession(request: id, items: try await recordExistence(items), reacquirers: reacquirers,
+            let recorded: [CoordinationSession.Item]
+            do {
+                recorded = try await recordExistence(items)
+            } catch {
+                await runReacquirers(reacquirers)
+                throw error
+            }
+            let session = CoordinationSession(request: id, items: recorded, reacquirers: reacquirers,
                                               context: CoordinationContext(coordinator: self))
             if Task.isCancelled || cancellations.load(ordering: .relaxed) != generation {
                 await runReacquirers(session.reacquirers)
-                center.release(id)
                 if Task.isCancelled { throw CancellationError() }
                 throw FileCoordinationError(code: .cancelled, path: items.first?.path, operation: "coordinate",
                                             message: "the coordinator was cancelled")
@@ -321,20 +332,25 @@ extension FileCoordinator {
         let presenter = plan.entry.presenter
         let request = plan.request
         var reacquirer: FileReacquirer?
-        func step<T: Sendable>(_ name: String, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        func step<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
+                               _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
             do {
-                return try await PresenterMessenger.bounded(policy, name, of: plan.entry, body)
+                return try await PresenterMessenger.bounded(policy, name, of: plan.entry, late: late, body)
             } catch {
                 throw PresenterMessenger.failure(error, callback: name, entry: plan.entry)
             }
         }
+        // A relinquish answered too late still gets its item back.
+        let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
+            if let reacquirer { Task { await reacquirer() } }
+        }
         switch request.kind {
         case .reading:
-            reacquirer = try await step("relinquishPresentedItem(toReader:)") {
+            reacquirer = try await step("relinquishPresentedItem(toReader:)", late: late) {
                 try await presenter.relinquishPresentedItem(toReader: request)
             } ?? nil
         case .writing:
-            reacquirer = try await step("relinquishPresentedItem(toWriter:)") {
+            reacquirer = try await step("relinquishPresentedItem(toWriter:)", late: late) {
                 try await presenter.relinquishPresentedItem(toWriter: request)
             } ?? nil
         }

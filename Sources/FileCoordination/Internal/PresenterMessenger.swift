@@ -16,14 +16,23 @@ enum PresenterMessenger {
     /// never returns is left behind (and cancelled), never waited for.
     static func bounded<T: Sendable>(
         _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+        late: (@Sendable (T) -> Void)? = nil,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
         let race = Race<T>()
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
-                race.install(continuation)
+                // Cancelled before it began: the callback is never made.
+                guard race.install(continuation) else { return }
                 let work = Task {
-                    do { race.finish(.success(try await body())) } catch { race.finish(.failure(error)) }
+                    do {
+                        let value = try await body()
+                        // An answer after the coordination gave up (timeout, cancellation)
+                        // is handed to `late`: a reacquirer must still run.
+                        if !race.finish(.success(value)) { late?(value) }
+                    } catch {
+                        race.finish(.failure(error))
+                    }
                 }
                 let timer = Task {
                     try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
@@ -45,7 +54,10 @@ enum PresenterMessenger {
                         if race.finish(.failure(error)) { work.cancel() }
                     }
                 }
-                race.onFinish { timer.cancel() }
+                race.onFinish {
+                    timer.cancel()
+                    work.cancel()
+                }
             }
         } onCancel: {
             race.finish(.failure(CancellationError()))
@@ -71,13 +83,18 @@ private final class Race<T: Sendable>: Sendable {
     }
     private let state = Mutex(State())
 
-    func install(_ continuation: UnsafeContinuation<T?, any Error>) {
+    /// Stores the continuation; false (after resuming it) when the race was already decided.
+    func install(_ continuation: UnsafeContinuation<T?, any Error>) -> Bool {
         let early: Result<T?, any Error>? = state.withLock { state in
             if let result = state.result { return result }
             state.continuation = continuation
             return nil
         }
-        if let early { continuation.resume(with: early) }
+        if let early {
+            continuation.resume(with: early)
+            return false
+        }
+        return true
     }
 
     func onFinish(_ action: @escaping @Sendable () -> Void) {

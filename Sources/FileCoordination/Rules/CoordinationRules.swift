@@ -129,14 +129,19 @@ struct CoordinationRules: Sendable {
         for id in waiting {
             guard var request = requests[id] else { continue }
             var touched = false
+            var keep: [Claim] = []
             for index in request.claims.indices {
                 let path = request.claims[index].path
                 guard Self.isAtOrInside(Self.bytes(path), sourceBytes) else { continue }
                 var moved = destination
                 for component in path.components.dropFirst(source.components.count) { moved.append(component) }
+                // The old place stays claimed too, so the request still waits for the
+                // mover (whose claims name the old place) to finish.
+                keep.append(request.claims[index])
                 request.claims[index].path = moved
                 touched = true
             }
+            request.claims += keep
             guard touched else { continue }
             remove(requests[id]!)
             _ = index(request)

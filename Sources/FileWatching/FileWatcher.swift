@@ -1,0 +1,512 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CInotifyTools
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A change seen in a watched file or directory tree.
+public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
+    /// What happened.
+    public enum Kind: Sendable, Hashable {
+        /// The item appeared (created, or moved in from outside the watched tree).
+        case created
+        /// The item's content changed (consecutive modifications are reported once).
+        case modified
+        /// The item's metadata changed (permissions, owner, timestamps, link count).
+        case attributesChanged
+        /// The item was renamed within the watched tree: from ``FileEvent/path`` to
+        /// ``FileEvent/destination``. The two halves of the rename arrive as one event.
+        case moved
+        /// The item disappeared (deleted, or moved out of the watched tree).
+        case deleted
+        /// Events were lost (the kernel queue or this watcher's buffer overflowed). The
+        /// watcher rescanned its tree, reporting what it found different as created or
+        /// deleted, and the consumer should re-read whatever it derives from the tree.
+        case resync
+    }
+
+    /// What happened.
+    public var kind: Kind
+    /// The item (for ``Kind/moved``, where it was).
+    public var path: FilePath
+    /// For ``Kind/moved``: where it is now.
+    public var destination: FilePath?
+    /// Whether the item is a directory.
+    public var isDirectory: Bool
+
+    /// An event.
+    public init(_ kind: Kind, _ path: FilePath, destination: FilePath? = nil, isDirectory: Bool = false) {
+        self.kind = kind
+        self.path = path
+        self.destination = destination
+        self.isDirectory = isDirectory
+    }
+
+    public var description: String {
+        let directory = isDirectory ? " (directory)" : ""
+        if let destination { return "\(kind) \(path) -> \(destination)\(directory)" }
+        return "\(kind) \(path)\(directory)"
+    }
+}
+
+/// Watches a file, or a directory and (optionally) everything inside it, and delivers what
+/// changes as an asynchronous sequence of ``FileEvent``s, whoever made the change.
+///
+/// ```swift
+/// let watcher = try await FileWatcher(watching: "/srv/site", recursive: true)
+/// for try await event in watcher {
+///     print(event)          // created /srv/site/new.html, moved /a -> /b, ...
+/// }
+/// ```
+///
+/// - Recursive watching has no blind spot: a directory that appears is watched first and
+///   listed second, so files created inside it before its watch existed are reported
+///   too (`mkdir -p a/b/c && touch a/b/c/f` never loses `f`).
+/// - A rename inside the tree is one ``FileEvent/Kind/moved`` event; a subtree moved out
+///   is reported deleted and is no longer watched under its old path.
+/// - ``sync()`` returns once every event caused before it is in the sequence, so a test
+///   can change files, sync, and assert, without sleeping.
+/// - Back-pressure: events wait in a buffer of ``bufferLimit`` entries. A consumer that
+///   falls further behind loses events and then receives ``FileEvent/Kind/resync``.
+/// - All inotify work happens on the library's single watcher thread. ``cancel()`` (or
+///   ending the iteration) removes every watch.
+///
+/// One consumer iterates a watcher; ``sync()`` and ``cancel()`` may be called from any task.
+public final class FileWatcher: AsyncSequence, Sendable {
+    public typealias Element = FileEvent
+
+    /// The watched file or directory.
+    public let root: FilePath
+    /// Events the buffer holds before it overflows into a ``FileEvent/Kind/resync``.
+    public let bufferLimit: Int
+
+    let tree: WatchTree
+    private let syncCounter = Atomic<Int>(0)
+
+    /// Starts watching `path`. For a directory, `recursive` extends the watch to
+    /// everything inside it, present and future; for a file, events concern that file.
+    ///
+    /// - Throws: ``FileCoordinationError`` naming the path: ``FileCoordinationError/Code/notFound``,
+    ///   or ``FileCoordinationError/Code/watchLimitReached`` naming the kernel limit to raise.
+    public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536) async throws {
+        root = path.lexicallyNormalized()
+        self.bufferLimit = Swift.max(1, bufferLimit)
+        let isDirectory = try await runOnIOThread { () throws -> Bool in
+            var info = stat()
+            guard path.withPlatformString({ stat($0, &info) }) == 0 else {
+                throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: path)
+            }
+            return info.st_mode & S_IFMT == S_IFDIR
+        }
+        tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory, bufferLimit: self.bufferLimit)
+        try await tree.start()
+    }
+
+    deinit {
+        tree.stop()
+    }
+
+    /// Returns once every event caused before the call has been put into this sequence.
+    ///
+    /// It creates a hidden cookie file (`.filecoord-sync-…`) in the watched directory (or
+    /// the watched file's directory) and waits for its own creation to come through the
+    /// same inotify queue, after everything before it; the cookie's events are not
+    /// reported, and the file is removed.
+    public func sync() async throws {
+        let name = ".filecoord-sync-\(getpid())-\(syncCounter.add(1, ordering: .relaxed).newValue)"
+        let cookie = tree.syncDirectory.appending(name)
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            tree.expectCookie(name, continuation)
+            Task {
+                do {
+                    try await runOnIOThread { () throws in
+                        let fd = cookie.withPlatformString { open($0, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600) }
+                        guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: cookie) }
+                        close(fd)
+                    }
+                } catch {
+                    tree.failCookie(name, error)
+                }
+            }
+        }
+        _ = try? await runOnIOThread { _ = cookie.withPlatformString { unlink($0) } }
+    }
+
+    /// Stops watching: the watches are removed and the sequence ends.
+    public func cancel() {
+        tree.stop()
+    }
+
+    /// The number of inotify watches this watcher holds (one per watched directory).
+    public func watchCount() async -> Int {
+        await tree.watchCount()
+    }
+
+    public func makeAsyncIterator() -> Iterator {
+        Iterator(tree: tree)
+    }
+
+    /// Delivers events; a watcher has one consumer.
+    public struct Iterator: AsyncIteratorProtocol {
+        let tree: WatchTree
+
+        /// The next event; nil once the watcher is cancelled or its root is gone.
+        /// Throws `CancellationError` if the consuming task is cancelled.
+        public mutating func next() async throws -> FileEvent? {
+            try await tree.next()
+        }
+    }
+}
+
+/// The watcher's state. Event handling runs on the watcher thread (as an
+/// ``InotifyClient``); the consumer takes events from the buffer.
+final class WatchTree: InotifyClient, @unchecked Sendable {
+    let root: FilePath
+    let rootIsDirectory: Bool
+    let recursive: Bool
+    let bufferLimit: Int
+    /// Where sync cookies go: the root directory, or the watched file's directory.
+    let syncDirectory: FilePath
+
+    static let cookiePrefix: [UInt8] = Array(".filecoord-sync-".utf8)
+    static let mask = UInt32(IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO
+        | IN_DELETE_SELF | IN_MOVE_SELF) | UInt32(IN_DONT_FOLLOW) | UInt32(IN_EXCL_UNLINK)
+
+    // MARK: Shared with the consumer (under the lock)
+
+    private struct Buffer {
+        var events: [FileEvent] = []
+        var head = 0
+        var lost = false
+        var finished = false
+        var waiter: CheckedContinuation<Void, Never>?
+        var cookies: [String: CheckedContinuation<Void, any Error>] = [:]
+
+        var count: Int { events.count - head }
+    }
+    private let buffer = Mutex(Buffer())
+
+    // MARK: Owned by the watcher thread
+
+    private var watches: [Int32: FilePath] = [:]
+    private var known: Set<[UInt8]> = []
+    private var directories: Set<[UInt8]> = []
+    private var stopped = false
+
+    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int) {
+        self.root = root
+        self.rootIsDirectory = rootIsDirectory
+        self.recursive = recursive
+        self.bufferLimit = bufferLimit
+        syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
+    }
+
+    /// Adds the first watches and learns the tree, on the watcher thread.
+    func start() async throws {
+        let result: Result<Void, FileCoordinationError> = await withCheckedContinuation { continuation in
+            InotifyThread.shared.perform { thread in
+                let directory = self.syncDirectory
+                switch thread.addWatch(directory, mask: Self.mask, client: self) {
+                case .failure(let error):
+                    continuation.resume(returning: .failure(error))
+                case .success(let wd):
+                    self.watches[wd] = directory
+                    if self.rootIsDirectory { self.scan(directory, report: false, thread: thread) } else {
+                        if Self.exists(self.root) { self.known.insert(Self.bytes(self.root)) }
+                    }
+                    continuation.resume(returning: .success(()))
+                }
+            }
+        }
+        try result.get()
+    }
+
+    func stop() {
+        let waiter = buffer.withLock { buffer -> CheckedContinuation<Void, Never>? in
+            guard !buffer.finished else { return nil }
+            buffer.finished = true
+            defer { buffer.waiter = nil }
+            return buffer.waiter
+        }
+        waiter?.resume()
+        InotifyThread.shared.perform { thread in
+            self.stopped = true
+            for wd in self.watches.keys { thread.removeWatch(wd) }
+            self.watches.removeAll()
+        }
+    }
+
+    func watchCount() async -> Int {
+        await withCheckedContinuation { continuation in
+            InotifyThread.shared.perform { _ in continuation.resume(returning: self.watches.count) }
+        }
+    }
+
+    // MARK: Consumer side
+
+    func next() async throws -> FileEvent? {
+        while true {
+            try Task.checkCancellation()
+            let event: FileEvent?? = buffer.withLock { buffer in
+                if buffer.count > 0 {
+                    let event = buffer.events[buffer.head]
+                    buffer.head += 1
+                    if buffer.head == buffer.events.count { buffer.events.removeAll(keepingCapacity: true); buffer.head = 0 }
+                    return .some(event)
+                }
+                if buffer.lost {
+                    buffer.lost = false
+                    return .some(FileEvent(.resync, root, isDirectory: rootIsDirectory))
+                }
+                return buffer.finished ? .some(nil) : .none
+            }
+            if let event { return event }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let ready = buffer.withLock { buffer in
+                        if buffer.count > 0 || buffer.lost || buffer.finished || Task.isCancelled { return true }
+                        buffer.waiter = continuation
+                        return false
+                    }
+                    if ready { continuation.resume() }
+                }
+            } onCancel: {
+                let waiter = buffer.withLock { buffer in
+                    defer { buffer.waiter = nil }
+                    return buffer.waiter
+                }
+                waiter?.resume()
+            }
+        }
+    }
+
+    func expectCookie(_ name: String, _ continuation: CheckedContinuation<Void, any Error>) {
+        buffer.withLock { $0.cookies[name] = continuation }
+    }
+
+    func failCookie(_ name: String, _ error: any Error) {
+        let continuation = buffer.withLock { $0.cookies.removeValue(forKey: name) }
+        continuation?.resume(throwing: error)
+    }
+
+    // MARK: Watcher thread: events
+
+    private func emit(_ event: FileEvent) {
+        let waiter: CheckedContinuation<Void, Never>? = buffer.withLock { buffer in
+            guard !buffer.finished else { return nil }
+            // Consecutive modifications of one item are one event.
+            if event.kind == .modified, buffer.count > 0, buffer.events.last == event { return nil }
+            if buffer.count >= bufferLimit {
+                buffer.lost = true
+            } else {
+                buffer.events.append(event)
+            }
+            defer { buffer.waiter = nil }
+            return buffer.waiter
+        }
+        waiter?.resume()
+    }
+
+    func handle(_ delivery: InotifyDelivery, thread: InotifyThread.OnThread) {
+        guard !stopped else { return }
+        switch delivery {
+        case .overflow:
+            rescan(thread: thread)
+        case .move(let from, let to):
+            guard let fromDirectory = watches[from.wd], let toDirectory = watches[to.wd] else { return }
+            let source = fromDirectory.appending(Self.component(from.name))
+            let destination = toDirectory.appending(Self.component(to.name))
+            let isDirectory = from.mask & UInt32(IN_ISDIR) != 0
+            let (sourceInside, destinationInside) = (concerns(source), concerns(destination))
+            if sourceInside && destinationInside {
+                renameKnown(from: source, to: destination, isDirectory: isDirectory)
+                emit(FileEvent(.moved, source, destination: destination, isDirectory: isDirectory))
+            } else if !rootIsDirectory && destinationInside {
+                // The watched file was replaced by a rename (an editor's save): it changed.
+                known.insert(Self.bytes(destination))
+                emit(FileEvent(.modified, destination))
+            } else if sourceInside {
+                forget(source, isDirectory: isDirectory, thread: thread)
+                emit(FileEvent(.deleted, source, isDirectory: isDirectory))
+            } else if destinationInside {
+                appeared(destination, isDirectory: isDirectory, thread: thread)
+            }
+        case .event(let event):
+            handle(event, thread: thread)
+        }
+    }
+
+    private func handle(_ event: InotifyEvent, thread: InotifyThread.OnThread) {
+        let mask = event.mask
+        guard let directory = watches[event.wd] else { return }
+        if mask & UInt32(IN_IGNORED) != 0 {
+            watches[event.wd] = nil
+            return
+        }
+        if mask & UInt32(IN_DELETE_SELF | IN_MOVE_SELF) != 0 {
+            if directory == syncDirectory && (rootIsDirectory || directory == root) {
+                emit(FileEvent(.deleted, directory, isDirectory: true))
+                stop()
+            }
+            return
+        }
+        guard !event.name.isEmpty else { return }
+        if event.name.starts(with: Self.cookiePrefix), directory == syncDirectory {
+            if mask & UInt32(IN_CREATE) != 0 {
+                let name = String(decoding: event.name, as: UTF8.self)
+                let continuation = buffer.withLock { $0.cookies.removeValue(forKey: name) }
+                continuation?.resume()
+            }
+            return
+        }
+        let path = directory.appending(Self.component(event.name))
+        guard concerns(path) else { return }
+        let isDirectory = mask & UInt32(IN_ISDIR) != 0
+        if mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 {
+            appeared(path, isDirectory: isDirectory, thread: thread)
+        } else if mask & UInt32(IN_DELETE | IN_MOVED_FROM) != 0 {
+            forget(path, isDirectory: isDirectory, thread: thread)
+            emit(FileEvent(.deleted, path, isDirectory: isDirectory))
+        } else if mask & UInt32(IN_MODIFY) != 0 {
+            emit(FileEvent(.modified, path, isDirectory: isDirectory))
+        } else if mask & UInt32(IN_ATTRIB) != 0 {
+            emit(FileEvent(.attributesChanged, path, isDirectory: isDirectory))
+        }
+    }
+
+    /// Whether `path` is something this watcher reports on.
+    private func concerns(_ path: FilePath) -> Bool {
+        if rootIsDirectory { return path.starts(with: root) && path != root }
+        return path == root
+    }
+
+    /// A new item: report it; a new directory is watched first, then listed, so that what
+    /// was created inside it before the watch existed is reported too.
+    private func appeared(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
+        if known.insert(Self.bytes(path)).inserted {
+            emit(FileEvent(.created, path, isDirectory: isDirectory))
+        }
+        if isDirectory && recursive { watchAndScan(path, thread: thread) }
+    }
+
+    private func watchAndScan(_ directory: FilePath, thread: InotifyThread.OnThread) {
+        directories.insert(Self.bytes(directory))
+        if case .success(let wd) = thread.addWatch(directory, mask: Self.mask, client: self) {
+            watches[wd] = directory
+        }
+        scan(directory, report: true, thread: thread)
+    }
+
+    /// Lists a directory (recursively when watching recursively), learning its entries
+    /// and reporting those not known yet.
+    private func scan(_ directory: FilePath, report: Bool, thread: InotifyThread.OnThread) {
+        for (name, isDirectory) in Self.list(directory) {
+            let path = directory.appending(Self.component(name))
+            if name.starts(with: Self.cookiePrefix) { continue }
+            if known.insert(Self.bytes(path)).inserted, report {
+                emit(FileEvent(.created, path, isDirectory: isDirectory))
+            }
+            if isDirectory && recursive {
+                directories.insert(Self.bytes(path))
+                if case .success(let wd) = thread.addWatch(path, mask: Self.mask, client: self) { watches[wd] = path }
+                scan(path, report: report, thread: thread)
+            }
+        }
+    }
+
+    /// An item left the tree: forget it and, for a directory, stop watching inside it.
+    private func forget(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
+        let prefix = Self.bytes(path)
+        known = known.filter { !Self.isAtOrInside($0, prefix) }
+        guard isDirectory else { return }
+        directories = directories.filter { !Self.isAtOrInside($0, prefix) }
+        for (wd, watched) in watches where Self.isAtOrInside(Self.bytes(watched), prefix) {
+            thread.removeWatch(wd)
+            watches[wd] = nil
+        }
+    }
+
+    /// A rename inside the tree: what was known under the old name is known under the new.
+    private func renameKnown(from source: FilePath, to destination: FilePath, isDirectory: Bool) {
+        let (old, new) = (Self.bytes(source), Self.bytes(destination))
+        func rebase(_ bytes: [UInt8]) -> [UInt8] { Self.isAtOrInside(bytes, old) ? new + bytes[old.count...] : bytes }
+        known = Set(known.map(rebase))
+        if isDirectory {
+            directories = Set(directories.map(rebase))
+            for (wd, watched) in watches {
+                let rebased = rebase(Self.bytes(watched))
+                watches[wd] = Self.path(rebased)
+            }
+        }
+    }
+
+    /// After an overflow: compare the tree with what is known, report the difference,
+    /// then a resync.
+    private func rescan(thread: InotifyThread.OnThread) {
+        let before = known
+        known.removeAll()
+        if rootIsDirectory {
+            scan(root, report: false, thread: thread)
+        } else if Self.exists(root) {
+            known.insert(Self.bytes(root))
+        }
+        for added in known.subtracting(before).sorted(by: { $0.count < $1.count }) {
+            emit(FileEvent(.created, Self.path(added), isDirectory: directories.contains(added)))
+        }
+        for removed in before.subtracting(known).sorted(by: { $0.count > $1.count }) {
+            emit(FileEvent(.deleted, Self.path(removed)))
+        }
+        buffer.withLock { $0.lost = true }
+        emit(FileEvent(.resync, root, isDirectory: rootIsDirectory))
+        buffer.withLock { $0.lost = false }
+    }
+
+    // MARK: Helpers (watcher thread; blocking calls are fine on this thread)
+
+    static func component(_ name: [UInt8]) -> FilePath.Component {
+        let chars = name.map { CChar(bitPattern: $0) } + [0]
+        return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }.lastComponent!
+    }
+
+    static func bytes(_ path: FilePath) -> [UInt8] {
+        path.withPlatformString { Array(UnsafeRawBufferPointer(start: $0, count: strlen($0))) }
+    }
+
+    static func path(_ bytes: [UInt8]) -> FilePath {
+        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
+        return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+    }
+
+    static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
+        guard inner.count >= outer.count, inner.starts(with: outer) else { return false }
+        return inner.count == outer.count || inner[outer.count] == UInt8(ascii: "/")
+    }
+
+    static func exists(_ path: FilePath) -> Bool {
+        var info = stat()
+        return path.withPlatformString { lstat($0, &info) } == 0
+    }
+
+    /// The entries of a directory with whether each is a directory (not following links).
+    static func list(_ directory: FilePath) -> [([UInt8], Bool)] {
+        guard let handle = directory.withPlatformString({ opendir($0) }) else { return [] }
+        defer { closedir(handle) }
+        var entries: [([UInt8], Bool)] = []
+        while let entry = readdir(handle) {
+            let name: [UInt8] = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                Array(raw.prefix { $0 != 0 })
+            }
+            if name == [0x2E] || name == [0x2E, 0x2E] { continue }
+            var isDirectory = entry.pointee.d_type == UInt8(DT_DIR)
+            if entry.pointee.d_type == UInt8(DT_UNKNOWN) {
+                var info = stat()
+                let full = directory.appending(component(name))
+                isDirectory = full.withPlatformString { lstat($0, &info) } == 0 && info.st_mode & S_IFMT == S_IFDIR
+            }
+            entries.append((name, isDirectory))
+        }
+        return entries
+    }
+}
