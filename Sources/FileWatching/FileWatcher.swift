@@ -238,6 +238,13 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         }
     }
 
+    /// The watch descriptors held (tests).
+    func watchDescriptors() async -> [Int32] {
+        await withCheckedContinuation { continuation in
+            InotifyThread.shared.perform { _ in continuation.resume(returning: Array(self.watches.keys)) }
+        }
+    }
+
     func watchCount() async -> Int {
         await withCheckedContinuation { continuation in
             InotifyThread.shared.perform { _ in continuation.resume(returning: self.watches.count) }
@@ -279,6 +286,21 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                 }
                 waiter?.resume()
             }
+        }
+    }
+
+    /// Takes every buffered event without waiting (tests: after `sync()`, what is buffered
+    /// is everything that happened).
+    func drain() -> [FileEvent] {
+        buffer.withLock { buffer in
+            var events = Array(buffer.events[buffer.head...])
+            buffer.events.removeAll(keepingCapacity: true)
+            buffer.head = 0
+            if buffer.lost {
+                buffer.lost = false
+                events.append(FileEvent(.resync, root, isDirectory: rootIsDirectory))
+            }
+            return events
         }
     }
 

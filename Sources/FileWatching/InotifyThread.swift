@@ -74,6 +74,14 @@ final class InotifyThread: @unchecked Sendable {
         var watchCount: Int { Int(inotifytools_get_num_watches()) - 1 }
     }
 
+    /// Whether libinotifytools still holds a watch with this descriptor.
+    func isWatching(_ wd: Int32) async -> Bool {
+        await withCheckedContinuation { continuation in
+            // Unknown descriptors give an empty name, not NULL.
+            perform { _ in continuation.resume(returning: inotifytools_filename_from_wd(wd).map { $0.pointee != 0 } ?? false) }
+        }
+    }
+
     /// Runs `body` on the watcher thread, where it may add and remove watches directly.
     func perform(_ body: @escaping @Sendable (OnThread) -> Void) {
         send(.perform(body))
