@@ -89,9 +89,21 @@ public final class FileCoordinator: Sendable {
 
     /// Registers a presenter for its ``FilePresenter/presentedItemURL``. Coordinators in
     /// this process message it from now on.
+    ///
+    /// Its item is also watched, so that it hears changes made by programs that never
+    /// coordinate. The watch starts in the background: from an async context, the async
+    /// overload returns once it is in place.
     public static func addFilePresenter(_ presenter: any FilePresenter) {
         guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
-        CoordinationCenter.shared.addPresenter(presenter, at: path)
+        let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: path)
+        Task { await watch.start(at: path) }
+    }
+
+    /// Registers a presenter and returns once its item is watched: from then on, changes
+    /// made outside coordination reach it.
+    public static func addFilePresenter(_ presenter: any FilePresenter) async {
+        guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
+        await CoordinationCenter.shared.addPresenterWatching(presenter, at: path).start(at: path)
     }
 
     /// Unregisters a presenter; it is not messaged again.
@@ -185,6 +197,14 @@ public final class FileCoordinator: Sendable {
         let seen = Set(containers.map(\.id))
         containers += center.presenters(for: destination, subtree: false, excluding: exclude).containers
             .filter { !seen.contains($0.id) && !movedIDs.contains($0.id) }
+        // The watches of everyone concerned will see this rename happen: it is reported
+        // here, so their copies of it are dropped.
+        for id in Set(moved.map(\.entry.id) + containers.map(\.id) + [exclude].compactMap { $0 }) {
+            if let watch = center.watch(of: id) {
+                await watch.suppress(source)
+                await watch.suppress(destination)
+            }
+        }
         var messages: [PendingMessage] = moved.filter { $0.entry.id != exclude }.map {
             .didMove($0.entry, to: $0.newPath)
         }

@@ -20,6 +20,12 @@ import Foundation
 /// throws makes the coordination fail with that error. A callback that does not return
 /// is handled by the coordinator's ``PresenterTimeoutPolicy``.
 ///
+/// Programs that never coordinate (an editor saving by rename, `>>` in a shell, `rm -rf`)
+/// are heard too: a registered presenter's item is watched with inotify, and what changes
+/// arrives after the fact as `presentedItemDidChange()`, `presentedItemDidMove(to:)`,
+/// `accommodatePresentedItemDeletion()` and the subitem family. A coordinated write the
+/// presenter was already told about is not reported a second time.
+///
 /// Every callback has a default implementation that does nothing, so a presenter
 /// implements only what it needs. Presenters are classes or actors; the item's URL is
 /// read once, at registration, and kept up to date by the coordinators that move it.
@@ -66,8 +72,13 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// Directory presenters: an item inside the directory moved.
     func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async
 
-    /// Directory presenters: an item inside the directory is about to be deleted.
+    /// Directory presenters: an item inside the directory is about to be deleted (or,
+    /// for a deletion by a program that does not coordinate, has been deleted).
     func accommodatePresentedSubitemDeletion(at url: URL) async throws
+
+    /// Changes were lost (the inotify queue overflowed): re-read the item. Not in
+    /// Apple's protocol; the default calls ``presentedItemDidChange()``.
+    func presentedItemDidLoseEvents() async
 }
 
 /// Runs after the access a presenter relinquished its item for.
@@ -107,4 +118,5 @@ extension FilePresenter {
     public func presentedSubitemDidChange(at url: URL) async {}
     public func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {}
     public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
+    public func presentedItemDidLoseEvents() async { await presentedItemDidChange() }
 }

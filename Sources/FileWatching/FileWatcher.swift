@@ -134,6 +134,22 @@ public final class FileWatcher: AsyncSequence, Sendable {
         _ = try? await runOnIOThread { _ = cookie.withPlatformString { unlink($0) } }
     }
 
+    /// The next event with its sequence number (for the coordination module's presenter
+    /// watching, which drops the events of writes it has already reported).
+    @_spi(FileCoordinationInternal)
+    public func nextSequenced() async throws -> (FileEvent, UInt64)? {
+        guard let event = try await tree.next() else { return nil }
+        return (event, tree.lastSequence)
+    }
+
+    /// Syncs, then returns the sequence number up to which every event caused before the
+    /// call has been buffered.
+    @_spi(FileCoordinationInternal)
+    public func syncMark() async throws -> UInt64 {
+        try await sync()
+        return tree.appendedCount
+    }
+
     /// Stops watching: the watches are removed and the sequence ends.
     public func cancel() {
         tree.stop()
@@ -171,6 +187,26 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     let syncDirectory: FilePath
 
     static let cookiePrefix: [UInt8] = Array(".filecoord-sync-".utf8)
+    static let temporaryMarker: [UInt8] = Array(".filecoord-".utf8)
+
+    /// Transient names that are not entries: sync cookies, the temporaries atomic writes
+    /// rename into place (`.NAME.filecoord-PID-N-R`), and unnamed `O_TMPFILE`s being
+    /// written (`#INODE`). Watchers never report them.
+    static func isInternal(_ name: [UInt8]) -> Bool {
+        // An unnamed O_TMPFILE being written shows up as `#<inode number>`: not an entry.
+        if name.count > 1, name.first == UInt8(ascii: "#"),
+           name.dropFirst().allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") })
+        {
+            return true
+        }
+        guard name.first == UInt8(ascii: "."), name.count > temporaryMarker.count else { return false }
+        if name.starts(with: cookiePrefix) { return true }
+        let marker = temporaryMarker
+        for start in 1 ... (name.count - marker.count) where name[start] == marker[0] {
+            if name[start ..< start + marker.count].elementsEqual(marker) { return true }
+        }
+        return false
+    }
     static let mask = UInt32(IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO
         | IN_DELETE_SELF | IN_MOVE_SELF) | UInt32(IN_DONT_FOLLOW) | UInt32(IN_EXCL_UNLINK)
 
@@ -178,6 +214,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     private struct Buffer {
         var events: [FileEvent] = []
+        /// The sequence number of each buffered event (events appended so far, counting up).
+        var sequences: [UInt64] = []
+        var appended: UInt64 = 0
         var head = 0
         var lost = false
         var finished = false
@@ -191,6 +230,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     // MARK: Owned by the watcher thread
 
     private var watches: [Int32: FilePath] = [:]
+    /// The watched file's current name (a file watcher follows renames within its directory).
+    private var currentRoot: FilePath
     private var known: Set<[UInt8]> = []
     private var directories: Set<[UInt8]> = []
     private var stopped = false
@@ -201,6 +242,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         self.recursive = recursive
         self.bufferLimit = bufferLimit
         syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
+        currentRoot = root
     }
 
     /// Adds the first watches and learns the tree, on the watcher thread.
@@ -224,16 +266,18 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     }
 
     func stop() {
-        let waiter = buffer.withLock { buffer -> CheckedContinuation<Void, Never>? in
-            guard !buffer.finished else { return nil }
+        let (waiter, cookies) = buffer.withLock { buffer -> (CheckedContinuation<Void, Never>?, [CheckedContinuation<Void, any Error>]) in
+            guard !buffer.finished else { return (nil, []) }
             buffer.finished = true
-            defer { buffer.waiter = nil }
-            return buffer.waiter
+            defer { buffer.waiter = nil; buffer.cookies.removeAll() }
+            return (buffer.waiter, Array(buffer.cookies.values))
         }
         waiter?.resume()
+        // A sync can no longer complete: its cookie will not be seen.
+        for cookie in cookies { cookie.resume(throwing: CancellationError()) }
         InotifyThread.shared.perform { thread in
             self.stopped = true
-            for wd in self.watches.keys { thread.removeWatch(wd) }
+            for wd in self.watches.keys { thread.removeWatch(wd, client: self) }
             self.watches.removeAll()
         }
     }
@@ -253,14 +297,26 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     // MARK: Consumer side
 
+    /// The sequence number of the event `next()` returned last (one consumer).
+    private(set) nonisolated(unsafe) var lastSequence: UInt64 = 0
+
+    /// How many events have been put into the buffer so far: after `sync()`, every
+    /// event caused before it has a sequence number up to this.
+    var appendedCount: UInt64 { buffer.withLock { $0.appended } }
+
     func next() async throws -> FileEvent? {
         while true {
             try Task.checkCancellation()
             let event: FileEvent?? = buffer.withLock { buffer in
                 if buffer.count > 0 {
                     let event = buffer.events[buffer.head]
+                    lastSequence = buffer.sequences[buffer.head]
                     buffer.head += 1
-                    if buffer.head == buffer.events.count { buffer.events.removeAll(keepingCapacity: true); buffer.head = 0 }
+                    if buffer.head == buffer.events.count {
+                        buffer.events.removeAll(keepingCapacity: true)
+                        buffer.sequences.removeAll(keepingCapacity: true)
+                        buffer.head = 0
+                    }
                     return .some(event)
                 }
                 if buffer.lost {
@@ -295,6 +351,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         buffer.withLock { buffer in
             var events = Array(buffer.events[buffer.head...])
             buffer.events.removeAll(keepingCapacity: true)
+            buffer.sequences.removeAll(keepingCapacity: true)
             buffer.head = 0
             if buffer.lost {
                 buffer.lost = false
@@ -305,7 +362,12 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     }
 
     func expectCookie(_ name: String, _ continuation: CheckedContinuation<Void, any Error>) {
-        buffer.withLock { $0.cookies[name] = continuation }
+        let stopped = buffer.withLock { buffer in
+            if buffer.finished { return true }
+            buffer.cookies[name] = continuation
+            return false
+        }
+        if stopped { continuation.resume(throwing: CancellationError()) }
     }
 
     func failCookie(_ name: String, _ error: any Error) {
@@ -323,7 +385,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             if buffer.count >= bufferLimit {
                 buffer.lost = true
             } else {
+                buffer.appended += 1
                 buffer.events.append(event)
+                buffer.sequences.append(buffer.appended)
             }
             defer { buffer.waiter = nil }
             return buffer.waiter
@@ -341,6 +405,17 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             let source = fromDirectory.appending(Self.component(from.name))
             let destination = toDirectory.appending(Self.component(to.name))
             let isDirectory = from.mask & UInt32(IN_ISDIR) != 0
+            if Self.isInternal(from.name) {
+                // An atomic write renaming its temporary into place: the destination
+                // appeared, or changed.
+                guard concerns(destination) else { return }
+                if known.insert(Self.bytes(destination)).inserted {
+                    emit(FileEvent(.created, destination, isDirectory: isDirectory))
+                } else {
+                    emit(FileEvent(.modified, destination, isDirectory: isDirectory))
+                }
+                return
+            }
             let (sourceInside, destinationInside) = (concerns(source), concerns(destination))
             if sourceInside && destinationInside {
                 renameKnown(from: source, to: destination, isDirectory: isDirectory)
@@ -349,6 +424,15 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                 // The watched file was replaced by a rename (an editor's save): it changed.
                 known.insert(Self.bytes(destination))
                 emit(FileEvent(.modified, destination))
+            } else if !rootIsDirectory && sourceInside {
+                // The watched file itself was renamed: it lives on under the new name, and
+                // within its directory the watcher follows it there.
+                known.remove(Self.bytes(source))
+                if destination.removingLastComponent() == syncDirectory {
+                    currentRoot = destination
+                    known.insert(Self.bytes(destination))
+                }
+                emit(FileEvent(.moved, source, destination: destination))
             } else if sourceInside {
                 forget(source, isDirectory: isDirectory, thread: thread)
                 emit(FileEvent(.deleted, source, isDirectory: isDirectory))
@@ -383,6 +467,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             }
             return
         }
+        if Self.isInternal(event.name) { return }
         let path = directory.appending(Self.component(event.name))
         guard concerns(path) else { return }
         let isDirectory = mask & UInt32(IN_ISDIR) != 0
@@ -401,7 +486,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// Whether `path` is something this watcher reports on.
     private func concerns(_ path: FilePath) -> Bool {
         if rootIsDirectory { return path.starts(with: root) && path != root }
-        return path == root
+        return path == currentRoot
     }
 
     /// A new item: report it; a new directory is watched first, then listed, so that what
@@ -426,7 +511,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private func scan(_ directory: FilePath, report: Bool, thread: InotifyThread.OnThread) {
         for (name, isDirectory) in Self.list(directory) {
             let path = directory.appending(Self.component(name))
-            if name.starts(with: Self.cookiePrefix) { continue }
+            if Self.isInternal(name) { continue }
             if known.insert(Self.bytes(path)).inserted, report {
                 emit(FileEvent(.created, path, isDirectory: isDirectory))
             }
@@ -445,7 +530,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         guard isDirectory else { return }
         directories = directories.filter { !Self.isAtOrInside($0, prefix) }
         for (wd, watched) in watches where Self.isAtOrInside(Self.bytes(watched), prefix) {
-            thread.removeWatch(wd)
+            thread.removeWatch(wd, client: self)
             watches[wd] = nil
         }
     }

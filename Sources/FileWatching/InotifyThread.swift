@@ -65,9 +65,9 @@ final class InotifyThread: @unchecked Sendable {
             owner.addWatchOnThread(path, mask: mask, client: client)
         }
 
-        /// Removes a watch; its client hears nothing more from it.
-        func removeWatch(_ wd: Int32) {
-            if owner.clients.removeValue(forKey: wd) != nil { _ = inotifytools_remove_watch_by_wd(wd) }
+        /// Ends `client`'s interest in a watch; the watch itself goes when no client is left.
+        func removeWatch(_ wd: Int32, client: any InotifyClient) {
+            owner.removeClient(client, from: wd)
         }
 
         /// Watches held for callers (the doorbell excluded).
@@ -96,8 +96,10 @@ final class InotifyThread: @unchecked Sendable {
     private let doorbell: Int32
     private let startupError: FileCoordinationError?
 
-    /// The thread's own state: touched only on the thread.
-    private var clients: [Int32: any InotifyClient] = [:]
+    /// The thread's own state: touched only on the thread. inotify gives the same
+    /// descriptor to every watch of one inode, so several clients can share one.
+    private var clients: [Int32: [any InotifyClient]] = [:]
+    private var masks: [Int32: UInt32] = [:]
     private var doorbellWatch: Int32 = -1
 
     /// At most 15 bytes: the kernel truncates longer thread names.
@@ -219,7 +221,7 @@ final class InotifyThread: @unchecked Sendable {
             }
             if event.isOverflow {
                 var seen = Set<ObjectIdentifier>()
-                for client in clients.values where seen.insert(ObjectIdentifier(client)).inserted {
+                for client in clients.values.joined() where seen.insert(ObjectIdentifier(client)).inserted {
                     client.handle(.overflow, thread: OnThread(owner: self))
                 }
                 continue
@@ -241,26 +243,50 @@ final class InotifyThread: @unchecked Sendable {
     }
 
     private func deliver(_ event: InotifyEvent) {
-        clients[event.wd]?.handle(.event(event), thread: OnThread(owner: self))
-        if event.mask & UInt32(IN_IGNORED) != 0 { clients[event.wd] = nil }
+        for client in clients[event.wd] ?? [] { client.handle(.event(event), thread: OnThread(owner: self)) }
+        if event.mask & UInt32(IN_IGNORED) != 0 {
+            clients[event.wd] = nil
+            masks[event.wd] = nil
+        }
     }
 
     private func deliverMove(from: InotifyEvent, to: InotifyEvent) {
-        let source = clients[from.wd], destination = clients[to.wd]
-        if let source, let destination, source === destination {
-            source.handle(.move(from: from, to: to), thread: OnThread(owner: self))
+        let sources = clients[from.wd] ?? [], destinations = clients[to.wd] ?? []
+        for client in sources {
+            if destinations.contains(where: { $0 === client }) {
+                client.handle(.move(from: from, to: to), thread: OnThread(owner: self))
+            } else {
+                client.handle(.event(from), thread: OnThread(owner: self))
+            }
+        }
+        for client in destinations where !sources.contains(where: { $0 === client }) {
+            client.handle(.event(to), thread: OnThread(owner: self))
+        }
+    }
+
+    fileprivate func removeClient(_ client: any InotifyClient, from wd: Int32) {
+        guard var list = clients[wd], let index = list.firstIndex(where: { $0 === client }) else { return }
+        list.remove(at: index)
+        if list.isEmpty {
+            clients[wd] = nil
+            masks[wd] = nil
+            _ = inotifytools_remove_watch_by_wd(wd)
         } else {
-            source?.handle(.event(from), thread: OnThread(owner: self))
-            destination?.handle(.event(to), thread: OnThread(owner: self))
+            clients[wd] = list
         }
     }
 
     fileprivate func addWatchOnThread(_ path: FilePath, mask: UInt32, client: any InotifyClient) -> Result<Int32, FileCoordinationError> {
+        // A second watch of the same inode returns the same descriptor and replaces its
+        // mask: ask for the union of every client's mask.
+        let existing = path.withPlatformString { Self.watchDescriptor(of: $0) }
+        let combined = mask | (existing > 0 ? masks[existing] ?? 0 : 0)
         let wd = path.withPlatformString { name in
-            inotifytools_watch_file(name, Int32(bitPattern: mask)) != 0 ? Self.watchDescriptor(of: name) : -1
+            inotifytools_watch_file(name, Int32(bitPattern: combined)) != 0 ? Self.watchDescriptor(of: name) : -1
         }
         guard wd > 0 else { return .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))) }
-        clients[wd] = client
+        masks[wd] = (masks[wd] ?? 0) | combined
+        clients[wd, default: []].append(client)
         return .success(wd)
     }
 
@@ -286,7 +312,8 @@ final class InotifyThread: @unchecked Sendable {
             case .add(let path, let mask, let handler, let continuation):
                 continuation.resume(returning: addWatchOnThread(path, mask: mask, client: ClosureClient(handler)))
             case .remove(let wd, let continuation):
-                OnThread(owner: self).removeWatch(wd)
+                // The closure API: its client is the only one of its kind on this descriptor.
+                if let client = clients[wd]?.first(where: { $0 is ClosureClient }) { removeClient(client, from: wd) }
                 continuation.resume()
             case .perform(let body):
                 body(OnThread(owner: self))

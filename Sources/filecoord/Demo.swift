@@ -105,7 +105,7 @@ struct Demo: AsyncParsableCommand {
         let url = root.appending("shared.txt").fileURL
         try await Data("draft".utf8).asyncWrite(to: url)
         let presenter = DemoPresenter(url: url) { say("   presenter: \($0)") }
-        FileCoordinator.addFilePresenter(presenter)
+        await FileCoordinator.addFilePresenter(presenter)
         defer { FileCoordinator.removeFilePresenter(presenter) }
 
         let readerHolding = AsyncStream.makeStream(of: Void.self)

@@ -5,10 +5,37 @@ import Testing
 
 /// A shared, ordered log of what presenters and accessors did.
 final class EventLog: Sendable {
-    private let events = Mutex<[String]>([])
-    func append(_ event: String) { events.withLock { $0.append(event) } }
-    var all: [String] { events.withLock { $0 } }
-    func clear() { events.withLock { $0.removeAll() } }
+    private struct State {
+        var events: [String] = []
+        var waiters: [(event: String, count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+    }
+    private let state = Mutex(State())
+
+    func append(_ event: String) {
+        let ready = state.withLock { state in
+            state.events.append(event)
+            let seen = state.events.filter { $0 == event }.count
+            let matched = state.waiters.filter { $0.event == event && $0.count <= seen }
+            state.waiters.removeAll { $0.event == event && $0.count <= seen }
+            return matched.map(\.continuation)
+        }
+        for continuation in ready { continuation.resume() }
+    }
+
+    var all: [String] { state.withLock { $0.events } }
+    func clear() { state.withLock { $0.events.removeAll() } }
+
+    /// Suspends until `event` has been logged `count` times (at once if it already was).
+    func waitFor(_ event: String, count: Int = 1) async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state in
+                if state.events.filter({ $0 == event }).count >= count { return true }
+                state.waiters.append((event, count, continuation))
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
 }
 
 /// A presenter that logs every callback as "NAME:callback[:detail]".
@@ -93,7 +120,7 @@ final class Sandbox: Sendable {
 /// Registers presenters for the duration of `body`.
 func withPresenters<T>(_ presenters: [any FilePresenter], isolation: isolated (any Actor)? = #isolation,
                        _ body: () async throws -> T) async rethrows -> T {
-    for presenter in presenters { FileCoordinator.addFilePresenter(presenter) }
+    for presenter in presenters { await FileCoordinator.addFilePresenter(presenter) }
     defer { for presenter in presenters { FileCoordinator.removeFilePresenter(presenter) } }
     return try await body()
 }

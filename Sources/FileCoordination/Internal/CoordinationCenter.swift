@@ -135,6 +135,24 @@ final class CoordinationCenter: Sendable {
 
     // MARK: Presenters
 
+    /// The watch of each registered presenter's item (changes made outside coordination).
+    private let watches = Mutex<[ObjectIdentifier: PresenterWatch]>([:])
+
+    /// Registers a presenter and starts watching its item; returns the watch, to await
+    /// its start where the caller wants to.
+    @discardableResult
+    func addPresenterWatching(_ presenter: any FilePresenter, at path: FilePath) -> PresenterWatch {
+        addPresenter(presenter, at: path)
+        let watch = PresenterWatch(presenter: presenter, center: self)
+        let previous = watches.withLock { $0.updateValue(watch, forKey: ObjectIdentifier(presenter)) }
+        previous?.stop()
+        return watch
+    }
+
+    func watch(of id: ObjectIdentifier) -> PresenterWatch? {
+        watches.withLock { $0[id] }
+    }
+
     func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
         state.withLock { state in
             state.presenters.add(presenter, at: path)
@@ -144,6 +162,7 @@ final class CoordinationCenter: Sendable {
     }
 
     func removePresenter(_ presenter: any FilePresenter) {
+        watches.withLock { $0.removeValue(forKey: ObjectIdentifier(presenter)) }?.stop()
         state.withLock { state in
             state.presenters.remove(ObjectIdentifier(presenter))
             presenterCount.store(state.presenters.count, ordering: .releasing)

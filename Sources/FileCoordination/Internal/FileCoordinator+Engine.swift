@@ -91,13 +91,16 @@ final class CoordinationSession: Sendable {
     let items: [Item]
     let reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]
     let context: CoordinationContext
+    /// Presenter watches told to drop this write's own inotify events, until `finish`.
+    let suppressions: [(PresenterWatch, Int)]
 
     init(request: CoordinationRules.RequestID?, items: [Item], reacquirers: [(PresenterRegistry.Entry, FileReacquirer)],
-         context: CoordinationContext) {
+         context: CoordinationContext, suppressions: [(PresenterWatch, Int)] = []) {
         self.request = request
         self.items = items
         self.reacquirers = reacquirers
         self.context = context
+        self.suppressions = suppressions
     }
 
     var urls: [URL] { items.map(\.url) }
@@ -206,8 +209,10 @@ extension FileCoordinator {
                 throw error
             }
             let session = CoordinationSession(request: id, items: recorded, reacquirers: reacquirers,
-                                              context: CoordinationContext(coordinator: self))
+                                              context: CoordinationContext(coordinator: self),
+                                              suppressions: beginSuppressing(items))
             if Task.isCancelled || cancellations.load(ordering: .relaxed) != generation {
+                for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
                 await runReacquirers(session.reacquirers)
                 if Task.isCancelled { throw CancellationError() }
                 throw FileCoordinationError(code: .cancelled, path: items.first?.path, operation: "coordinate",
@@ -243,10 +248,28 @@ extension FileCoordinator {
                 }
             }
         }
+        // The write's own inotify events are in the presenters' watches by now: stop
+        // dropping that path's events after them.
+        for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
         messages += session.context.takeDeferred()
         await deliver(messages)
         await runReacquirers(session.reacquirers)
         if let request = session.request { center.release(request) }
+    }
+
+    /// Presenters watching written items would see the write again through inotify (the
+    /// writer's own presenter included): their watches drop those events from now until
+    /// `finish`, which reports the write itself.
+    private func beginSuppressing(_ items: [CoordinationSession.Item]) -> [(PresenterWatch, Int)] {
+        guard center.hasPresenters else { return [] }
+        var result: [(PresenterWatch, Int)] = []
+        for item in items where item.isWrite {
+            let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: nil)
+            for entry in concerned.item + concerned.containers + concerned.inside {
+                if let watch = center.watch(of: entry.id) { result.append((watch, watch.beginSuppressing(item.path))) }
+            }
+        }
+        return result
     }
 
     // MARK: Presenters before the access

@@ -1,0 +1,146 @@
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemPackage
+
+/// Watches a registered presenter's item for changes made outside coordination and turns
+/// them into the presenter's callbacks, one at a time, in the order they happened.
+///
+/// Coordinated writes the presenter was already told about (or made itself) are not
+/// echoed: after such a write the coordinator calls ``suppress(_:)``, which syncs the
+/// watcher and drops that path's events up to the sync point.
+final class PresenterWatch: Sendable {
+    private let presenter: any FilePresenter
+    private let center: CoordinationCenter
+    private let state: Mutex<State>
+
+    private struct State {
+        var watcher: FileWatcher?
+        var consumer: Task<Void, Never>?
+        var suppressed: [(token: Int, path: FilePath, upTo: UInt64)] = []
+        var nextToken = 0
+        var stopped = false
+    }
+
+    init(presenter: any FilePresenter, center: CoordinationCenter) {
+        self.presenter = presenter
+        self.center = center
+        state = Mutex(State())
+    }
+
+    /// Starts watching `path` (recursively for a directory). A failure (a watch limit, a
+    /// missing item) is logged; coordination works without it.
+    func start(at path: FilePath) async {
+        do {
+            let watcher = try await FileWatcher(watching: path, recursive: true)
+            let consumer = Task { await self.consume(watcher, item: path) }
+            let keep = state.withLock { state -> Bool in
+                guard !state.stopped else { return false }
+                state.watcher?.cancel()
+                state.consumer?.cancel()
+                state.watcher = watcher
+                state.consumer = consumer
+                return true
+            }
+            if !keep {
+                watcher.cancel()
+                consumer.cancel()
+            }
+        } catch {
+            PresenterMessenger.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
+                                              metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+    }
+
+    func stop() {
+        let (watcher, consumer) = state.withLock { state in
+            state.stopped = true
+            defer { state.watcher = nil; state.consumer = nil }
+            return (state.watcher, state.consumer)
+        }
+        watcher?.cancel()
+        consumer?.cancel()
+    }
+
+    /// Drops the events of `path` (and inside it) caused until now: a coordination has
+    /// reported them already.
+    func suppress(_ path: FilePath) async {
+        await endSuppressing(beginSuppressing(path))
+    }
+
+    /// Starts dropping the events of `path` (and inside it), before a coordinated write
+    /// runs; ``endSuppressing(_:)`` ends it once the write's own events are in.
+    func beginSuppressing(_ path: FilePath) -> Int {
+        state.withLock { state in
+            state.nextToken += 1
+            state.suppressed.append((state.nextToken, path, .max))
+            return state.nextToken
+        }
+    }
+
+    /// Syncs the watcher, then keeps dropping the path's events only up to that point.
+    func endSuppressing(_ token: Int) async {
+        let watcher = state.withLock { $0.watcher }
+        let mark = (try? await watcher?.syncMark()) ?? 0
+        state.withLock { state in
+            if let index = state.suppressed.firstIndex(where: { $0.token == token }) { state.suppressed[index].upTo = mark }
+        }
+    }
+
+    private func isSuppressed(_ event: FileEvent, sequence: UInt64) -> Bool {
+        state.withLock { state in
+            state.suppressed.removeAll { $0.upTo < sequence }
+            return state.suppressed.contains { entry in
+                event.path.starts(with: entry.path) || (event.destination?.starts(with: entry.path) ?? false)
+            }
+        }
+    }
+
+    private func consume(_ watcher: FileWatcher, item start: FilePath) async {
+        var item = start
+        let presenter = self.presenter
+        let policy = PresenterTimeoutPolicy.default
+        let entry = PresenterRegistry.Entry(presenter: presenter, path: item)
+        func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
+            _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
+        }
+        while let (event, sequence) = try? await watcher.nextSequenced() {
+            if isSuppressed(event, sequence: sequence) {
+                // Already reported by a coordinated move; the watcher follows the item.
+                if event.kind == .moved, event.path == item, let destination = event.destination { item = destination }
+                continue
+            }
+            let url = event.path.fileURL
+            if event.path == item || event.kind == .resync {
+                switch event.kind {
+                case .modified, .attributesChanged, .created:
+                    await call("presentedItemDidChange()") { await presenter.presentedItemDidChange() }
+                case .resync:
+                    await call("presentedItemDidLoseEvents()") { await presenter.presentedItemDidLoseEvents() }
+                case .deleted:
+                    await call("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
+                case .moved:
+                    guard let destination = event.destination else { continue }
+                    _ = center.move(from: item, to: destination)
+                    let newURL = destination.fileURL
+                    item = destination
+                    await call("presentedItemDidMove(to:)") { await presenter.presentedItemDidMove(to: newURL) }
+                }
+                continue
+            }
+            switch event.kind {
+            case .created:
+                await call("presentedSubitemDidAppear(at:)") { await presenter.presentedSubitemDidAppear(at: url) }
+            case .modified, .attributesChanged:
+                await call("presentedSubitemDidChange(at:)") { await presenter.presentedSubitemDidChange(at: url) }
+            case .moved:
+                guard let destination = event.destination?.fileURL else { continue }
+                await call("presentedSubitem(at:didMoveTo:)") { await presenter.presentedSubitem(at: url, didMoveTo: destination) }
+            case .deleted:
+                await call("accommodatePresentedSubitemDeletion(at:)") { try await presenter.accommodatePresentedSubitemDeletion(at: url) }
+            case .resync:
+                break
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+import Foundation
+import Testing
+@testable import FileCoordination
+
+/// Changes made by programs that never coordinate reach registered presenters.
+@Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(1)))
+struct UncoordinatedChangeTests {
+    static func shell(_ script: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", script]
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(script)")
+    }
+
+    @Test("a file: an append, an editor's save by rename, a move and a deletion")
+    func filePresenter() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("notes.txt", "v1")
+        let presenter = Recorder("P", url: file, log: log)
+        try await withPresenters([presenter]) {
+            try Self.shell("printf more >> '\(file.path)'")
+            await log.waitFor("P:didChange")
+            log.clear()
+            try Self.shell("cd '\(box.url.path)' && printf v2 > .notes.txt.swp && mv .notes.txt.swp notes.txt")
+            await log.waitFor("P:didChange")
+            #expect(!log.all.contains("P:accommodateDeletion"), "a save by rename is a change, not a deletion")
+            let moved = box.url.appendingPathComponent("renamed.txt")
+            try Self.shell("mv '\(file.path)' '\(moved.path)'")
+            await log.waitFor("P:didMove:\(moved.path)")
+            #expect(presenter.presentedItemURL == moved)
+            try Self.shell("rm '\(moved.path)'")
+            await log.waitFor("P:accommodateDeletion")
+        }
+    }
+
+    @Test("a directory: subitems appear, change, move and go")
+    func directoryPresenter() async throws {
+        let box = Sandbox(), log = EventLog()
+        let folder = box.directory("project")
+        try await withPresenters([Recorder("D", url: folder, log: log)]) {
+            try Self.shell("cd '\(folder.path)' && mkdir -p src/deep && printf x > src/deep/a.c")
+            await log.waitFor("D:subitemDidAppear:a.c")
+            try Self.shell("printf y >> '\(folder.path)/src/deep/a.c'")
+            await log.waitFor("D:subitemDidChange:a.c")
+            try Self.shell("mv '\(folder.path)/src/deep/a.c' '\(folder.path)/src/b.c'")
+            await log.waitFor("D:subitemDidMove:a.c->b.c")
+            try Self.shell("rm -rf '\(folder.path)/src'")
+            await log.waitFor("D:accommodateSubitemDeletion:src")
+        }
+    }
+
+    @Test("a coordinated write is not echoed by the watch, to other presenters or the writer's own")
+    func noEcho() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("doc.txt")
+        let own = Recorder("O", url: box.file("own.txt"), log: log)
+        try await withPresenters([Recorder("P", url: file, log: log), own]) {
+            try await FileCoordinator().coordinate(writingItemAt: file) { url in
+                try await Data("coordinated".utf8).asyncWrite(to: url)
+            }
+            try await FileCoordinator(filePresenter: own).coordinate(writingItemAt: own.presentedItemURL!) { url in
+                try await Data("mine".utf8).asyncWrite(to: url)
+            }
+            // An uncoordinated change afterwards: its didChange is the second one, and
+            // nothing was heard in between (the watch's copies of the writes were dropped).
+            try Self.shell("printf z >> '\(file.path)'")
+            await log.waitFor("P:didChange", count: 2)
+            try await Task.sleep(for: .milliseconds(100)) // ok: gives a stray echo time to show up
+            #expect(log.all.filter { $0 == "P:didChange" }.count == 2)
+            #expect(log.all.filter { $0.hasPrefix("P:") } == ["P:relinquishToWriter", "P:save", "P:didChange", "P:reacquire", "P:didChange"])
+            #expect(!log.all.contains { $0.hasPrefix("O:") }, "the writer's own presenter hears nothing of its write")
+        }
+    }
+}
