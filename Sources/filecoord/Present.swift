@@ -1,0 +1,127 @@
+import ArgumentParser
+import FileCoordination
+import Foundation
+
+struct Present: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Present a file or directory and print every callback until SIGINT or SIGTERM.",
+        discussion: """
+            Registers a presenter for PATH (a file, or a directory covering its whole subtree). \
+            It hears changes made by any program, coordinated or not. The first line is \
+            "ready", printed once the presenter is registered and its watches are in place. \
+            With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}. \
+            (Coordinated requests from other processes arrive with the coordination space.)
+            """
+    )
+
+    @Argument(help: "The file or directory to present.")
+    var path: String
+
+    @Flag(help: "Print one JSON object per line.")
+    var json = false
+
+    @Option(name: .customLong("ack-delay"), help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "MS"))
+    var ackDelay = 0
+
+    @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
+    var refuseWriters = false
+
+    func run() async throws {
+        let target = RawArguments.path(path)
+        guard FileManager.default.fileExists(atPath: target.string) else {
+            Output.report(FileCoordinationError("stat", errno: .noSuchFileOrDirectory, path: target))
+            throw Status.failed
+        }
+        let printer = EventPrinter(json: json)
+        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
+                                          refuseWriters: refuseWriters)
+        // Signals end the session cleanly: unregister, exit 0.
+        signal(SIGINT, SIG_IGN)
+        signal(SIGTERM, SIG_IGN)
+        let stop = AsyncStream.makeStream(of: Void.self)
+        let sources = [SIGINT, SIGTERM].map { number in
+            let source = DispatchSource.makeSignalSource(signal: number)
+            source.setEventHandler { stop.continuation.yield() }
+            source.resume()
+            return source
+        }
+        await FileCoordinator.addFilePresenter(presenter)
+        printer.print("ready", target)
+        for await _ in stop.stream { break }
+        FileCoordinator.removeFilePresenter(presenter)
+        sources.forEach { $0.cancel() }
+    }
+}
+
+/// Prints presenter callbacks, one line each, in text or JSON.
+final class EventPrinter: Sendable {
+    let json: Bool
+    init(json: Bool) { self.json = json }
+
+    func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil) {
+        let time = Date().timeIntervalSince1970
+        var line: String
+        if json {
+            line = #"{"event":"\#(event)","path":\#(jsonString(path.string))"#
+            if let destination { line += #","to":\#(jsonString(destination.string))"# }
+            line += #","pid":\#(getpid()),"time":\#(String(format: "%.6f", time))}"#
+        } else {
+            line = "\(event) \(path)" + (destination.map { " -> \($0)" } ?? "")
+        }
+        Output.writeStandardOutput(Array((line + "\n").utf8))
+    }
+
+    private func jsonString(_ text: String) -> String {
+        let data = (try? JSONSerialization.data(withJSONObject: [text])) ?? Data("[\"\"]".utf8)
+        let array = String(decoding: data, as: UTF8.self)
+        return String(array.dropFirst().dropLast())
+    }
+}
+
+/// The CLI's presenter: reports every callback, can delay or refuse relinquishing.
+final class PrintingPresenter: FilePresenter {
+    let presentedItemURL: URL?
+    let printer: EventPrinter
+    let ackDelay: Duration
+    let refuseWriters: Bool
+
+    init(url: URL, printer: EventPrinter, ackDelay: Duration, refuseWriters: Bool) {
+        presentedItemURL = url
+        self.printer = printer
+        self.ackDelay = ackDelay
+        self.refuseWriters = refuseWriters
+    }
+
+    struct Refused: Error, CustomStringConvertible {
+        let path: String
+        var description: String { "filecoord present refuses writers of \(path)" }
+    }
+
+    private var path: FilePath { (try? FilePath(fileURL: presentedItemURL!)) ?? FilePath("") }
+    private func path(_ url: URL) -> FilePath { (try? FilePath(fileURL: url)) ?? FilePath(url.path) }
+
+    func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
+        printer.print("relinquishToReader", path(reader.url))
+        if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
+        return { [printer, path] in printer.print("reacquire", path) }
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        printer.print("relinquishToWriter", path(writer.url))
+        if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
+        if refuseWriters { throw Refused(path: path.string) }
+        return { [printer, path] in printer.print("reacquire", path) }
+    }
+
+    func savePresentedItemChanges() async throws { printer.print("save", path) }
+    func accommodatePresentedItemDeletion() async throws { printer.print("accommodateDeletion", path) }
+    func presentedItemDidMove(to newURL: URL) async { printer.print("didMove", path, to: path(newURL)) }
+    func presentedItemDidChange() async { printer.print("didChange", path) }
+    func presentedItemDidLoseEvents() async { printer.print("resync", path) }
+    func presentedSubitemDidAppear(at url: URL) async { printer.print("subitemDidAppear", path(url)) }
+    func presentedSubitemDidChange(at url: URL) async { printer.print("subitemDidChange", path(url)) }
+    func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {
+        printer.print("subitemDidMove", path(oldURL), to: path(newURL))
+    }
+    func accommodatePresentedSubitemDeletion(at url: URL) async throws { printer.print("accommodateSubitemDeletion", path(url)) }
+}

@@ -1,0 +1,76 @@
+import Foundation
+import Testing
+
+/// A running `filecoord present`, its stdout as lines.
+final class PresentProcess: @unchecked Sendable {
+    let process = Process()
+    let lines: AsyncStream<String>
+
+    init(_ arguments: [String]) throws {
+        process.executableURL = URL(fileURLWithPath: filecoordBinary)
+        process.arguments = ["present"] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
+        lines = stream
+        try process.run()
+        let handle = output.fileHandleForReading
+        Thread.detachNewThread {
+            var pending = Data()
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: 0x0A) {
+                    continuation.yield(String(decoding: pending[..<newline], as: UTF8.self))
+                    pending.removeSubrange(...newline)
+                }
+            }
+            continuation.finish()
+        }
+    }
+
+    /// Stops it with SIGTERM; returns its exit status.
+    func terminate() async -> Int32 {
+        process.terminate()
+        return await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [process] in
+                process.waitUntilExit()
+                continuation.resume(returning: process.terminationStatus)
+            }
+        }
+    }
+}
+
+@Suite("filecoord present")
+struct PresentCommandTests {
+    @Test("prints ready, then JSON lines for changes made by any program, and exits 0 on SIGTERM")
+    func presentDirectory() async throws {
+        let scratch = Scratch()
+        let present = try PresentProcess([scratch.path, "--json"])
+        var lines = present.lines.makeAsyncIterator()
+        let ready = try #require(await lines.next())
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(ready.utf8)) as? [String: Any])
+        #expect(object["event"] as? String == "ready")
+        #expect(object["path"] as? String == scratch.path)
+        #expect(object["pid"] is Int && object["time"] is Double)
+
+        _ = try await shell("cd '\(scratch.path)' && printf a > new.txt && mv new.txt renamed.txt && rm renamed.txt")
+        var events: [String] = []
+        while events.count < 4, let line = await lines.next() {
+            let event = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            events.append("\(event["event"]!) \((event["path"] as? String ?? "").split(separator: "/").last!)\((event["to"] as? String).map { " " + $0.split(separator: "/").last! } ?? "")")
+        }
+        // Created, then written (printf opens, then writes), renamed, removed.
+        #expect(events == ["subitemDidAppear new.txt", "subitemDidChange new.txt", "subitemDidMove new.txt renamed.txt",
+                           "accommodateSubitemDeletion renamed.txt"])
+        #expect(await present.terminate() == 0)
+    }
+
+    @Test("a path that does not exist is a one-line error, exit 1")
+    func missing() async throws {
+        let result = try await filecoord("present", "/nonexistent-\(UInt32.random(in: 0 ... .max))")
+        #expect(result.status == 1)
+        #expect(result.errorText.contains("No such file or directory (ENOENT)"))
+    }
+}
