@@ -134,26 +134,6 @@ enum FileOperations {
         return .success(data)
     }
 
-    static func readUnrecycled(fd: Int32, path: FilePath?, offset: Int64?, count: Int) -> Result<Data, FileCoordinationError> {
-        guard count > 0 else { return .success(Data()) }
-        guard let buffer = malloc(count) else { return .failure(tooLarge(path, limit: count)) }
-        var got = 0
-        while got < count {
-            let step = offset.map { Syscall.pread(fd, buffer + got, count - got, $0 + Int64(got)) }
-                ?? Syscall.read(fd, buffer + got, count - got)
-            switch step {
-            case .success(0):
-                return .success(data(buffer, count: got))
-            case .success(let n):
-                got += n
-            case .failure(let errno):
-                free(buffer)
-                return .failure(FileCoordinationError("read", errno: errno, path: path))
-            }
-        }
-        return .success(data(buffer, count: got))
-    }
-
     /// Reads until end of file into a growing buffer, failing once more than
     /// `maximumSize` bytes arrive (so `/dev/zero` ends with an error, not an exhausted heap).
     static func readUntilEnd(fd: Int32, path: FilePath?, offset: Int64?, initialCapacity: Int,
