@@ -40,6 +40,8 @@ demo: deps
 
 # The benchmark is its own package (it builds swift-nio for the peer comparison).
 bench: deps
+	@command -v inotifywait >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
 	.build-bench/release/filecoord-bench
 

@@ -37,7 +37,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "watch"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -329,6 +329,88 @@ func runCoordination(_ paths: [String]) async throws {
     print(String(format: "  64 tasks reading one item, coordinated         %8.0f reads/s   %.2fx (readers are not serialized when close to 1)", c, c / p))
 }
 
+/// Issue 5's figures: change-to-event latency, a burst, and a 10,000-directory tree
+/// beside `inotifywait -r` on the same tree.
+func runWatch() async throws {
+    let root = FilePath(NSTemporaryDirectory()).appending("filecoord-bench-watch-\(getpid())")
+    try FileManager.default.createDirectory(atPath: root.string, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(atPath: root.string) }
+    func now() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
+
+    // Latency: write a file, wait for its event.
+    let watcher = try await FileWatcher(watching: root)
+    var events = watcher.makeAsyncIterator()
+    var latencies: [Double] = []
+    for index in 0 ..< 2000 {
+        let start = now()
+        let fd = open(root.appending("l\(index)").string, O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)
+        close(fd)
+        _ = try await events.next()
+        latencies.append(Double(now() - start) / 1000)
+    }
+    latencies.sort()
+    // Burst: 50,000 creations as fast as one thread can make them.
+    let burst = 50_000
+    let burstStart = now()
+    let maker = Thread { for index in 0 ..< burst { close(open(root.appending("b\(index)").string, O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) } }
+    maker.start()
+    var received = 0, resyncs = 0
+    while received + resyncs < burst, let event = try await events.next() {
+        if event.kind == .resync { resyncs += 1; break } else { received += 1 }
+    }
+    let burstSeconds = Double(now() - burstStart) / 1e9
+    watcher.cancel()
+
+    // A tree of 10,000 directories: our set-up against inotifywait's.
+    let tree = root.appending("tree")
+    for a in 0 ..< 100 { for b in 0 ..< 100 { try FileManager.default.createDirectory(atPath: tree.appending("d\(a)/e\(b)").string, withIntermediateDirectories: true) } }
+    let rssBefore = residentKiB()
+    let setupStart = now()
+    let big = try await FileWatcher(watching: tree)
+    let setup = Double(now() - setupStart) / 1e6
+    let watches = await big.watchCount()
+    let rss = residentKiB() - rssBefore
+    big.cancel()
+    var inotifywait = "inotifywait not installed (apt-get install inotify-tools)"
+    if FileManager.default.isExecutableFile(atPath: "/usr/bin/inotifywait") {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/inotifywait")
+        process.arguments = ["-r", "-m", "-q", "--format", "%w", "-e", "create", tree.string]
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = Pipe()
+        let start = now()
+        try process.run()
+        // -q still prints nothing until events; mark readiness with one creation.
+        var ready = false
+        while !ready {
+            close(open(tree.appending("d0/e0/ready").string, O_CREAT | O_WRONLY, 0o644))
+            unlink(tree.appending("d0/e0/ready").string)
+            usleep(1000)
+            ready = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8))?.contains("State:\tS") ?? false
+        }
+        let took = Double(now() - start) / 1e6
+        let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
+        let vmRSS = status.split(separator: "\n").first { $0.hasPrefix("VmRSS") }.map(String.init) ?? ""
+        process.terminate()
+        inotifywait = String(format: "inotifywait -r set-up until idle: %.0f ms; %@", took, vmRSS)
+    }
+    print("\nwatching")
+    print(String(format: "  change -> event latency (2000 writes)          p50 %.0f us   p99 %.0f us   goals 1 ms / 5 ms: %@",
+                 latencies[latencies.count / 2], latencies[latencies.count * 99 / 100],
+                 latencies[latencies.count / 2] <= 1000 && latencies[latencies.count * 99 / 100] <= 5000 ? "met" : "NOT MET"))
+    print(String(format: "  burst of %d creations: %d events in %.2f s (%.0f events/s)%@", burst, received, burstSeconds,
+                 Double(received) / burstSeconds, resyncs > 0 ? ", then a resync" : ", no overflow"))
+    print(String(format: "  10,000-directory tree: FileWatcher set-up %.0f ms, %d watches, +%d KiB resident", setup, watches, rss))
+    print("  \(inotifywait)")
+}
+
+func residentKiB() -> Int {
+    let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+    let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+    return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+}
+
 let dataset = try makeDataset()
 print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
 for workload in workloads {
@@ -358,6 +440,8 @@ for workload in workloads {
         try await runRandom(dataset.big)
     case "coordination":
         try await runCoordination(dataset.small)
+    case "watch":
+        try await runWatch()
     default:
         print("unknown workload \(workload)")
     }
