@@ -94,6 +94,7 @@ public struct FileChunks: AsyncSequence, Sendable {
     let storage: StreamStorage
     let chunkSize: Int
 
+    /// An iterator reading one chunk per `next()`.
     public func makeAsyncIterator() -> Iterator {
         Iterator(storage: storage, chunkSize: chunkSize)
     }
@@ -104,6 +105,7 @@ public struct FileChunks: AsyncSequence, Sendable {
         let chunkSize: Int
         var finished = false
 
+        /// The next chunk; nil at the end of the file.
         public mutating func next() async throws -> Data? {
             guard !finished else { return nil }
             let chunk = try await storage.read(upToCount: chunkSize)

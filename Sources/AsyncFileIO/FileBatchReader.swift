@@ -112,6 +112,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
     /// The number of files in the batch.
     public var count: Int { inputs.count }
 
+    /// Starts nothing yet: reading begins with the iterator's first `next()`.
     public func makeAsyncIterator() -> Iterator {
         Iterator(storage: BatchStorage(inputs: inputs, options: options))
     }
@@ -130,6 +131,8 @@ public struct FileBatchReader: AsyncSequence, Sendable {
             storage.cancel()
         }
 
+        /// The next result in the batch's order; nil at the end. Throws `CancellationError`
+        /// once the task is cancelled and every file being read is closed.
         public func next() async throws -> BatchReadResult? {
             try await next(isolation: nil)
         }

@@ -61,6 +61,7 @@ public struct FileCoordinationError: Error, Sendable, CustomStringConvertible {
         /// A failure that fits no other code.
         public static let unknown = Code(kind: .unknown)
 
+        /// The code's name (`notFound`, `permissionDenied`, ...).
         public var description: String { "\(kind)" }
 
         /// The code that best describes an errno value.

@@ -17,6 +17,7 @@ public enum FileIOEngine: Sendable, Hashable, CustomStringConvertible {
     /// The engine chosen by measurement (`make bench`): ``threadPool``.
     public static let `default`: FileIOEngine = .threadPool
 
+    /// The engine's name, as the `--engine` option spells it.
     public var description: String {
         switch self {
         case .threadPool: "threadPool"
@@ -27,6 +28,7 @@ public enum FileIOEngine: Sendable, Hashable, CustomStringConvertible {
 
 /// How a file is written by `Data.asyncWrite(to:options:)` and `openForWriting(options:)`.
 public struct FileWriteOptions: OptionSet, Sendable, Hashable {
+    /// The option bits.
     public let rawValue: Int
     public init(rawValue: Int) { self.rawValue = rawValue }
 

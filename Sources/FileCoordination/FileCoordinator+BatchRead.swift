@@ -29,6 +29,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     let batchOptions: BatchReadOptions
     let window: Int
 
+    /// An iterator; the first window's claim is taken by its first `next()`.
     public func makeAsyncIterator() -> Iterator {
         Iterator(owner: self)
     }
@@ -50,6 +51,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             if let session { Task { [owner] in await owner.coordinator.finish(session, accessorSucceeded: true) } }
         }
 
+        /// The next file's result, in the order given; nil at the end.
         public func next() async throws -> BatchReadResult? {
             while true {
                 if let inner {

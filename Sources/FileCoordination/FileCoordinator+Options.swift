@@ -4,6 +4,7 @@ import Synchronization
 extension FileCoordinator {
     /// How a read is coordinated (Apple's `NSFileCoordinator.ReadingOptions`).
     public struct ReadingOptions: OptionSet, Sendable, Hashable {
+        /// The option bits.
         public let rawValue: Int
         public init(rawValue: Int) { self.rawValue = rawValue }
 
@@ -23,6 +24,7 @@ extension FileCoordinator {
 
     /// How a write is coordinated (Apple's `NSFileCoordinator.WritingOptions`).
     public struct WritingOptions: OptionSet, Sendable, Hashable {
+        /// The option bits.
         public let rawValue: Int
         public init(rawValue: Int) { self.rawValue = rawValue }
 

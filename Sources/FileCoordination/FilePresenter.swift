@@ -108,15 +108,26 @@ public struct FileAccessRequest: Sendable, Hashable {
 }
 
 extension FilePresenter {
+    /// Default: nothing to relinquish; no reacquirer.
     public func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? { nil }
+    /// Default: nothing to relinquish; no reacquirer.
     public func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? { nil }
+    /// Default: nothing unsaved.
     public func savePresentedItemChanges() async throws {}
+    /// Default: nothing to do.
     public func accommodatePresentedItemDeletion() async throws {}
+    /// Default: nothing to do (the registry already follows the item).
     public func presentedItemDidMove(to newURL: URL) async {}
+    /// Default: nothing to do.
     public func presentedItemDidChange() async {}
+    /// Default: nothing to do.
     public func presentedSubitemDidAppear(at url: URL) async {}
+    /// Default: nothing to do.
     public func presentedSubitemDidChange(at url: URL) async {}
+    /// Default: nothing to do.
     public func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {}
+    /// Default: nothing to do.
     public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
+    /// Default: treated as a change (`presentedItemDidChange()`).
     public func presentedItemDidLoseEvents() async { await presentedItemDidChange() }
 }

@@ -44,6 +44,7 @@ public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
         self.isDirectory = isDirectory
     }
 
+    /// `KIND PATH[ -> DESTINATION][ (directory)]`.
     public var description: String {
         let directory = isDirectory ? " (directory)" : ""
         if let destination { return "\(kind) \(path) -> \(destination)\(directory)" }
@@ -160,6 +161,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
         await tree.watchCount()
     }
 
+    /// The iterator of the watcher's one consumer.
     public func makeAsyncIterator() -> Iterator {
         Iterator(tree: tree)
     }
