@@ -352,8 +352,14 @@ func runWatch() async throws {
     // Burst: 50,000 creations as fast as one thread can make them.
     let burst = 50_000
     let burstStart = now()
-    let maker = Thread { for index in 0 ..< burst { close(open(root.appending("b\(index)").string, O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) } }
-    maker.start()
+    // Four threads create the files, so that the creators are not the bottleneck.
+    for part in 0 ..< 4 {
+        Thread {
+            for index in stride(from: part, to: burst, by: 4) {
+                close(open(root.appending("b\(index)").string, O_CREAT | O_WRONLY | O_CLOEXEC, 0o644))
+            }
+        }.start()
+    }
     var received = 0, resyncs = 0
     while received + resyncs < burst, let event = try await events.next() {
         if event.kind == .resync { resyncs += 1; break } else { received += 1 }
@@ -392,15 +398,18 @@ func runWatch() async throws {
         let took = Double(now() - start) / 1e6
         let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
         let vmRSS = status.split(separator: "\n").first { $0.hasPrefix("VmRSS") }.map(String.init) ?? ""
-        process.terminate()
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
         inotifywait = String(format: "inotifywait -r set-up until idle: %.0f ms; %@", took, vmRSS)
     }
     print("\nwatching")
     print(String(format: "  change -> event latency (2000 writes)          p50 %.0f us   p99 %.0f us   goals 1 ms / 5 ms: %@",
                  latencies[latencies.count / 2], latencies[latencies.count * 99 / 100],
                  latencies[latencies.count / 2] <= 1000 && latencies[latencies.count * 99 / 100] <= 5000 ? "met" : "NOT MET"))
-    print(String(format: "  burst of %d creations: %d events in %.2f s (%.0f events/s)%@", burst, received, burstSeconds,
-                 Double(received) / burstSeconds, resyncs > 0 ? ", then a resync" : ", no overflow"))
+    print(String(format: "  burst of %d creations from 4 threads: %d events in %.2f s (%.0f events/s)%@   goal 50,000/s: %@",
+                 burst, received, burstSeconds, Double(received) / burstSeconds,
+                 resyncs > 0 ? ", then a resync" : ", no overflow",
+                 Double(received) / burstSeconds >= 50_000 && resyncs == 0 ? "met" : "NOT MET"))
     print(String(format: "  10,000-directory tree: FileWatcher set-up %.0f ms, %d watches, +%d KiB resident", setup, watches, rss))
     print("  \(inotifywait)")
 }
