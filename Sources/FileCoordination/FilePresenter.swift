@@ -79,6 +79,11 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// Changes were lost (the inotify queue overflowed): re-read the item. Not in
     /// Apple's protocol; the default calls ``presentedItemDidChange()``.
     func presentedItemDidLoseEvents() async
+
+    /// Coalescing of changes made outside coordination: with an interval, a burst (a
+    /// program writing the file a thousand times) reaches the presenter as one callback
+    /// per item and kind. Not in Apple's protocol; the default, nil, delivers every change.
+    var presentedItemSettleInterval: Duration? { get }
 }
 
 /// Runs after the access a presenter relinquished its item for.
@@ -128,6 +133,8 @@ extension FilePresenter {
     public func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {}
     /// Default: nothing to do.
     public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
+    /// Default: no coalescing.
+    public var presentedItemSettleInterval: Duration? { nil }
     /// Default: treated as a change (`presentedItemDidChange()`).
     public func presentedItemDidLoseEvents() async { await presentedItemDidChange() }
 }

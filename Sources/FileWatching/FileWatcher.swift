@@ -91,7 +91,12 @@ public final class FileWatcher: AsyncSequence, Sendable {
     ///
     /// - Throws: ``FileCoordinationError`` naming the path: ``FileCoordinationError/Code/notFound``,
     ///   or ``FileCoordinationError/Code/watchLimitReached`` naming the kernel limit to raise.
-    public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536) async throws {
+    ///
+    /// - Parameter settle: coalescing, off by default. With an interval, an event is held
+    ///   that long, and the same event repeated meanwhile (a burst of writes to one file,
+    ///   say) is delivered once, in the order of first occurrence.
+    public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
+                settle: Duration? = nil) async throws {
         root = path.lexicallyNormalized()
         self.bufferLimit = Swift.max(1, bufferLimit)
         let isDirectory = try await runOnIOThread { () throws -> Bool in
@@ -101,7 +106,8 @@ public final class FileWatcher: AsyncSequence, Sendable {
             }
             return info.st_mode & S_IFMT == S_IFDIR
         }
-        tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory, bufferLimit: self.bufferLimit)
+        tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory,
+                         bufferLimit: self.bufferLimit, settle: settle)
         try await tree.start()
     }
 
@@ -185,6 +191,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     let rootIsDirectory: Bool
     let recursive: Bool
     let bufferLimit: Int
+    let settle: Duration?
+    /// Coalesced events waiting for the consumer (consumer-owned: one consumer).
+    private nonisolated(unsafe) var settled: [(FileEvent, UInt64)] = []
     /// Where sync cookies go: the root directory, or the watched file's directory.
     let syncDirectory: FilePath
 
@@ -238,8 +247,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private var directories: Set<[UInt8]> = []
     private var stopped = false
 
-    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int) {
+    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, settle: Duration? = nil) {
         self.root = root
+        self.settle = settle
         self.rootIsDirectory = rootIsDirectory
         self.recursive = recursive
         self.bufferLimit = bufferLimit
@@ -307,6 +317,39 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     var appendedCount: UInt64 { buffer.withLock { $0.appended } }
 
     func next() async throws -> FileEvent? {
+        guard let settle else { return try await nextBuffered() }
+        if !settled.isEmpty {
+            let (event, sequence) = settled.removeFirst()
+            lastSequence = sequence
+            return event
+        }
+        guard let first = try await nextBuffered() else { return nil }
+        var batch = [(first, lastSequence)]
+        try await Task.sleep(for: settle) // the settle interval is the point: real time
+        while let more = takeBuffered() { batch.append(more) }
+        var seen = Set<FileEvent>()
+        settled = batch.filter { seen.insert($0.0).inserted }
+        let (event, sequence) = settled.removeFirst()
+        lastSequence = sequence
+        return event
+    }
+
+    /// One buffered event with its sequence number, without waiting.
+    private func takeBuffered() -> (FileEvent, UInt64)? {
+        buffer.withLock { buffer in
+            guard buffer.count > 0 else { return nil }
+            let result = (buffer.events[buffer.head], buffer.sequences[buffer.head])
+            buffer.head += 1
+            if buffer.head == buffer.events.count {
+                buffer.events.removeAll(keepingCapacity: true)
+                buffer.sequences.removeAll(keepingCapacity: true)
+                buffer.head = 0
+            }
+            return result
+        }
+    }
+
+    private func nextBuffered() async throws -> FileEvent? {
         while true {
             try Task.checkCancellation()
             let event: FileEvent?? = buffer.withLock { buffer in

@@ -26,6 +26,9 @@ struct Present: AsyncParsableCommand {
     @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
     var refuseWriters = false
 
+    @Option(help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
+    var settle: Int?
+
     func run() async throws {
         let target = RawArguments.path(path)
         guard FileManager.default.fileExists(atPath: target.string) else {
@@ -34,7 +37,7 @@ struct Present: AsyncParsableCommand {
         }
         let printer = EventPrinter(json: json)
         let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
-                                          refuseWriters: refuseWriters)
+                                          refuseWriters: refuseWriters, settle: settle.map { .milliseconds($0) })
         // Signals end the session cleanly: unregister, exit 0.
         signal(SIGINT, SIG_IGN)
         signal(SIGTERM, SIG_IGN)
@@ -84,12 +87,14 @@ final class PrintingPresenter: FilePresenter {
     let printer: EventPrinter
     let ackDelay: Duration
     let refuseWriters: Bool
+    let presentedItemSettleInterval: Duration?
 
-    init(url: URL, printer: EventPrinter, ackDelay: Duration, refuseWriters: Bool) {
+    init(url: URL, printer: EventPrinter, ackDelay: Duration, refuseWriters: Bool, settle: Duration?) {
         presentedItemURL = url
         self.printer = printer
         self.ackDelay = ackDelay
         self.refuseWriters = refuseWriters
+        presentedItemSettleInterval = settle
     }
 
     struct Refused: Error, CustomStringConvertible {

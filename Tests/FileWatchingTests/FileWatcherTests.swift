@@ -153,6 +153,27 @@ struct FileWatcherTests {
         watcher.cancel()
     }
 
+    @Test("a settle interval coalesces a burst: each item and kind once, in first-seen order")
+    func coalescing() async throws {
+        let dir = WatchedDirectory()
+        let (a, b) = (dir.at("a"), dir.at("b"))
+        touch(a)
+        touch(b)
+        let watcher = try await FileWatcher(watching: dir.path, settle: .milliseconds(50))
+        var events = watcher.makeAsyncIterator()
+        // Interleaved, so that the plain one-in-a-row merging cannot fold them.
+        for round in 0 ..< 20 {
+            touch(a, "\(round)")
+            touch(b, "\(round)")
+        }
+        try await watcher.sync()
+        #expect(try await events.next() == FileEvent(.modified, a))
+        #expect(try await events.next() == FileEvent(.modified, b))
+        // Nothing else was held back: the burst became two events.
+        #expect(watcher.tree.drain().isEmpty)
+        watcher.cancel()
+    }
+
     @Test("watching a missing path names it")
     func missing() async throws {
         let dir = WatchedDirectory()

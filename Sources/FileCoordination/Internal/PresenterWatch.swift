@@ -32,7 +32,7 @@ final class PresenterWatch: Sendable {
     /// missing item) is logged; coordination works without it.
     func start(at path: FilePath) async {
         do {
-            let watcher = try await FileWatcher(watching: path, recursive: true)
+            let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval)
             let consumer = Task { await self.consume(watcher, item: path) }
             let keep = state.withLock { state -> Bool in
                 guard !state.stopped else { return false }
