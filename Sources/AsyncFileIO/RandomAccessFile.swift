@@ -32,7 +32,7 @@ public final class RandomAccessFile: Sendable {
     private let regular: Bool
     private let lease = DescriptorLease()
     private let channel: DispatchChannel?
-    private let noWaitUnsupported = Atomic<Bool>(false)
+    private let cachedPages = CachedPageReader()
 
     /// Opens the file at `path` for range reads.
     public init(path: FilePath, engine: FileIOEngine = .default) async throws {
@@ -74,22 +74,18 @@ public final class RandomAccessFile: Sendable {
         let offset = byteRange.lowerBound
         let count = Int(byteRange.count)
         if let channel { return try await channel.read(offset: offset, length: count) }
-        if regular, count <= 1 << 20, !noWaitUnsupported.load(ordering: .relaxed), let buffer = malloc(count) {
-            switch Syscall.preadNoWait(fd, buffer, count, offset) {
-            case .success(let n) where n == count || n == 0:
-                return FileOperations.data(buffer, count: n)
-            case .success(let n):
-                let head = FileOperations.data(buffer, count: n)
-                return head + (try await readOnPool(offset: offset + Int64(n), count: count - n))
-            case .failure(.resourceTemporarilyUnavailable):
+        if regular, count <= 1 << 20, cachedPages.isAvailable, let buffer = malloc(count) {
+            let cached: Int?
+            do { cached = try cachedPages.read(fd, into: buffer, count: count, offset: offset, path: path) } catch {
                 free(buffer)
-            case .failure(.notSupported), .failure(.invalidArgument):
-                free(buffer)
-                noWaitUnsupported.store(true, ordering: .relaxed)
-            case .failure(let errno):
-                free(buffer)
-                throw FileCoordinationError("read", errno: errno, path: path)
+                throw error
             }
+            if let n = cached {
+                let head = FileOperations.data(buffer, count: n)
+                if n == count || n == 0 { return head }
+                return head + (try await readOnPool(offset: offset + Int64(n), count: count - n))
+            }
+            free(buffer)
         }
         return try await readOnPool(offset: offset, count: count)
     }
@@ -120,18 +116,9 @@ public final class RandomAccessFile: Sendable {
             return data.count
         }
         var done = 0
-        if regular, !noWaitUnsupported.load(ordering: .relaxed) {
-            switch Syscall.preadNoWait(fd, base, count, offset) {
-            case .success(let n):
-                if n == count || n == 0 { return n }
-                done = n
-            case .failure(.resourceTemporarilyUnavailable):
-                break
-            case .failure(.notSupported), .failure(.invalidArgument):
-                noWaitUnsupported.store(true, ordering: .relaxed)
-            case .failure(let errno):
-                throw FileCoordinationError("read", errno: errno, path: path)
-            }
+        if regular, let n = try cachedPages.read(fd, into: base, count: count, offset: offset, path: path) {
+            if n == count || n == 0 { return n }
+            done = n
         }
         // The rest may wait for the device: read it on the I/O threads, into the
         // caller's memory (the address crosses threads as an integer; the caller's

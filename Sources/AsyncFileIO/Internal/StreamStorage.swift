@@ -19,7 +19,7 @@ final class StreamStorage: Sendable {
     let channel: DispatchChannel?
     let lease = DescriptorLease()
     private let position = Mutex<Int64>(0)
-    private let noWaitUnsupported = Atomic<Bool>(false)
+    private let cachedPages = CachedPageReader()
     private static let pool = IOThreadPool.shared
 
     init(path: FilePath, file: OpenedFile, engine: FileIOEngine, appending: Bool = false, sync: Bool = true,
@@ -90,24 +90,20 @@ final class StreamStorage: Sendable {
                 }
             }
         }
-        if count <= 1 << 20, !noWaitUnsupported.load(ordering: .relaxed), let buffer = malloc(count) {
-            switch Syscall.preadNoWait(fd, buffer, count, offset) {
-            case .success(let n) where n == count || n == 0:
-                return FileOperations.data(buffer, count: n)
-            case .success(let n):
-                // Part was cached; the rest (or the end of file) is found on the pool.
+        if count <= 1 << 20, cachedPages.isAvailable, let buffer = malloc(count) {
+            let cached: Int?
+            do { cached = try cachedPages.read(fd, into: buffer, count: count, offset: offset, path: path) } catch {
+                free(buffer)
+                throw error
+            }
+            if let n = cached {
                 let head = FileOperations.data(buffer, count: n)
+                if n == count || n == 0 { return head }
+                // Part was cached; the rest (or the end of file) is found on the pool.
                 let tail = try await Self.pool.run { FileOperations.read(fd: fd, path: path, offset: offset + Int64(n), count: count - n) }
                 return head + tail
-            case .failure(.resourceTemporarilyUnavailable):
-                free(buffer)
-            case .failure(.notSupported), .failure(.invalidArgument):
-                free(buffer)
-                noWaitUnsupported.store(true, ordering: .relaxed)
-            case .failure(let errno):
-                free(buffer)
-                throw FileCoordinationError("read", errno: errno, path: path)
             }
+            free(buffer)
         }
         return try await Self.pool.run {
             // Never allocate more than the file can give: a huge count on a small file
