@@ -48,10 +48,7 @@ extension FilePath {
         }
         // Foundation keeps a trailing slash for directory URLs; a path does not need it.
         if bytes.count > 1, bytes.last == UInt8(ascii: "/") { bytes.removeLast() }
-        self = bytes.withUnsafeBufferPointer { buffer in
-            let chars = buffer.map { CChar(bitPattern: $0) } + [0]
-            return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
-        }
+        self = FilePath(platformBytes: bytes)
     }
 
     /// A `file:` URL for this path. Every byte outside the unreserved set is

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Dispatch
 import Foundation
 import Synchronization

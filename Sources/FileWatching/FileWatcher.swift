@@ -268,7 +268,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                 case .success(let wd):
                     self.watches[wd] = directory
                     if self.rootIsDirectory { self.scan(directory, report: false, thread: thread) } else {
-                        if Self.exists(self.root) { self.known.insert(Self.bytes(self.root)) }
+                        if Self.exists(self.root) { self.known.insert(self.root.platformBytes) }
                     }
                     continuation.resume(returning: .success(()))
                 }
@@ -454,7 +454,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                 // An atomic write renaming its temporary into place: the destination
                 // appeared, or changed.
                 guard concerns(destination) else { return }
-                if known.insert(Self.bytes(destination)).inserted {
+                if known.insert(destination.platformBytes).inserted {
                     emit(FileEvent(.created, destination, isDirectory: isDirectory))
                 } else {
                     emit(FileEvent(.modified, destination, isDirectory: isDirectory))
@@ -467,15 +467,15 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                 emit(FileEvent(.moved, source, destination: destination, isDirectory: isDirectory))
             } else if !rootIsDirectory && destinationInside {
                 // The watched file was replaced by a rename (an editor's save): it changed.
-                known.insert(Self.bytes(destination))
+                known.insert(destination.platformBytes)
                 emit(FileEvent(.modified, destination))
             } else if !rootIsDirectory && sourceInside {
                 // The watched file itself was renamed: it lives on under the new name, and
                 // within its directory the watcher follows it there.
-                known.remove(Self.bytes(source))
+                known.remove(source.platformBytes)
                 if destination.removingLastComponent() == syncDirectory {
                     currentRoot = destination
-                    known.insert(Self.bytes(destination))
+                    known.insert(destination.platformBytes)
                 }
                 emit(FileEvent(.moved, source, destination: destination))
             } else if sourceInside {
@@ -537,14 +537,14 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// A new item: report it; a new directory is watched first, then listed, so that what
     /// was created inside it before the watch existed is reported too.
     private func appeared(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
-        if known.insert(Self.bytes(path)).inserted {
+        if known.insert(path.platformBytes).inserted {
             emit(FileEvent(.created, path, isDirectory: isDirectory))
         }
         if isDirectory && recursive { watchAndScan(path, thread: thread) }
     }
 
     private func watchAndScan(_ directory: FilePath, thread: InotifyThread.OnThread) {
-        directories.insert(Self.bytes(directory))
+        directories.insert(directory.platformBytes)
         if case .success(let wd) = thread.addWatch(directory, mask: Self.mask, client: self) {
             watches[wd] = directory
         }
@@ -557,11 +557,11 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         for (name, isDirectory) in Self.list(directory) {
             let path = directory.appending(Self.component(name))
             if Self.isInternal(name) { continue }
-            if known.insert(Self.bytes(path)).inserted, report {
+            if known.insert(path.platformBytes).inserted, report {
                 emit(FileEvent(.created, path, isDirectory: isDirectory))
             }
             if isDirectory && recursive {
-                directories.insert(Self.bytes(path))
+                directories.insert(path.platformBytes)
                 if case .success(let wd) = thread.addWatch(path, mask: Self.mask, client: self) { watches[wd] = path }
                 scan(path, report: report, thread: thread)
             }
@@ -570,11 +570,11 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     /// An item left the tree: forget it and, for a directory, stop watching inside it.
     private func forget(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
-        let prefix = Self.bytes(path)
-        known = known.filter { !Self.isAtOrInside($0, prefix) }
+        let prefix = path.platformBytes
+        known = known.filter { !FilePath.isAtOrInside($0, prefix) }
         guard isDirectory else { return }
-        directories = directories.filter { !Self.isAtOrInside($0, prefix) }
-        for (wd, watched) in watches where Self.isAtOrInside(Self.bytes(watched), prefix) {
+        directories = directories.filter { !FilePath.isAtOrInside($0, prefix) }
+        for (wd, watched) in watches where FilePath.isAtOrInside(watched.platformBytes, prefix) {
             thread.removeWatch(wd, client: self)
             watches[wd] = nil
         }
@@ -582,14 +582,14 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     /// A rename inside the tree: what was known under the old name is known under the new.
     private func renameKnown(from source: FilePath, to destination: FilePath, isDirectory: Bool) {
-        let (old, new) = (Self.bytes(source), Self.bytes(destination))
-        func rebase(_ bytes: [UInt8]) -> [UInt8] { Self.isAtOrInside(bytes, old) ? new + bytes[old.count...] : bytes }
+        let (old, new) = (source.platformBytes, destination.platformBytes)
+        func rebase(_ bytes: [UInt8]) -> [UInt8] { FilePath.isAtOrInside(bytes, old) ? new + bytes[old.count...] : bytes }
         known = Set(known.map(rebase))
         if isDirectory {
             directories = Set(directories.map(rebase))
             for (wd, watched) in watches {
-                let rebased = rebase(Self.bytes(watched))
-                watches[wd] = Self.path(rebased)
+                let rebased = rebase(watched.platformBytes)
+                watches[wd] = FilePath(platformBytes: rebased)
             }
         }
     }
@@ -602,13 +602,13 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         if rootIsDirectory {
             scan(root, report: false, thread: thread)
         } else if Self.exists(root) {
-            known.insert(Self.bytes(root))
+            known.insert(root.platformBytes)
         }
         for added in known.subtracting(before).sorted(by: { $0.count < $1.count }) {
-            emit(FileEvent(.created, Self.path(added), isDirectory: directories.contains(added)))
+            emit(FileEvent(.created, FilePath(platformBytes: added), isDirectory: directories.contains(added)))
         }
         for removed in before.subtracting(known).sorted(by: { $0.count > $1.count }) {
-            emit(FileEvent(.deleted, Self.path(removed)))
+            emit(FileEvent(.deleted, FilePath(platformBytes: removed)))
         }
         buffer.withLock { $0.lost = true }
         emit(FileEvent(.resync, root, isDirectory: rootIsDirectory))
@@ -618,22 +618,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     // MARK: Helpers (watcher thread; blocking calls are fine on this thread)
 
     static func component(_ name: [UInt8]) -> FilePath.Component {
-        let chars = name.map { CChar(bitPattern: $0) } + [0]
-        return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }.lastComponent!
-    }
-
-    static func bytes(_ path: FilePath) -> [UInt8] {
-        path.withPlatformString { Array(UnsafeRawBufferPointer(start: $0, count: strlen($0))) }
-    }
-
-    static func path(_ bytes: [UInt8]) -> FilePath {
-        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
-        return chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
-    }
-
-    static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
-        guard inner.count >= outer.count, inner.starts(with: outer) else { return false }
-        return inner.count == outer.count || inner[outer.count] == UInt8(ascii: "/")
+        FilePath(platformBytes: name).lastComponent!
     }
 
     static func exists(_ path: FilePath) -> Bool {

@@ -1,4 +1,5 @@
 import FileCoordination
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 
 /// Everything the tool prints. Paths are printed with their exact bytes, so a name that
@@ -131,14 +132,6 @@ enum RawArguments {
     /// The path as it was typed, bytes and all.
     static func path(_ argument: String) -> FilePath {
         guard let bytes = table[argument]?.first else { return FilePath(argument) }
-        return FilePath(bytes: bytes)
-    }
-}
-
-extension FilePath {
-    /// A path from raw bytes (no NUL inside).
-    init(bytes: some Collection<UInt8>) {
-        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
-        self = chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+        return FilePath(platformBytes: bytes)
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
 import Foundation
 
@@ -117,7 +118,7 @@ struct Read: AsyncParsableCommand {
                 throw Status.failed
             }
         }
-        return data.split(separator: separator, omittingEmptySubsequences: true).map { FilePath(bytes: $0) }
+        return data.split(separator: separator, omittingEmptySubsequences: true).map { FilePath(platformBytes: $0) }
     }
 }
 

@@ -232,7 +232,8 @@ final class StreamStorage: Sendable {
 
 extension Result {
     /// Captures the outcome of an async throwing body.
-    init(catching body: () async throws(Failure) -> Success) async {
+    @_spi(FileCoordinationInternal)
+    public init(catching body: () async throws(Failure) -> Success) async {
         do { self = .success(try await body()) } catch { self = .failure(error) }
     }
 }

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage
@@ -483,8 +484,3 @@ extension FileCoordinator {
     }
 }
 
-extension Result where Failure == any Error {
-    init(catching body: () async throws -> Success) async {
-        do { self = .success(try await body()) } catch { self = .failure(error) }
-    }
-}

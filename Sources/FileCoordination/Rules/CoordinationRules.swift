@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -125,14 +126,14 @@ struct CoordinationRules: Sendable {
     /// Returns the waiting requests whose claims changed.
     mutating func move(from source: FilePath, to destination: FilePath) -> [RequestID] {
         var changed: [RequestID] = []
-        let sourceBytes = Self.bytes(source)
+        let sourceBytes = source.platformBytes
         for id in waiting {
             guard var request = requests[id] else { continue }
             var touched = false
             var keep: [Claim] = []
             for index in request.claims.indices {
                 let path = request.claims[index].path
-                guard Self.isAtOrInside(Self.bytes(path), sourceBytes) else { continue }
+                guard FilePath.isAtOrInside(path.platformBytes, sourceBytes) else { continue }
                 var moved = destination
                 for component in path.components.dropFirst(source.components.count) { moved.append(component) }
                 // The old place stays claimed too, so the request still waits for the
@@ -157,28 +158,11 @@ struct CoordinationRules: Sendable {
     /// Whether two claims of requests with different purposes exclude each other.
     static func conflict(_ a: Claim, _ b: Claim) -> Bool {
         guard a.access == .writing || b.access == .writing else { return false }
-        let (x, y) = (bytes(a.path), bytes(b.path))
+        let (x, y) = (a.path.platformBytes, b.path.platformBytes)
         if x == y { return true }
-        if a.scope == .subtree && isAtOrInside(y, x) { return true }
-        if b.scope == .subtree && isAtOrInside(x, y) { return true }
+        if a.scope == .subtree && FilePath.isAtOrInside(y, x) { return true }
+        if b.scope == .subtree && FilePath.isAtOrInside(x, y) { return true }
         return false
-    }
-
-    /// The bytes of a path.
-    static func bytes(_ path: FilePath) -> [UInt8] {
-        path.withPlatformString { pointer in
-            Array(UnsafeRawBufferPointer(start: pointer, count: strlen(pointer)))
-        }
-    }
-
-    /// Whether the normalized absolute path `inner` is `outer` or inside it: a byte
-    /// prefix ending at a separator. (`FilePath.starts(with:)` gives the same answer at
-    /// many times the cost, and this check runs for every pair of claims.)
-    static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
-        guard inner.count >= outer.count else { return false }
-        let prefix = inner.withUnsafeBytes { i in outer.withUnsafeBytes { o in memcmp(i.baseAddress!, o.baseAddress!, o.count) == 0 } }
-        guard prefix else { return false }
-        return inner.count == outer.count || outer.last == UInt8(ascii: "/") || inner[outer.count] == UInt8(ascii: "/")
     }
 
     /// Whether `rival` stands in `request`'s way: granted, or waiting since before it,
@@ -191,8 +175,8 @@ struct CoordinationRules: Sendable {
             for (y, yPath) in zip(rival.claims, rival.pathIDs) {
                 guard x.access == .writing || y.access == .writing else { continue }
                 if xPath == yPath { return true }
-                if x.scope == .subtree, Self.isAtOrInside(internedPaths[yPath]!.bytes, internedPaths[xPath]!.bytes) { return true }
-                if y.scope == .subtree, Self.isAtOrInside(internedPaths[xPath]!.bytes, internedPaths[yPath]!.bytes) { return true }
+                if x.scope == .subtree, FilePath.isAtOrInside(internedPaths[yPath]!.bytes, internedPaths[xPath]!.bytes) { return true }
+                if y.scope == .subtree, FilePath.isAtOrInside(internedPaths[xPath]!.bytes, internedPaths[yPath]!.bytes) { return true }
             }
         }
         return false
@@ -207,7 +191,7 @@ struct CoordinationRules: Sendable {
             for other in itemIndex[pathID] ?? [] where blocks(other, request) { return false }
             if claim.scope == .subtree {
                 let outer = internedPaths[pathID]!.bytes
-                for (otherPath, holders) in itemIndex where Self.isAtOrInside(internedPaths[otherPath]!.bytes, outer) {
+                for (otherPath, holders) in itemIndex where FilePath.isAtOrInside(internedPaths[otherPath]!.bytes, outer) {
                     for other in holders where blocks(other, request) { return false }
                 }
             }
@@ -256,7 +240,7 @@ struct CoordinationRules: Sendable {
     }
 
     private mutating func intern(_ path: FilePath) -> Int {
-        let key = PathKey(Self.bytes(path))
+        let key = PathKey(path.platformBytes)
         if let id = internedIDs[key] {
             internedPaths[id]!.uses += 1
             return id

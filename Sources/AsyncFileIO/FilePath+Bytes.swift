@@ -1,0 +1,31 @@
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension FilePath {
+    /// The path's bytes, exactly as the kernel sees them (no terminating NUL).
+    @_spi(FileCoordinationInternal)
+    public var platformBytes: [UInt8] {
+        withPlatformString { Array(UnsafeRawBufferPointer(start: $0, count: strlen($0))) }
+    }
+
+    /// A path from its bytes (which must not contain NUL), names that are not UTF-8 included.
+    @_spi(FileCoordinationInternal)
+    public init(platformBytes bytes: some Collection<UInt8>) {
+        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
+        self = chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+    }
+
+    /// Whether the normalized absolute path `inner` is `outer` or inside it: a byte prefix
+    /// that ends at a separator. (`FilePath.starts(with:)` gives the same answer at many
+    /// times the cost, and the coordination rules ask for every pair of claims.)
+    @_spi(FileCoordinationInternal)
+    public static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
+        guard inner.count >= outer.count else { return false }
+        guard !outer.isEmpty else { return true }
+        let prefix = inner.withUnsafeBytes { i in outer.withUnsafeBytes { o in memcmp(i.baseAddress!, o.baseAddress!, o.count) == 0 } }
+        guard prefix else { return false }
+        return inner.count == outer.count || outer.last == UInt8(ascii: "/") || inner[outer.count] == UInt8(ascii: "/")
+    }
+}
