@@ -46,7 +46,9 @@ let package = Package(
             name: "filecoord",
             dependencies: [
                 "FileCoordination",
+                "CFileCoordinationShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),

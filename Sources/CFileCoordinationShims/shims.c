@@ -1,4 +1,5 @@
 #define _GNU_SOURCE
+#include <sys/mman.h>
 #include "CFileCoordinationShims.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -6,6 +7,8 @@
 #include <stdio.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/close_range.h>
 
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
@@ -65,4 +68,21 @@ void fc_set_thread_name(const char *name) {
 
 int fc_get_thread_name(char *buffer, size_t size) {
     return pthread_getname_np(pthread_self(), buffer, size);
+}
+
+uint64_t fc_atomic_load_u64(const uint64_t *word) {
+    return __atomic_load_n(word, __ATOMIC_ACQUIRE);
+}
+
+uint64_t fc_atomic_add_u64(uint64_t *word, uint64_t value) {
+    return __atomic_add_fetch(word, value, __ATOMIC_ACQ_REL);
+}
+
+void *fc_map_shared(int fd, size_t length) {
+    void *p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+int fc_cloexec_from(unsigned int first) {
+    return (int)syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC);
 }

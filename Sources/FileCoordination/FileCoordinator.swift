@@ -42,6 +42,7 @@ public final class FileCoordinator: Sendable {
     public let purposeIdentifier: String
 
     private let policy: Mutex<PresenterTimeoutPolicy>
+    private let claimDeadline = Mutex<Duration?>(nil)
     let center: CoordinationCenter
     /// Bumped by ``cancel()``: a coordination that saw another value when it started is
     /// cancelled even if it was already messaging presenters.
@@ -77,6 +78,18 @@ public final class FileCoordinator: Sendable {
         policy.withLock { $0 = newValue }
     }
 
+    /// How long a coordination may wait for conflicting claims (in this process or
+    /// another) to end before it fails with ``FileCoordinationError/Code/timedOut``.
+    /// `nil` (the default) waits for as long as it takes, as Apple's coordinator does.
+    public var claimTimeout: Duration? {
+        claimDeadline.withLock { $0 }
+    }
+
+    /// Sets ``claimTimeout``.
+    public func setClaimTimeout(_ newValue: Duration?) {
+        claimDeadline.withLock { $0 = newValue }
+    }
+
     /// Ends every coordination of this coordinator that is still waiting (for claims or
     /// for presenters) with ``FileCoordinationError/Code/cancelled``; their accessors never
     /// run. Accessors already running finish normally.
@@ -96,19 +109,57 @@ public final class FileCoordinator: Sendable {
     public static func addFilePresenter(_ presenter: any FilePresenter) {
         guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
         let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: path)
-        Task { await watch.start(at: path) }
+        Task {
+            await watch.start(at: path)
+            await CoordinationCenter.shared.publish(presenter, at: path)
+        }
     }
 
-    /// Registers a presenter and returns once its item is watched: from then on, changes
-    /// made outside coordination reach it.
+    /// Registers a presenter and returns once its item is watched and it is published in
+    /// the coordination space: from then on, changes made outside coordination reach it,
+    /// and coordinators in other processes message it.
     public static func addFilePresenter(_ presenter: any FilePresenter) async {
         guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
         await CoordinationCenter.shared.addPresenterWatching(presenter, at: path).start(at: path)
+        await CoordinationCenter.shared.publish(presenter, at: path)
     }
 
-    /// Unregisters a presenter; it is not messaged again.
+    /// Unregisters a presenter; it is not messaged again (other processes stop finding it
+    /// shortly after; the async overload returns once they cannot).
     public static func removeFilePresenter(_ presenter: any FilePresenter) {
-        CoordinationCenter.shared.removePresenter(presenter)
+        CoordinationCenter.shared.removePresenterLocally(presenter)
+        Task { await CoordinationCenter.shared.joinedSpace?.mail.unregister(presenter) }
+    }
+
+    /// Unregisters a presenter and returns once no process can find it any more.
+    public static func removeFilePresenter(_ presenter: any FilePresenter) async {
+        await CoordinationCenter.shared.removePresenter(presenter)
+    }
+
+    // MARK: The coordination space
+
+    /// Joins the coordination space at `directory` (the default space when nil), so that
+    /// coordinators and presenters in every process that joined it coordinate with this
+    /// one. Without a call, the process joins ``CoordinationSpace/defaultDirectory(environment:)``
+    /// on its first coordination. Presenters already registered are published in it.
+    ///
+    /// - Throws: ``FileCoordinationError`` with code `.insecureSpace` when the directory
+    ///   belongs to another user or is writable by others, or the error that kept it from
+    ///   being created or opened.
+    @discardableResult
+    public static func joinCoordinationSpace(at directory: FilePath? = nil) async throws -> CoordinationSpace {
+        try await CoordinationCenter.shared.join(directory ?? CoordinationSpace.defaultDirectory())
+    }
+
+    /// Leaves the coordination space: from now on this process coordinates within itself
+    /// only. Its files in the space are removed.
+    public static func leaveCoordinationSpace() async {
+        await CoordinationCenter.shared.leaveSpace()
+    }
+
+    /// The coordination space this process has joined, if any.
+    public static var coordinationSpace: CoordinationSpace? {
+        CoordinationCenter.shared.joinedSpace
     }
 
     /// The presenters registered in this process.
@@ -170,6 +221,23 @@ public final class FileCoordinator: Sendable {
         try await perform([.writing(url1, options1), .writing(url2, options2)]) { urls in
             try await accessor(urls[0], urls[1])
         }
+    }
+
+    /// Coordinates any number of reading and writing intents at once (Apple's
+    /// `coordinate(with:queue:byAccessor:)`, async). All claims are granted together, so
+    /// coordinations over overlapping sets of items never deadlock; each intent's
+    /// ``FileAccessIntent/url`` reflects moves made while waiting.
+    public func coordinate<T>(
+        with intents: [FileAccessIntent], isolation: isolated (any Actor)? = #isolation,
+        _ accessor: () async throws -> T
+    ) async throws -> T {
+        let requests: [ItemRequest] = intents.map { intent in
+            switch intent.kind {
+            case .reading(let options): .reading(intent.url, options)
+            case .writing(let options): .writing(intent.url, options)
+            }
+        }
+        return try await perform(requests, intents: intents) { _ in try await accessor() }
     }
 
     // MARK: Moves

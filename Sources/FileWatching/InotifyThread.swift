@@ -8,15 +8,16 @@ import Glibc
 #endif
 
 /// One inotify event as the watcher thread read it, detached from libinotifytools' buffer.
-struct InotifyEvent: Sendable, Equatable {
+@_spi(FileCoordinationInternal)
+public struct InotifyEvent: Sendable, Equatable {
     /// The watch descriptor the event arrived on (-1 for a queue overflow).
-    var wd: Int32
+    public var wd: Int32
     /// The `IN_*` bits.
-    var mask: UInt32
+    public var mask: UInt32
     /// Pairs the two halves of a rename (`IN_MOVED_FROM` / `IN_MOVED_TO`).
-    var cookie: UInt32
+    public var cookie: UInt32
     /// The entry's name inside a watched directory (empty for the watched item itself).
-    var name: [UInt8]
+    public var name: [UInt8]
 
     var isOverflow: Bool { mask & UInt32(IN_Q_OVERFLOW) != 0 }
 }
@@ -42,11 +43,12 @@ protocol InotifyClient: AnyObject, Sendable {
 /// send commands through a queue and ring a doorbell: an unnamed `O_TMPFILE` on tmpfs
 /// that the thread itself watches, so the thread sleeps in `inotifytools_next_event`
 /// with no timeout and wakes for either a file-system event or a command, never polling.
-final class InotifyThread: @unchecked Sendable {
+@_spi(FileCoordinationInternal)
+public final class InotifyThread: @unchecked Sendable {
     /// Started on first use; lives as long as the process.
-    static let shared = InotifyThread()
+    public static let shared = InotifyThread()
 
-    typealias Handler = @Sendable (InotifyEvent) -> Void
+    public typealias Handler = @Sendable (InotifyEvent) -> Void
 
     private enum Command {
         case add(FilePath, UInt32, Handler, CheckedContinuation<Result<Int32, FileCoordinationError>, Never>)
@@ -137,7 +139,7 @@ final class InotifyThread: @unchecked Sendable {
 
     /// Adds a watch on `path` for the `IN_*` events in `mask`; `handler` runs on the
     /// watcher thread for each event and must return quickly.
-    func addWatch(_ path: FilePath, mask: UInt32, handler: @escaping Handler) async throws -> Int32 {
+    public func addWatch(_ path: FilePath, mask: UInt32, handler: @escaping Handler) async throws -> Int32 {
         if let startupError { throw startupError }
         let result = await withCheckedContinuation { continuation in
             send(.add(path, mask, handler, continuation))
@@ -146,7 +148,7 @@ final class InotifyThread: @unchecked Sendable {
     }
 
     /// Removes a watch added by ``addWatch(_:mask:handler:)``; its handler is not called again.
-    func removeWatch(_ wd: Int32) async {
+    public func removeWatch(_ wd: Int32) async {
         guard startupError == nil else { return }
         await withCheckedContinuation { continuation in
             send(.remove(wd, continuation))

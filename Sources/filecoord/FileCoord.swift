@@ -14,7 +14,7 @@ struct FileCoord: AsyncParsableCommand {
             Readers share, writers are exclusive, and presenters hear about changes \
             before and after they happen. See `filecoord help <subcommand>`.
             """,
-        subcommands: [Read.self, Write.self, Present.self, Demo.self]
+        subcommands: [Read.self, Write.self, Exec.self, Present.self, StatusCommand.self, Demo.self]
     )
 
     static func main() async {

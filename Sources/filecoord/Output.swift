@@ -131,7 +131,11 @@ enum RawArguments {
 
     /// The path as it was typed, bytes and all.
     static func path(_ argument: String) -> FilePath {
-        guard let bytes = table[argument]?.first else { return FilePath(argument) }
-        return FilePath(platformBytes: bytes)
+        FilePath(platformBytes: bytes(argument))
+    }
+
+    /// The argument's bytes as typed.
+    static func bytes(_ argument: String) -> [UInt8] {
+        table[argument]?.first ?? Array(argument.utf8)
     }
 }

@@ -10,7 +10,7 @@ struct Present: AsyncParsableCommand {
             It hears changes made by any program, coordinated or not. The first line is \
             "ready", printed once the presenter is registered and its watches are in place. \
             With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}. \
-            (Coordinated requests from other processes arrive with the coordination space.)
+            Coordinated readers and writers in every process of the space message it first.
             """
     )
 
@@ -25,6 +25,10 @@ struct Present: AsyncParsableCommand {
 
     @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
     var refuseWriters = false
+
+    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
+                               valueName: "DIR"))
+    var space: String?
 
     @Option(help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
     var settle: Int?
@@ -48,10 +52,18 @@ struct Present: AsyncParsableCommand {
             source.resume()
             return source
         }
+        Logs.bootstrap()
+        do {
+            try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
+        }
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", target)
         for await _ in stop.stream { break }
-        FileCoordinator.removeFilePresenter(presenter)
+        await FileCoordinator.removeFilePresenter(presenter)
+        await FileCoordinator.leaveCoordinationSpace()
         sources.forEach { $0.cancel() }
     }
 }
@@ -65,8 +77,8 @@ final class EventPrinter: Sendable {
         let time = Date().timeIntervalSince1970
         var line: String
         if json {
-            line = #"{"event":"\#(event)","path":\#(jsonString(path.string))"#
-            if let destination { line += #","to":\#(jsonString(destination.string))"# }
+            line = #"{"event":"\#(event)","path":\#(Self.jsonString(path.string))"#
+            if let destination { line += #","to":\#(Self.jsonString(destination.string))"# }
             line += #","pid":\#(getpid()),"time":\#(String(format: "%.6f", time))}"#
         } else {
             line = "\(event) \(path)" + (destination.map { " -> \($0)" } ?? "")
@@ -74,7 +86,7 @@ final class EventPrinter: Sendable {
         Output.writeStandardOutput(Array((line + "\n").utf8))
     }
 
-    private func jsonString(_ text: String) -> String {
+    static func jsonString(_ text: String) -> String {
         let data = (try? JSONSerialization.data(withJSONObject: [text])) ?? Data("[\"\"]".utf8)
         let array = String(decoding: data, as: UTF8.self)
         return String(array.dropFirst().dropLast())

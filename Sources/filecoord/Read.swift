@@ -57,11 +57,9 @@ struct Read: AsyncParsableCommand {
         guard !(cat && json) else { throw ValidationError("--cat and --json cannot be combined") }
     }
 
+    @OptionGroup var coordination: CoordinationOptions
+
     func run() async throws {
-        guard noCoordination else {
-            Output.error("coordinated reads arrive with the coordinator; pass --no-coordination for now")
-            throw Status.usage
-        }
         var list = paths.map(RawArguments.path)
         if let fromList {
             list += try await Self.readList(fromList, separator: nullSeparated ? 0 : UInt8(ascii: "\n"))
@@ -69,11 +67,26 @@ struct Read: AsyncParsableCommand {
 
         let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
         let progress = Output.standardErrorIsTerminal && !json ? Progress(total: list.count) : nil
+        let options = BatchReadOptions(concurrency: concurrency, engine: engine)
+        let results: any AsyncSequence<BatchReadResult, any Error>
+        if noCoordination {
+            results = FileBatchReader(paths: list, options: options)
+        } else {
+            let coordinator = try await coordination.coordinator()
+            results = coordinator.readFiles(at: list.map(\.fileURL), batchOptions: options)
+        }
+        try await coordination.run {
+            try await consume(results, output: output, progress: progress)
+        }
+    }
+
+    /// Reads the results; `seconds` covers this phase only (not start-up or joining the space).
+    private func consume(_ results: any AsyncSequence<BatchReadResult, any Error>, output: DescriptorWriter?,
+                         progress: Progress?) async throws {
         var files = 0, failed = 0, bytes = 0
         let clock = ContinuousClock()
         let start = clock.now
-        let batch = FileBatchReader(paths: list, options: BatchReadOptions(concurrency: concurrency, engine: engine))
-        for try await file in batch {
+        for try await file in results {
             switch file.result {
             case .success(let data):
                 files += 1

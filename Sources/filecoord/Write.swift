@@ -6,9 +6,12 @@ struct Write: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Copy stdin into a file under a coordinated write intent.",
         discussion: """
-            Without --append the replacement is atomic: the data goes to an unnamed \
-            temporary file beside PATH and is renamed over it at the end, so a reader \
-            sees the old content or the new, never a mix, even if the writer is killed.
+            Presenters of PATH (and of its directories), in any process of the space, are \
+            asked to relinquish it and must acknowledge before the file changes; they hear \
+            didChange after. stdin is read whole before the claim is taken, so a slow \
+            producer never holds it. Without --append the replacement is atomic: the data \
+            goes to an unnamed temporary file beside PATH and is renamed over it, so a \
+            reader sees the old content or the new, never a mix, even if the writer is killed.
             """
     )
 
@@ -21,24 +24,24 @@ struct Write: AsyncParsableCommand {
     @Flag(name: .customLong("no-coordination"), help: "Write without taking a coordinated write intent.")
     var noCoordination = false
 
+    @OptionGroup var coordination: CoordinationOptions
+
     func run() async throws {
-        guard noCoordination else {
-            Output.error("coordinated writes arrive with the coordinator; pass --no-coordination for now")
-            throw Status.usage
-        }
         let target = RawArguments.path(path)
-        do {
-            let stream = try await target.openForWriting(options: append ? [.append] : [.atomic])
-            let input = DescriptorWriter(fd: 0, label: "filecoord.stdin")
-            while true {
-                let chunk = await input.read(upToCount: 1 << 20)
-                if chunk.isEmpty { break }
-                try await stream.write(chunk)
+        let input = await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
+        let options: FileWriteOptions = append ? [.append] : [.atomic]
+        if noCoordination {
+            do { try await input.asyncWrite(to: target, options: options) } catch let error as FileCoordinationError {
+                Output.report(error)
+                throw Status.failed
             }
-            try await stream.close()
-        } catch let error as FileCoordinationError {
-            Output.report(error)
-            throw Status.failed
+            return
+        }
+        let coordinator = try await coordination.coordinator()
+        try await coordination.run {
+            try await coordinator.coordinate(writingItemAt: target.fileURL, options: []) { url in
+                try await input.asyncWrite(to: try FilePath(fileURL: url), options: options)
+            }
         }
     }
 }

@@ -33,7 +33,7 @@ func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, enviro
                 process.standardOutput = output
                 process.standardError = errors
                 process.standardInput = input
-                try process.run()
+                try withUnblockedSignals { try process.run() }
                 let errorReader = Thread.detachedRead(errors.fileHandleForReading)
                 if let stdin { input.fileHandleForWriting.write(stdin) }
                 try input.fileHandleForWriting.close()
@@ -92,4 +92,15 @@ final class Scratch: Sendable {
         _ = FileManager.default.createFile(atPath: file, contents: Data(content.utf8))
         return file
     }
+}
+
+/// Runs `body` (which starts a child process) with no signal blocked on this thread, so
+/// the child does not inherit a blocked SIGCHLD from the test harness's threads (a shell's
+/// `wait` would never return).
+func withUnblockedSignals<T>(_ body: () throws -> T) rethrows -> T {
+    var empty = sigset_t(), previous = sigset_t()
+    sigemptyset(&empty)
+    pthread_sigmask(SIG_SETMASK, &empty, &previous)
+    defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
+    return try body()
 }

@@ -13,7 +13,7 @@ final class PresentProcess: @unchecked Sendable {
         process.standardOutput = output
         let (stream, continuation) = AsyncStream.makeStream(of: String.self)
         lines = stream
-        try process.run()
+        try withUnblockedSignals { try process.run() }
         let handle = output.fileHandleForReading
         Thread.detachNewThread {
             var pending = Data()

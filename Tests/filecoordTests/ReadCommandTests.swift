@@ -81,11 +81,11 @@ struct ReadCommandTests {
     @Test("descriptors run out mid-batch: files wait for one another, none fails")
     func descriptorExhaustion() async throws {
         let scratch = Scratch()
-        // Under `ulimit -n 7` the process has a single descriptor to spare, so the
+        // Under `ulimit -n 8` the process has about two descriptors to spare, so the
         // workers meet EMFILE and must wait for each other's files to close.
         let script = """
             cd '\(scratch.path)' && i=0 && while [ $i -lt 500 ]; do printf "$i" > f$i; i=$((i+1)); done && \\
-            ls -d "$PWD"/f* > list && ulimit -n 7 && "$FILECOORD" read --no-coordination --json --concurrency 16 --from-list list
+            ls -d "$PWD"/f* > list && ulimit -n 8 && "$FILECOORD" read --no-coordination --json --concurrency 16 --from-list list
             """
         let result = try await shell(script)
         #expect(result.status == 0, "\(result.errorText)")

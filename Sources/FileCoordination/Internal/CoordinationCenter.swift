@@ -28,14 +28,98 @@ final class CoordinationCenter: Sendable {
         var presenters = PresenterRegistry()
         /// Intents waiting for claims, so moves can update their URLs.
         var intents: [RequestID: [(FilePath, FileAccessIntent)]] = [:]
+        /// The kernel claims of granted requests, to give back with them.
+        var kernel: [RequestID: (SpaceLocks, SpaceLocks.Held)] = [:]
+        /// Granted here, waiting for another process to let go.
+        var kernelWaiting: [RequestID: [CoordinationRules.Claim]] = [:]
     }
 
     private let state = Mutex(State())
     /// Registered presenters, readable without the lock (the fast path's question).
     private let presenterCount = Atomic<Int>(0)
 
-    /// Whether any presenter is registered in this process.
-    var hasPresenters: Bool { presenterCount.load(ordering: .acquiring) > 0 }
+    /// Whether any presenter is registered, in this process or (as last read) another.
+    var hasPresenters: Bool {
+        presenterCount.load(ordering: .acquiring) > 0 || (joinedSpace?.mail.remoteCount ?? 0) > 0
+    }
+
+    // MARK: The coordination space
+
+    private enum SpaceSetting {
+        case automatic
+        case joining(Task<CoordinationSpace, any Error>)
+        case joined(CoordinationSpace)
+        case local
+    }
+
+    private let spaceSetting = Mutex(SpaceSetting.automatic)
+
+    /// The space joined, if any (no waiting).
+    var joinedSpace: CoordinationSpace? {
+        spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
+    }
+
+    /// The space to coordinate through: joins the default one on first use, unless the
+    /// process chose to stay local.
+    func space() async throws -> CoordinationSpace? {
+        enum Next { case ready(CoordinationSpace?), wait(Task<CoordinationSpace, any Error>) }
+        let next: Next = spaceSetting.withLock { setting in
+            switch setting {
+            case .joined(let space): return .ready(space)
+            case .local: return .ready(nil)
+            case .joining(let task): return .wait(task)
+            case .automatic:
+                let task = Task { try await CoordinationSpace.join(CoordinationSpace.defaultDirectory()) }
+                setting = .joining(task)
+                return .wait(task)
+            }
+        }
+        switch next {
+        case .ready(let space): return space
+        case .wait(let task):
+            do {
+                let space = try await task.value
+                spaceSetting.withLock { setting in
+                    if case .joining = setting { setting = .joined(space) }
+                }
+                return space
+            } catch {
+                spaceSetting.withLock { setting in
+                    if case .joining = setting { setting = .automatic }
+                }
+                throw error
+            }
+        }
+    }
+
+    /// Joins the space at `directory` (leaving the current one).
+    func join(_ directory: FilePath) async throws -> CoordinationSpace {
+        let space = try await CoordinationSpace.join(directory)
+        let previous = spaceSetting.withLock { setting -> CoordinationSpace? in
+            defer { setting = .joined(space) }
+            if case .joined(let old) = setting { return old }
+            return nil
+        }
+        await previous?.leave()
+        for (presenter, path) in state.withLock({ $0.presenters.entries }) { await space.mail.register(presenter, at: path) }
+        return space
+    }
+
+    /// Coordinates within this process only from now on.
+    func leaveSpace() async {
+        let previous = spaceSetting.withLock { setting -> CoordinationSpace? in
+            defer { setting = .local }
+            if case .joined(let old) = setting { return old }
+            return nil
+        }
+        await previous?.leave()
+    }
+
+    /// Before a coordination: the space joined and other processes' presenters current.
+    func prepareSpace() async throws {
+        guard let space = try await space() else { return }
+        await space.mail.refreshRemote()
+    }
 
     // MARK: Claims
 
@@ -52,7 +136,10 @@ final class CoordinationCenter: Sendable {
             if !granted { state.owners[id] = owner }
             return (id, granted)
         }
-        if granted { return (id, false) }
+        if granted {
+            try await takeKernelClaims(id, claims)
+            return (id, false)
+        }
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 enum Outcome { case granted, waiting, cancelled(any Error) }
@@ -74,7 +161,26 @@ final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
+        try await takeKernelClaims(id, claims)
         return (id, true)
+    }
+
+    /// After the in-process grant, the claims other processes see (one kernel lock per
+    /// byte for all of this process's tasks). On failure the grant is given back.
+    private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim]) async throws {
+        guard let space = joinedSpace else { return }
+        state.withLock { $0.kernelWaiting[id] = claims }
+        do {
+            let held = try await space.locks.acquire(SpaceLocks.plan(for: claims))
+            state.withLock { state in
+                state.kernel[id] = (space.locks, held)
+                state.kernelWaiting[id] = nil
+            }
+        } catch {
+            state.withLock { _ = $0.kernelWaiting.removeValue(forKey: id) }
+            release(id)
+            throw error
+        }
     }
 
     /// The claims of a granted request as they stand now (after any moves while it waited).
@@ -84,9 +190,10 @@ final class CoordinationCenter: Sendable {
 
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
-        let granted = state.withLock { state in
-            Self.takeWaiters(state.rules.release(id), from: &state)
+        let (kernel, granted) = state.withLock { state in
+            (state.kernel.removeValue(forKey: id), Self.takeWaiters(state.rules.release(id), from: &state))
         }
+        if let (locks, held) = kernel { locks.release(held) }
         for waiter in granted { waiter.continuation.resume() }
     }
 
@@ -133,6 +240,21 @@ final class CoordinationCenter: Sendable {
         state.withLock { ($0.rules.grantedCount, $0.rules.waitingCount) }
     }
 
+    /// The claims granted now (for `status`).
+    func grantedClaims() -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]) {
+        state.withLock { state in
+            var held: [CoordinationRules.Claim] = []
+            for (id, _) in state.kernel { held += state.rules.claims(of: id) }
+            if state.kernel.isEmpty && state.kernelWaiting.isEmpty && joinedSpace == nil { held = state.rules.grantedClaims }
+            return (held, state.rules.waitingClaims + state.kernelWaiting.values.flatMap { $0 })
+        }
+    }
+
+    /// The paths of the given presenters.
+    func presenterPaths(_ ids: Set<ObjectIdentifier>) -> [FilePath] {
+        state.withLock { state in state.presenters.entries.filter { ids.contains(ObjectIdentifier($0.0)) }.map(\.1) }
+    }
+
     // MARK: Presenters
 
     /// The watch of each registered presenter's item (changes made outside coordination).
@@ -149,6 +271,19 @@ final class CoordinationCenter: Sendable {
         return watch
     }
 
+    /// Publishes a presenter in the coordination space, so other processes find it.
+    func publish(_ presenter: any FilePresenter, at path: FilePath) async {
+        do {
+            guard let space = try await space() else { return }
+            // Still registered (not removed meanwhile)?
+            guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
+            await space.mail.register(presenter, at: path)
+        } catch {
+            PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",
+                                              metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+    }
+
     func watch(of id: ObjectIdentifier) -> PresenterWatch? {
         watches.withLock { $0[id] }
     }
@@ -161,7 +296,12 @@ final class CoordinationCenter: Sendable {
         }
     }
 
-    func removePresenter(_ presenter: any FilePresenter) {
+    func removePresenter(_ presenter: any FilePresenter) async {
+        removePresenterLocally(presenter)
+        await joinedSpace?.mail.unregister(presenter)
+    }
+
+    func removePresenterLocally(_ presenter: any FilePresenter) {
         watches.withLock { $0.removeValue(forKey: ObjectIdentifier(presenter)) }?.stop()
         state.withLock { state in
             state.presenters.remove(ObjectIdentifier(presenter))
@@ -176,7 +316,14 @@ final class CoordinationCenter: Sendable {
     /// The presenters concerned by an access to `path`: of the item itself, of the
     /// directories containing it, and (for a subtree access) of the items inside it.
     func presenters(for path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> PresenterRegistry.Concerned {
-        state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
+        var concerned = state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
+        if let space = joinedSpace, space.mail.remoteCount > 0 {
+            let remote = space.mail.remotePresenters(for: path, subtree: subtree)
+            concerned.item += remote.item
+            concerned.containers += remote.containers
+            concerned.inside += remote.inside
+        }
+        return concerned
     }
 
     /// Records a move: waiting claims and intents, and registered presenters, follow the
@@ -197,6 +344,12 @@ final class CoordinationCenter: Sendable {
             return (state.presenters.move(from: source, to: destination), updates)
         }
         for (intent, path) in intents { intent.update(path.fileURL) }
+        if let space = joinedSpace {
+            let local = moved.filter { !($0.entry.presenter is RemotePresenter) }
+            if !local.isEmpty {
+                Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
+            }
+        }
         return moved
     }
 }
@@ -227,31 +380,33 @@ struct PresenterRegistry: Sendable {
         let newPath: FilePath
     }
 
-    private var entries: [ObjectIdentifier: Entry] = [:]
+    private var entriesByID: [ObjectIdentifier: Entry] = [:]
     private var byPath: [FilePath: [ObjectIdentifier]] = [:]
 
-    var all: [any FilePresenter] { entries.values.map(\.presenter) }
-    var isEmpty: Bool { entries.isEmpty }
-    var count: Int { entries.count }
+    var all: [any FilePresenter] { entriesByID.values.map(\.presenter) }
+    var entries: [(any FilePresenter, FilePath)] { entriesByID.values.map { ($0.presenter, $0.path) } }
+    func contains(_ id: ObjectIdentifier) -> Bool { entriesByID[id] != nil }
+    var isEmpty: Bool { entriesByID.isEmpty }
+    var count: Int { entriesByID.count }
 
     mutating func add(_ presenter: any FilePresenter, at path: FilePath) {
         let id = ObjectIdentifier(presenter)
         remove(id)
-        entries[id] = Entry(presenter: presenter, path: path)
+        entriesByID[id] = Entry(presenter: presenter, path: path)
         byPath[path, default: []].append(id)
     }
 
     mutating func remove(_ id: ObjectIdentifier) {
-        guard let entry = entries.removeValue(forKey: id) else { return }
+        guard let entry = entriesByID.removeValue(forKey: id) else { return }
         byPath[entry.path]?.removeAll { $0 == id }
         if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
     }
 
     func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
         var result = Concerned()
-        guard !entries.isEmpty else { return result }
+        guard !entriesByID.isEmpty else { return result }
         func lookup(_ key: FilePath) -> [Entry] {
-            (byPath[key] ?? []).compactMap { $0 == excluded ? nil : entries[$0] }
+            (byPath[key] ?? []).compactMap { $0 == excluded ? nil : entriesByID[$0] }
         }
         result.item = lookup(path)
         var ancestor = path
@@ -261,7 +416,7 @@ struct PresenterRegistry: Sendable {
         }
         if subtree {
             for (key, ids) in byPath where key != path && key.starts(with: path) {
-                result.inside += ids.compactMap { $0 == excluded ? nil : entries[$0] }
+                result.inside += ids.compactMap { $0 == excluded ? nil : entriesByID[$0] }
             }
         }
         return result
@@ -270,13 +425,13 @@ struct PresenterRegistry: Sendable {
     /// Moves every presenter at or inside `source` to the matching place under `destination`.
     mutating func move(from source: FilePath, to destination: FilePath) -> [Moved] {
         var moved: [Moved] = []
-        for (id, entry) in entries where entry.path.starts(with: source) {
+        for (id, entry) in entriesByID where entry.path.starts(with: source) {
             let newPath = Self.rebase(entry.path, from: source, to: destination)
             byPath[entry.path]?.removeAll { $0 == id }
             if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
-            entries[id]!.path = newPath
+            entriesByID[id]!.path = newPath
             byPath[newPath, default: []].append(id)
-            moved.append(Moved(entry: entries[id]!, oldPath: entry.path, newPath: newPath))
+            moved.append(Moved(entry: entriesByID[id]!, oldPath: entry.path, newPath: newPath))
         }
         return moved
     }

@@ -112,13 +112,14 @@ extension FileCoordinator {
 
     /// Runs `body` between ``begin(_:intents:)`` and ``finish(_:accessorSucceeded:)``.
     func perform<T>(
-        _ requests: [ItemRequest], isolation: isolated (any Actor)? = #isolation,
+        _ requests: [ItemRequest], intents: [FileAccessIntent] = [], isolation: isolated (any Actor)? = #isolation,
         _ body: ([URL]) async throws -> T
     ) async throws -> T {
-        if requests.count == 1, !center.hasPresenters, Self.isPlain(requests[0]) {
+        try await center.prepareSpace()
+        if requests.count == 1, intents.isEmpty, !center.hasPresenters, Self.isPlain(requests[0]) {
             return try await performPlain(requests[0], body)
         }
-        let session = try await begin(requests)
+        let session = try await begin(requests, intents: intents)
         if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
             return try await withSnapshots(session, body)
         }
@@ -155,7 +156,7 @@ extension FileCoordinator {
         let path = try Self.normalizedPath(request.url)
         let claim = CoordinationRules.Claim(path: path, access: { if case .writing = request { .writing } else { .reading } }())
         let generation = cancellations.load(ordering: .relaxed)
-        let (id, waited) = try await center.acquire([claim], purpose: purposeIdentifier, owner: ObjectIdentifier(self))
+        let (id, waited) = try await acquire([claim], path: path)
         defer { center.release(id) }
         if waited && cancellations.load(ordering: .relaxed) != generation {
             throw FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
@@ -165,9 +166,43 @@ extension FileCoordinator {
         return try await body([url])
     }
 
+    /// Takes claims, within ``claimTimeout`` when one is set.
+    private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = []
+    ) async throws -> (id: CoordinationRules.RequestID, waited: Bool) {
+        let (center, purpose, owner) = (center, purposeIdentifier, ObjectIdentifier(self))
+        guard let timeout = claimTimeout else {
+            return try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents)
+        }
+        return try await withThrowingTaskGroup(of: (id: CoordinationRules.RequestID, waited: Bool)?.self) { group in
+            group.addTask { try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents) }
+            group.addTask {
+                try await Task.sleep(for: timeout) // ok: the claim deadline
+                return nil
+            }
+            let first = await Result { try await group.next()! }
+            group.cancelAll()
+            // Whatever the other task ends with; a grant that raced the deadline is given back.
+            let second = await Result { try await group.next()! }
+            switch (first, second) {
+            case (.success(let granted?), _):
+                return granted
+            case (.success(nil), .success(let granted?)):
+                center.release(granted.id)
+                fallthrough
+            case (.success(nil), _):
+                let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+                throw FileCoordinationError(code: .timedOut, path: path, operation: "coordinate",
+                                            message: "a conflicting claim did not end within \(seconds) s")
+            case (.failure(let error), _):
+                throw error
+            }
+        }
+    }
+
     /// Takes the claims, then messages the presenters before the access. On failure
     /// everything taken is given back (reacquirers run, claims released).
     func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = []) async throws -> CoordinationSession {
+        try await center.prepareSpace()
         var items: [CoordinationSession.Item] = []
         for request in requests {
             var path = try Self.normalizedPath(request.url)
@@ -190,8 +225,7 @@ extension FileCoordinator {
             CoordinationRules.Claim(path: $0.path, access: $0.isWrite ? .writing : .reading, scope: $0.subtree ? .subtree : .item)
         }
         let generation = cancellations.load(ordering: .relaxed)
-        let (id, waited) = try await center.acquire(claims, purpose: purposeIdentifier, owner: ObjectIdentifier(self),
-                                                    intents: zip(items, intents).map { ($0.path, $1) })
+        let (id, waited) = try await acquire(claims, path: items.first?.path, intents: zip(items, intents).map { ($0.path, $1) })
         do {
             // The items may have moved while the claims waited.
             if waited {
@@ -368,16 +402,21 @@ extension FileCoordinator {
         let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
             if let reacquirer { Task { await reacquirer() } }
         }
+        let answer: FileReacquirer??
         switch request.kind {
         case .reading:
-            reacquirer = try await step("relinquishPresentedItem(toReader:)", late: late) {
+            answer = try await step("relinquishPresentedItem(toReader:)", late: late) {
                 try await presenter.relinquishPresentedItem(toReader: request)
-            } ?? nil
+            }
         case .writing:
-            reacquirer = try await step("relinquishPresentedItem(toWriter:)", late: late) {
+            answer = try await step("relinquishPresentedItem(toWriter:)", late: late) {
                 try await presenter.relinquishPresentedItem(toWriter: request)
-            } ?? nil
+            }
         }
+        // A presenter that did not answer in time is not asked anything more: one
+        // timeout bounds how long it can delay the access.
+        guard case .some(let relinquished) = answer else { return nil }
+        reacquirer = relinquished
         do {
             if plan.accommodateDeletion {
                 _ = try await step("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }

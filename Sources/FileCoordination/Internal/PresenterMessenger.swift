@@ -42,15 +42,15 @@ enum PresenterMessenger {
                     switch policy.action {
                     case .proceed:
                         if race.finish(.success(nil)) {
-                            logger.warning("presenter did not answer in time; proceeding without it",
-                                           metadata: ["presenter": "\(type(of: entry.presenter))", "path": "\(path)",
+                            logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
+                                           metadata: ["presenter": "\(name(of: entry.presenter))", "path": "\(path)",
                                                       "callback": "\(callback)", "timeout": "\(seconds)s"])
                             work.cancel()
                         }
                     case .fail:
                         let error = FileCoordinationError(
                             code: .timedOut, path: path, operation: callback,
-                            message: "the presenter \(type(of: entry.presenter)) did not answer within \(seconds) s")
+                            message: "\(name(of: entry.presenter)) did not answer within \(seconds) s")
                         if race.finish(.failure(error)) { work.cancel() }
                     }
                 }
@@ -64,10 +64,16 @@ enum PresenterMessenger {
         }
     }
 
+    /// How warnings and errors name a presenter: its description when it has one (a
+    /// presenter in another process names its process), else its type.
+    static func name(of presenter: any FilePresenter) -> String {
+        (presenter as? any CustomStringConvertible)?.description ?? "the presenter \(type(of: presenter))"
+    }
+
     /// Wraps a presenter's own error as the coordination's failure.
     static func failure(_ error: any Error, callback: String, entry: PresenterRegistry.Entry) -> any Error {
         if error is CancellationError { return error }
-        if let error = error as? FileCoordinationError, error.code == .timedOut { return error }
+        if let error = error as? FileCoordinationError, error.code == .timedOut || error.code == .presenterFailed { return error }
         return FileCoordinationError(code: .presenterFailed, path: entry.path, operation: callback,
                                      message: "the presenter refused: \(error)", cause: error)
     }

@@ -1,0 +1,242 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The directory through which processes coordinate: claims that other processes
+/// respect, and presenters that other processes find and message. No daemon: each
+/// process joins the space by opening its files, and the kernel releases whatever a
+/// process held when it dies.
+///
+/// ```
+/// <space>/claims.lock          byte-range OFD locks, one slot per path (SpaceLocks)
+/// <space>/registry.seq         a shared counter, bumped when presenters come or go
+/// <space>/procs/<process>      one per process, locked by it while it lives
+/// <space>/mail/<process>/      the process's mailbox, watched by its inotify thread
+/// <space>/presenters/<process>-<n>   one per registered presenter
+/// ```
+///
+/// The space is created `0700`. A space owned by another user, or writable by group or
+/// others, is refused; every file in it is opened with `O_NOFOLLOW` and checked to be a
+/// regular file of ours. The layout and the messages are specified in `docs/protocol.md`.
+///
+/// Every process that coordinates joins one space: by default the per-user space
+/// (``defaultDirectory(environment:)``) on first use. ``FileCoordinator/joinCoordinationSpace(at:)``
+/// chooses another, and ``FileCoordinator/leaveCoordinationSpace()`` keeps coordination
+/// inside the process.
+public final class CoordinationSpace: Sendable {
+    /// The space's directory (absolute).
+    public let directory: FilePath
+    /// This process's name in the space: `<pid>-<random>`, unique even when pids are reused.
+    public let processName: String
+
+    let locks: SpaceLocks
+    let mail: SpaceMail
+
+    init(directory: FilePath, processName: String, locks: SpaceLocks, mail: SpaceMail) {
+        self.directory = directory
+        self.processName = processName
+        self.locks = locks
+        self.mail = mail
+    }
+
+    /// The space used when none is named: `$FILECOORD_SPACE`, else
+    /// `$XDG_RUNTIME_DIR/filecoord`, else `/tmp/filecoord-<uid>`.
+    public static func defaultDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> FilePath {
+        if let named = environment["FILECOORD_SPACE"], !named.isEmpty { return absolute(FilePath(named)) }
+        if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty, runtime.hasPrefix("/") {
+            return FilePath(runtime).appending("filecoord")
+        }
+        return FilePath("/tmp/filecoord-\(geteuid())")
+    }
+
+    static func absolute(_ path: FilePath) -> FilePath {
+        if path.isAbsolute { return path.lexicallyNormalized() }
+        return FilePath(FileManager.default.currentDirectoryPath).pushing(path).lexicallyNormalized()
+    }
+
+    /// Opens (creating if needed) the space at `directory` and joins it.
+    static func join(_ directory: FilePath) async throws -> CoordinationSpace {
+        let directory = absolute(directory)
+        let processName = "\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
+        let files = try await runOnIOThread { try SpaceFiles(directory: directory, processName: processName) }
+        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"))
+        let mail = SpaceMail(files: files)
+        let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
+        do {
+            let thread = InotifyThread.shared
+            _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
+                locks.somethingChanged()
+            }
+            _ = try await thread.addWatch(files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
+                mail.received(event)
+            }
+            _ = try await thread.addWatch(directory.appending("procs"), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
+                mail.processEnded(event)
+            }
+        } catch {
+            files.close()
+            throw error
+        }
+        mail.start()
+        try? await mail.cleanUpDeadProcesses()
+        return space
+    }
+
+    /// Leaves the space: this process's files are removed (its claims must have ended).
+    func leave() async {
+        await mail.leave()
+    }
+
+    // MARK: Status
+
+    /// What ``status(timeout:)`` reports.
+    public struct Status: Sendable {
+        /// A claim held by a live process.
+        public struct Claim: Sendable, Equatable {
+            /// The item claimed.
+            public var path: FilePath
+            /// Whether the claim writes (else it reads).
+            public var isWrite: Bool
+            /// The holding process.
+            public var processIdentifier: Int32
+        }
+        /// A presenter registered by a live process.
+        public struct Presenter: Sendable, Equatable {
+            /// The item presented.
+            public var path: FilePath
+            /// The registering process.
+            public var processIdentifier: Int32
+        }
+        /// Claims held by live processes, by path.
+        public var claims: [Claim] = []
+        /// Claims that live processes are waiting for, by path.
+        public var waiting: [Claim] = []
+        /// Live presenters, by path.
+        public var presenters: [Presenter] = []
+        /// Live processes that did not answer in time (stopped or busy); their claims and
+        /// presenters are not listed.
+        public var unanswered: [Int32] = []
+        /// Processes found dead and cleaned up by this call.
+        public var cleanedUp: [Int32] = []
+    }
+
+    /// Asks every live process in the space for its claims and presenters, and cleans up
+    /// after dead ones.
+    public func status(timeout: Duration = .seconds(2)) async throws -> Status {
+        try await mail.status(localClaims: CoordinationCenter.shared.grantedClaims(), timeout: timeout)
+    }
+}
+
+/// The space's open files, checked as they are opened. Runs on an I/O thread.
+struct SpaceFiles: Sendable {
+    let directory: FilePath
+    let processName: String
+    let directoryFD: Int32
+    let lockFD: Int32
+    let processFD: Int32
+    let mailboxFD: Int32
+    let sequenceFD: Int32
+    nonisolated(unsafe) let sequence: UnsafeMutablePointer<UInt64>
+    var mailboxPath: FilePath { directory.appending("mail").appending(processName) }
+
+    init(directory: FilePath, processName: String) throws {
+        self.directory = directory
+        self.processName = processName
+        var opened: [Int32] = []
+        func fail(_ operation: String, _ path: FilePath, _ code: Int32 = errno) -> FileCoordinationError {
+            for fd in opened { Glibc.close(fd) }
+            return FileCoordinationError(operation, errno: Errno(rawValue: code), path: path)
+        }
+        // The space itself, then its folders: created 0700, refused if not ours alone.
+        if mkdir(directory.string, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory) }
+        let dirFD = fc_open(directory.string, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard dirFD >= 0 else {
+            if errno == ELOOP || errno == ENOTDIR {
+                throw FileCoordinationError(code: .insecureSpace, path: directory, operation: "open",
+                                            errno: Errno(rawValue: errno), message: "the coordination space is not a directory (a symbolic link?)")
+            }
+            throw fail("open", directory)
+        }
+        opened.append(dirFD)
+        try Self.checkOwned(dirFD, directory, directory: true, opened: opened)
+        directoryFD = dirFD
+        for name in ["procs", "mail", "presenters"] {
+            if mkdirat(dirFD, name, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory.appending(name)) }
+            let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+            guard fd >= 0 else { throw fail("open", directory.appending(name)) }
+            defer { Glibc.close(fd) }
+            try Self.checkOwned(fd, directory.appending(name), directory: true, opened: opened)
+        }
+        func openFile(_ name: String, _ flags: Int32) throws -> Int32 {
+            let fd = fc_openat(dirFD, name, flags | O_RDWR | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { throw fail("open", directory.appending(name)) }
+            opened.append(fd)
+            try Self.checkOwned(fd, directory.appending(name), directory: false, opened: opened)
+            return fd
+        }
+        lockFD = try openFile("claims.lock", O_CREAT)
+        let seqFD = try openFile("registry.seq", O_CREAT)
+        sequenceFD = seqFD
+        var info = stat()
+        fstat(seqFD, &info)
+        if info.st_size < 4096 && ftruncate(seqFD, 4096) != 0 { throw fail("ftruncate", directory.appending("registry.seq")) }
+        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending("registry.seq")) }
+        sequence = map.assumingMemoryBound(to: UInt64.self)
+        // The mailbox first, then this process's record, locked for as long as it lives.
+        // The record is locked under a hidden name and renamed into place, so no other
+        // process can find it unlocked (and take this process for dead).
+        let mailbox = "mail/\(processName)"
+        if mkdirat(dirFD, mailbox, 0o700) != 0 { throw fail("mkdir", directory.appending(mailbox)) }
+        let boxFD = fc_openat(dirFD, mailbox, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard boxFD >= 0 else { throw fail("open", directory.appending(mailbox)) }
+        opened.append(boxFD)
+        mailboxFD = boxFD
+        let hidden = "procs/.\(processName)"
+        let procFD = try openFile(hidden, O_CREAT | O_EXCL)
+        processFD = procFD
+        var record = SpaceMessage(kind: "process")
+        record.set("pid", "\(getpid())")
+        let bytes = record.encoded()
+        guard bytes.withUnsafeBytes({ write(procFD, $0.baseAddress, $0.count) }) == bytes.count else {
+            throw fail("write", directory.appending(hidden))
+        }
+        guard fc_ofd_lock(procFD, fc_F_WRLCK, 0, 1, 0) == 0 else { throw fail("F_OFD_SETLK", directory.appending(hidden)) }
+        guard renameat(dirFD, hidden, dirFD, "procs/\(processName)") == 0 else {
+            throw fail("rename", directory.appending("procs/\(processName)"))
+        }
+    }
+
+    private static func checkOwned(_ fd: Int32, _ path: FilePath, directory: Bool, opened: [Int32]) throws {
+        var info = stat()
+        var problem: String?
+        if fstat(fd, &info) != 0 {
+            problem = "cannot be examined"
+        } else if directory != ((info.st_mode & S_IFMT) == S_IFDIR) {
+            problem = directory ? "is not a directory" : "is not a regular file"
+        } else if !directory && (info.st_mode & S_IFMT) != S_IFREG {
+            problem = "is not a regular file"
+        } else if info.st_uid != geteuid() {
+            problem = "is owned by uid \(info.st_uid), not by this user (uid \(geteuid()))"
+        } else if info.st_mode & 0o022 != 0 {
+            problem = "is writable by other users (mode \(String(info.st_mode & 0o7777, radix: 8)))"
+        }
+        guard let problem else { return }
+        for fd in opened { Glibc.close(fd) }
+        throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
+                                    message: "refused: it \(problem)")
+    }
+
+    func close() {
+        for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { Glibc.close(fd) }
+    }
+
+    /// The registry's change counter (shared memory).
+    func loadSequence() -> UInt64 { fc_atomic_load_u64(sequence) }
+    func bumpSequence() { _ = fc_atomic_add_u64(sequence, 1) }
+}

@@ -1,0 +1,301 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Claims that other processes respect: byte-range OFD locks on one file of the space,
+/// `claims.lock`, which the kernel drops when the holding process dies.
+///
+/// Every path has a *slot* of four bytes, at an offset derived from a hash of its bytes:
+///
+/// | byte | meaning | taken by |
+/// |------|---------|----------|
+/// | +0 | the item | readers (shared), writers (exclusive) |
+/// | +1 | "inside" | every access inside the directory (shared); a subtree writer (exclusive) |
+/// | +2 | the writers' queue | a writer, from the moment it starts waiting until it ends |
+///
+/// A reader first checks that no writer is queued on the item (+2), so a stream of readers
+/// cannot starve a writer. Byte 1 of the file is the *waiting flag*: a process with a
+/// blocked claim holds it shared. A process that releases anything checks the flag, and if
+/// another process waits it writes one byte at offset 0 (the doorbell). Waiters watch the
+/// file through inotify: the doorbell's `IN_MODIFY`, and `IN_CLOSE_WRITE` when any process
+/// that had the file open exits (a dead holder's locks are gone). Nothing polls.
+///
+/// One process has one open file description, so the kernel sees one owner per process:
+/// the tasks of the process share each byte's kernel lock through counts (the in-process
+/// rules have already decided which of them may hold what together).
+final class SpaceLocks: Sendable {
+    /// One byte lock a claim needs.
+    struct Byte: Hashable, Sendable, Comparable {
+        var offset: Int64
+        var exclusive: Bool
+        static func < (a: Byte, b: Byte) -> Bool { (a.offset, a.exclusive ? 1 : 0) < (b.offset, b.exclusive ? 1 : 0) }
+    }
+
+    /// What one claim asks the kernel for.
+    struct Plan: Sendable {
+        /// Writer queue bytes: taken first, in order, and kept while waiting.
+        var queue: [Byte] = []
+        /// Taken all together or not at all.
+        var bytes: [Byte] = []
+        /// Queue bytes that must be free (not held by another process's writer).
+        var checks: [Int64] = []
+    }
+
+    /// Held bytes, to give back.
+    struct Held: Sendable {
+        fileprivate var bytes: [Byte]
+    }
+
+    private struct Count {
+        var shared = 0
+        var exclusive = 0
+        /// What the kernel holds for this process now.
+        var kernel: Int16 = fc_F_UNLCK
+        var total: Int { shared + exclusive }
+    }
+
+    private struct State {
+        var counts: [Int64: Count] = [:]
+        var generation: UInt64 = 0
+        var waiters: [UInt64: UnsafeContinuation<Void, any Error>] = [:]
+        var nextWaiter: UInt64 = 0
+        /// Local requests currently waiting (they share the waiting flag).
+        var waiting = 0
+    }
+
+    static let doorbellOffset: Int64 = 0
+    static let waitingFlagOffset: Int64 = 1
+    private static let firstSlot: Int64 = 4096
+
+    let fd: Int32
+    let path: FilePath
+    private let state = Mutex(State())
+
+    init(fd: Int32, path: FilePath) {
+        self.fd = fd
+        self.path = path
+    }
+
+    // MARK: Slots
+
+    /// The first byte of `path`'s slot: a 64-bit FNV-1a hash, finished with a mixer.
+    /// Two paths sharing a slot only over-exclude each other; they never under-exclude.
+    static func slot(_ bytes: some Sequence<UInt8>) -> Int64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in bytes { hash = (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+        hash ^= hash >> 33; hash &*= 0xff51_afd7_ed55_8ccd; hash ^= hash >> 33
+        return firstSlot + Int64(hash >> 5) * 4
+    }
+
+    /// The kernel bytes for a claim on `path` (normalized, absolute).
+    static func plan(for claims: [CoordinationRules.Claim]) -> Plan {
+        var plan = Plan()
+        var inside: Set<Int64> = []
+        for claim in claims {
+            let bytes = claim.path.platformBytes
+            let slot = slot(bytes)
+            switch (claim.access, claim.scope) {
+            case (.reading, _):
+                plan.checks.append(slot + 2)
+                plan.bytes.append(Byte(offset: slot, exclusive: false))
+            case (.writing, .item):
+                plan.queue.append(Byte(offset: slot + 2, exclusive: true))
+                plan.bytes.append(Byte(offset: slot, exclusive: true))
+            case (.writing, .subtree):
+                plan.queue.append(Byte(offset: slot + 2, exclusive: true))
+                plan.bytes.append(Byte(offset: slot, exclusive: true))
+                plan.bytes.append(Byte(offset: slot + 1, exclusive: true))
+            }
+            // The "inside" byte of every containing directory.
+            var end = bytes.count
+            while let slash = bytes[..<end].lastIndex(of: UInt8(ascii: "/")) {
+                inside.insert(Self.slot(bytes[..<max(slash, 1)]) + 1)
+                if slash == 0 { break }
+                end = slash
+            }
+        }
+        plan.bytes += inside.map { Byte(offset: $0, exclusive: false) }
+        // A byte both shared and exclusive in one request: exclusive wins.
+        var merged: [Int64: Bool] = [:]
+        for byte in plan.bytes { merged[byte.offset, default: false] = merged[byte.offset, default: false] || byte.exclusive }
+        plan.bytes = merged.map { Byte(offset: $0.key, exclusive: $0.value) }.sorted()
+        plan.queue = Array(Set(plan.queue)).sorted()
+        return plan
+    }
+
+    // MARK: Acquire and release
+
+    /// Takes the plan's bytes, waiting (on inotify) while another process holds a
+    /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
+    func acquire(_ plan: Plan) async throws -> Held {
+        var queued: [Byte] = []
+        var flagged = false
+        defer { if flagged { lowerWaitingFlag() } }
+        do {
+            while true {
+                try Task.checkCancellation()
+                let generation = state.withLock { $0.generation }
+                if let held = try attempt(plan, queued: &queued) { return held }
+                if !flagged {
+                    // Raise the flag, then try again before sleeping: a release between the
+                    // first attempt and the flag would not have rung.
+                    flagged = true
+                    raiseWaitingFlag()
+                    continue
+                }
+                try await waitForChange(after: generation)
+            }
+        } catch {
+            release(Held(bytes: queued))
+            throw error
+        }
+    }
+
+    /// One try: the queue bytes (kept across tries), then the rest all-or-nothing.
+    /// Returns nil when something is held elsewhere.
+    private func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Held? {
+        try state.withLock { state in
+            for byte in plan.queue.dropFirst(queued.count) {
+                guard try take(byte, in: &state) else { return nil }
+                queued.append(byte)
+            }
+            for check in plan.checks where state.counts[check]?.kernel != fc_F_WRLCK {
+                var conflicting: Int16 = fc_F_UNLCK
+                guard fc_ofd_getlock(fd, fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
+                if conflicting != fc_F_UNLCK { return nil }
+            }
+            var taken: [Byte] = []
+            for byte in plan.bytes {
+                guard try take(byte, in: &state) else {
+                    for byte in taken.reversed() { give(byte, in: &state) }
+                    return nil
+                }
+                taken.append(byte)
+            }
+            return Held(bytes: queued + taken)
+        }
+    }
+
+    /// Counts `byte` for this process, asking the kernel only when the process does not
+    /// hold it strongly enough already. False when another process holds it.
+    private func take(_ byte: Byte, in state: inout State) throws -> Bool {
+        var count = state.counts[byte.offset] ?? Count()
+        let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
+        if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
+            if fc_ofd_lock(fd, needed, byte.offset, 1, 0) != 0 {
+                let error = errno
+                if error == EAGAIN || error == EACCES { return false }
+                throw lockError("F_OFD_SETLK", error)
+            }
+            count.kernel = needed
+        }
+        if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
+        state.counts[byte.offset] = count
+        return true
+    }
+
+    /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
+    /// whether the kernel lock changed.
+    @discardableResult
+    private func give(_ byte: Byte, in state: inout State) -> Bool {
+        guard var count = state.counts[byte.offset] else { return false }
+        if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
+        if count.total <= 0 {
+            state.counts[byte.offset] = nil
+            _ = fc_ofd_lock(fd, fc_F_UNLCK, byte.offset, 1, 0)
+            return true
+        }
+        if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
+            _ = fc_ofd_lock(fd, fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
+            count.kernel = fc_F_RDLCK
+            state.counts[byte.offset] = count
+            return true
+        }
+        state.counts[byte.offset] = count
+        return false
+    }
+
+    /// Gives the bytes back; wakes this process's waiters, and rings the doorbell when
+    /// another process waits.
+    func release(_ held: Held) {
+        guard !held.bytes.isEmpty else { return }
+        let (changed, waiters) = state.withLock { state in
+            var changed = false
+            for byte in held.bytes.reversed() where give(byte, in: &state) { changed = true }
+            guard changed else { return (false, [UnsafeContinuation<Void, any Error>]()) }
+            state.generation &+= 1
+            defer { state.waiters.removeAll() }
+            return (true, Array(state.waiters.values))
+        }
+        for waiter in waiters { waiter.resume() }
+        guard changed else { return }
+        var conflicting: Int16 = fc_F_UNLCK
+        if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0, conflicting != fc_F_UNLCK {
+            ringDoorbell()
+        }
+    }
+
+    /// Wakes every process waiting on the space's claims.
+    func ringDoorbell() {
+        var byte: UInt8 = 1
+        _ = pwrite(fd, &byte, 1, off_t(Self.doorbellOffset))
+    }
+
+    // MARK: Waiting
+
+    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`.
+    func somethingChanged() {
+        let waiters = state.withLock { state in
+            state.generation &+= 1
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private func waitForChange(after generation: UInt64) async throws {
+        let id = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
+                let parked = state.withLock { state in
+                    guard state.generation == generation, !Task.isCancelled else { return false }
+                    state.waiters[id] = continuation
+                    return true
+                }
+                if !parked { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    private func raiseWaitingFlag() {
+        state.withLock { state in
+            state.waiting += 1
+            if state.waiting == 1 { _ = fc_ofd_lock(fd, fc_F_RDLCK, Self.waitingFlagOffset, 1, 0) }
+        }
+    }
+
+    private func lowerWaitingFlag() {
+        state.withLock { state in
+            state.waiting -= 1
+            if state.waiting == 0 { _ = fc_ofd_lock(fd, fc_F_UNLCK, Self.waitingFlagOffset, 1, 0) }
+        }
+    }
+
+    /// Bytes this process holds in the kernel (for tests and `status`).
+    var heldCount: Int { state.withLock { $0.counts.count } }
+
+    private func lockError(_ operation: String, _ code: Int32 = errno) -> FileCoordinationError {
+        FileCoordinationError(code: .io, path: path, operation: operation, errno: Errno(rawValue: code),
+                              message: "the coordination space's lock file refused a lock")
+    }
+}

@@ -1,0 +1,651 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The messaging half of a coordination space: this process's mailbox, the requests it
+/// sends to other processes' presenters and the answers it waits for, the registry of
+/// presenters (its own, and a cache of everyone else's), and the requests it serves for
+/// its own presenters.
+final class SpaceMail: Sendable {
+    let files: SpaceFiles
+    private var me: String { files.processName }
+
+    private enum Reply {
+        case waiting(target: String, UnsafeContinuation<SpaceMessage?, any Error>)
+        case registered(target: String)
+        case arrived(SpaceMessage?)
+    }
+
+    private struct State {
+        var nextMessage: UInt64 = 1
+        var replies: [UInt64: Reply] = [:]
+        /// This process's presenters, by their number in the space.
+        var local: [UInt64: any FilePresenter] = [:]
+        var localNumbers: [ObjectIdentifier: UInt64] = [:]
+        var nextPresenter: UInt64 = 1
+        /// Reacquirers (and echo suppressions) kept for the processes that asked.
+        var kept: [String: (FileReacquirer?, (PresenterWatch, Int)?)] = [:]
+        /// Other processes' presenters as last read, and the counter value they reflect.
+        var remoteSequence: UInt64 = .max
+        var remoteByName: [String: RemotePresenter] = [:]
+        var remote = PresenterRegistry()
+        var left = false
+        /// Dead processes cleaned up and not yet reported by `status`.
+        var cleanedUp: [Int32] = []
+    }
+
+    private let state = Mutex(State())
+    private let incoming: AsyncStream<SpaceMessage>.Continuation
+    private let incomingStream: AsyncStream<SpaceMessage>
+
+    init(files: SpaceFiles) {
+        self.files = files
+        (incomingStream, incoming) = AsyncStream.makeStream(of: SpaceMessage.self)
+    }
+
+    /// Starts serving requests to this process's presenters, one at a time, in the order
+    /// they arrived (so a presenter hears `didChange` and its reacquirer after the
+    /// relinquish of the same write, and before the next writer's).
+    func start() {
+        let stream = incomingStream
+        Task.detached { [self] in
+            for await message in stream { await serve(message) }
+        }
+    }
+
+    // MARK: Receiving (on the watcher thread)
+
+    /// A file was closed in this process's mailbox: read it, remove it, act on it.
+    func received(_ event: InotifyEvent) {
+        guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
+        let name = String(decoding: event.name, as: UTF8.self)
+        let outcome = readMessage(dirFD: files.mailboxFD, name: event.name)
+        _ = event.name.withUnsafeBufferPointer { buffer in
+            unlinkat(files.mailboxFD, String(decoding: buffer, as: UTF8.self), 0)
+        }
+        let message: SpaceMessage
+        switch outcome {
+        case .success(let decoded): message = decoded
+        case .failure(let reason):
+            PresenterMessenger.logger.warning("ignored a file in the coordination space",
+                                              metadata: ["path": "\(files.mailboxPath.appending(name))", "reason": "\(reason)"])
+            return
+        }
+        switch message.kind {
+        case "reply", "status-reply":
+            guard let id = message.number("re") else { return warnMalformed(name, "a reply without `re`") }
+            resolve(id, with: message)
+        case "status":
+            Task.detached { [self] in await answerStatus(message) }
+        default:
+            incoming.yield(message)
+        }
+    }
+
+    private func warnMalformed(_ name: String, _ reason: String) {
+        PresenterMessenger.logger.warning("ignored a file in the coordination space",
+                                          metadata: ["path": "\(files.mailboxPath.appending(name))", "reason": "\(reason)"])
+    }
+
+    /// Reads one small message file without following links or blocking on a FIFO.
+    private func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
+        let fd = (name + [0]).withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) {
+                fc_openat(dirFD, $0.baseAddress!, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+            }
+        }
+        guard fd >= 0 else { return .failure(.notAMessage) }
+        defer { Glibc.close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else { return .failure(.notAMessage) }
+        guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
+        var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
+        let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        guard count >= 0 else { return .failure(.notAMessage) }
+        return SpaceMessage.decode(buffer[..<count])
+    }
+
+    // MARK: Sending and waiting for replies
+
+    enum SendError: Error { case gone }
+
+    /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the
+    /// mailbox no longer exists (the process left or died and was cleaned up).
+    func send(_ message: SpaceMessage, to target: String, id: UInt64) async throws {
+        var message = message
+        message.set("from", me)
+        message.set("id", "\(id)")
+        message.set("pid", "\(getpid())")
+        let bytes = message.encoded()
+        let name = "\(target)/\(me)-\(id)"
+        let (dirFD, path) = (files.directoryFD, files.directory.appending("mail").appending(target))
+        try await runOnIOThread {
+            let fd = fc_openat(dirFD, "mail/" + name, O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+            if fd < 0 {
+                if errno == ENOENT { throw SendError.gone }
+                throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path)
+            }
+            defer { Glibc.close(fd) }
+            let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if written != bytes.count { throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: path) }
+        }
+    }
+
+    func nextID() -> UInt64 {
+        state.withLock { state in
+            defer { state.nextMessage += 1 }
+            return state.nextMessage
+        }
+    }
+
+    /// Sends a request and waits for its reply. Returns nil when the target process is
+    /// dead (its liveness lock is free): it is cleaned up and skipped.
+    func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
+        let id = nextID()
+        state.withLock { $0.replies[id] = .registered(target: target) }
+        do {
+            try await send(message, to: target, id: id)
+        } catch SendError.gone {
+            state.withLock { _ = $0.replies.removeValue(forKey: id) }
+            return nil
+        } catch {
+            state.withLock { _ = $0.replies.removeValue(forKey: id) }
+            throw error
+        }
+        // Died before the request could be read: its close already fired.
+        if !isAlive(target) {
+            resolve(id, with: nil)
+            Task { await cleanUp(target) }
+        }
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceMessage?, any Error>) in
+                let ready: SpaceMessage?? = state.withLock { state in
+                    switch state.replies[id] {
+                    case .arrived(let message):
+                        state.replies[id] = nil
+                        return .some(message)
+                    case .registered(let target):
+                        state.replies[id] = .waiting(target: target, continuation)
+                        return .none
+                    default:
+                        // Cancelled before it could park.
+                        return .some(nil)
+                    }
+                }
+                if case .some(let message) = ready {
+                    if Task.isCancelled && message == nil { continuation.resume(throwing: CancellationError()) } else { continuation.resume(returning: message) }
+                }
+            }
+        } onCancel: {
+            let waiting = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+                guard case .waiting(_, let continuation) = state.replies.removeValue(forKey: id) else { return nil }
+                return continuation
+            }
+            waiting?.resume(throwing: CancellationError())
+        }
+    }
+
+    private func resolve(_ id: UInt64, with message: SpaceMessage?) {
+        let continuation = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+            switch state.replies[id] {
+            case .waiting(_, let continuation):
+                state.replies[id] = nil
+                return continuation
+            case .registered:
+                state.replies[id] = .arrived(message)
+                return nil
+            default:
+                return nil
+            }
+        }
+        continuation?.resume(returning: message)
+    }
+
+    /// A process's record was closed: if that process is gone, its pending requests end.
+    func processEnded(_ event: InotifyEvent) {
+        let name = String(decoding: event.name, as: UTF8.self)
+        let waiting = state.withLock { state in
+            state.replies.compactMap { id, reply -> UInt64? in
+                switch reply {
+                case .waiting(let target, _), .registered(let target): target == name ? id : nil
+                case .arrived: nil
+                }
+            }
+        }
+        guard !waiting.isEmpty, !isAlive(name) else { return }
+        for id in waiting { resolve(id, with: nil) }
+        Task { await cleanUp(name) }
+    }
+
+    /// Whether `process` still holds the lock on its record.
+    func isAlive(_ process: String) -> Bool {
+        guard !process.isEmpty, !process.contains("/") else { return false }
+        let fd = fc_openat(files.directoryFD, "procs/" + process, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard fd >= 0 else { return false }
+        defer { Glibc.close(fd) }
+        var conflicting: Int16 = fc_F_UNLCK
+        guard fc_ofd_getlock(fd, fc_F_WRLCK, 0, 1, &conflicting) == 0 else { return false }
+        return conflicting != fc_F_UNLCK
+    }
+
+    // MARK: Registering this process's presenters
+
+    /// Publishes a presenter so that other processes find it.
+    func register(_ presenter: any FilePresenter, at path: FilePath) async {
+        let (number, replaced) = state.withLock { state -> (UInt64, UInt64?) in
+            let existing = state.localNumbers[ObjectIdentifier(presenter)]
+            if let existing { state.local[existing] = nil }
+            defer { state.nextPresenter += 1 }
+            state.local[state.nextPresenter] = presenter
+            state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
+            return (state.nextPresenter, existing)
+        }
+        var record = SpaceMessage(kind: "presenter")
+        record.set("from", me)
+        record.set("pid", "\(getpid())")
+        record.set("presenter", "\(number)")
+        record.set("path", path)
+        let bytes = record.encoded()
+        let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
+        let previous = replaced.map { "presenters/\(me)-\($0)" }
+        do {
+            try await runOnIOThread {
+                let temporary = "presenters/.\(self.me)-\(number).new"
+                let fd = fc_openat(dirFD, temporary, O_WRONLY | O_CREAT | O_TRUNC | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+                guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: files.directory.appending(temporary)) }
+                let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                Glibc.close(fd)
+                guard written == bytes.count else { throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: files.directory.appending(temporary)) }
+                guard renameat(dirFD, temporary, dirFD, name) == 0 else {
+                    throw FileCoordinationError("rename", errno: Errno(rawValue: errno), path: files.directory.appending(name))
+                }
+                if let previous { unlinkat(dirFD, previous, 0) }
+                files.bumpSequence()
+            }
+        } catch {
+            PresenterMessenger.logger.warning("cannot publish a presenter in the coordination space; other processes will not find it",
+                                              metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+    }
+
+    /// Withdraws a presenter published by ``register(_:at:)``.
+    func unregister(_ presenter: any FilePresenter) async {
+        guard let number = state.withLock({ state -> UInt64? in
+            guard let number = state.localNumbers.removeValue(forKey: ObjectIdentifier(presenter)) else { return nil }
+            state.local[number] = nil
+            return number
+        }) else { return }
+        let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
+        _ = try? await runOnIOThread {
+            unlinkat(dirFD, name, 0)
+            files.bumpSequence()
+        }
+    }
+
+    // MARK: Other processes' presenters
+
+    /// Brings the cache of other processes' presenters up to date when the registry
+    /// changed since it was read: one shared-memory load when nothing changed.
+    func refreshRemote() async {
+        let sequence = files.loadSequence()
+        guard state.withLock({ $0.remoteSequence != sequence }) else { return }
+        let (dirFD, me) = (files.directoryFD, me)
+        let known = state.withLock { Set($0.remoteByName.keys) }
+        let scan: ([String], [String: SpaceMessage])? = try? await runOnIOThread {
+            var names: [String] = []
+            var fresh: [String: SpaceMessage] = [:]
+            let fd = fc_openat(dirFD, "presenters", O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+            guard fd >= 0, let dir = fdopendir(fd) else { return ([], [:]) }
+            defer { closedir(dir) }
+            let presentersFD = dirfd(dir)
+            while let entry = readdir(dir) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                    String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+                }
+                guard !name.hasPrefix("."), !name.hasPrefix(me + "-") else { continue }
+                names.append(name)
+                if !known.contains(name) {
+                    switch self.readMessage(dirFD: presentersFD, name: Array(name.utf8)) {
+                    case .success(let record) where record.kind == "presenter": fresh[name] = record
+                    case .success: break
+                    case .failure(let reason):
+                        PresenterMessenger.logger.warning("ignored a file in the coordination space",
+                                                          metadata: ["path": "\(self.files.directory.appending("presenters").appending(name))",
+                                                                     "reason": "\(reason)"])
+                    }
+                }
+            }
+            return (names, fresh)
+        }
+        guard let (names, fresh) = scan else { return }
+        state.withLock { state in
+            let present = Set(names)
+            for (name, proxy) in state.remoteByName where !present.contains(name) {
+                state.remote.remove(ObjectIdentifier(proxy))
+                state.remoteByName[name] = nil
+            }
+            for (name, record) in fresh {
+                guard let process = record.string("from"), let path = record.path("path"),
+                      let number = record.number("presenter") else { continue }
+                let proxy = RemotePresenter(mail: self, process: process, number: number, path: path,
+                                            pid: Int32(record.string("pid") ?? "") ?? 0)
+                state.remoteByName[name] = proxy
+                state.remote.add(proxy, at: path)
+            }
+            state.remoteSequence = sequence
+        }
+    }
+
+    var remoteCount: Int { state.withLock { $0.remote.count } }
+
+    func remotePresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
+        state.withLock { $0.remote.concerned(by: path, subtree: subtree, excluding: nil) }
+    }
+
+    // MARK: Serving requests for this process's presenters
+
+    private func serve(_ message: SpaceMessage) async {
+        guard let from = message.string("from"), let id = message.number("id") else { return }
+        let key = "\(from)/\(message.string("re") ?? "\(id)")"
+        let presenter = message.number("presenter").flatMap { number in state.withLock { $0.local[number] } }
+        let url = message.path("path")?.fileURL
+        let pid = Int32(message.string("pid") ?? "") ?? 0
+        var reply = SpaceMessage(kind: "reply")
+        reply.set("re", "\(id)")
+        reply.set("result", "ok")
+        func replying(_ body: () async throws -> Void) async {
+            do { try await body() } catch {
+                reply.set("result", "error")
+                reply.set("text", Self.describe(error))
+            }
+            try? await send(reply, to: from, id: nextID())
+        }
+        switch message.kind {
+        case "relinquish":
+            await replying {
+                guard let presenter, let url else { return }
+                let writing = message.string("access") == "write"
+                let request = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
+                                                purposeIdentifier: message.string("purpose") ?? from, processIdentifier: pid)
+                let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: request)
+                    : try await presenter.relinquishPresentedItem(toReader: request)
+                var suppression: (PresenterWatch, Int)?
+                if writing, let path = message.path("path"), let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
+                    suppression = (watch, watch.beginSuppressing(path))
+                }
+                state.withLock { $0.kept[key] = (reacquirer, suppression) }
+            }
+        case "save":
+            await replying { try await presenter?.savePresentedItemChanges() }
+        case "accommodate-deletion":
+            await replying { try await presenter?.accommodatePresentedItemDeletion() }
+        case "accommodate-subitem-deletion":
+            await replying { if let url { try await presenter?.accommodatePresentedSubitemDeletion(at: url) } }
+        case "reacquire":
+            let kept = state.withLock { $0.kept.removeValue(forKey: key) }
+            if let (watch, token) = kept?.1 { await watch.endSuppressing(token) }
+            if let reacquirer = kept?.0 { await reacquirer() }
+        case "did-change":
+            await presenter?.presentedItemDidChange()
+        case "did-move":
+            if let to = message.path("to") { await presenter?.presentedItemDidMove(to: to.fileURL) }
+        case "subitem-appear":
+            if let url { await presenter?.presentedSubitemDidAppear(at: url) }
+        case "subitem-change":
+            if let url { await presenter?.presentedSubitemDidChange(at: url) }
+        case "subitem-move":
+            if let url, let to = message.path("to") { await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL) }
+        default:
+            PresenterMessenger.logger.warning("ignored a message of an unknown kind", metadata: ["kind": "\(message.kind)", "from": "\(from)"])
+        }
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? FileCoordinationError { return error.message }
+        if let error = error as? any LocalizedError, let text = error.errorDescription { return text }
+        return String(describing: error)
+    }
+
+    // MARK: Status
+
+    private func answerStatus(_ query: SpaceMessage) async {
+        guard let from = query.string("from"), let id = query.number("id") else { return }
+        var reply = SpaceMessage(kind: "status-reply")
+        reply.set("re", "\(id)")
+        let claims = CoordinationCenter.shared.grantedClaims()
+        for (index, claim) in claims.held.enumerated() {
+            reply["claim.\(index)"] = Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes
+        }
+        for (index, claim) in claims.waiting.enumerated() {
+            reply["waiting.\(index)"] = Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes
+        }
+        for (index, entry) in localEntries().enumerated() {
+            reply["presenter.\(index)"] = entry.platformBytes
+        }
+        try? await send(reply, to: from, id: nextID())
+    }
+
+    private func localEntries() -> [FilePath] {
+        let ids = state.withLock { Set($0.localNumbers.keys) }
+        return CoordinationCenter.shared.presenterPaths(ids)
+    }
+
+    func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
+                timeout: Duration) async throws -> CoordinationSpace.Status {
+        var status = CoordinationSpace.Status()
+        let pid = getpid()
+        for claim in localClaims.held {
+            status.claims.append(.init(path: claim.path, isWrite: claim.access == .writing, processIdentifier: pid))
+        }
+        for claim in localClaims.waiting {
+            status.waiting.append(.init(path: claim.path, isWrite: claim.access == .writing, processIdentifier: pid))
+        }
+        for path in localEntries() { status.presenters.append(.init(path: path, processIdentifier: pid)) }
+        let (dirFD, me) = (files.directoryFD, me)
+        let processes: [String] = try await runOnIOThread {
+            try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }
+        }
+        enum Answer: Sendable { case dead, silent, reply(SpaceMessage) }
+        await withTaskGroup(of: (String, Answer).self) { group in
+            for process in processes {
+                group.addTask { [self] in
+                    guard isAlive(process) else { return (process, .dead) }
+                    let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
+                        race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
+                        race.addTask { try await Task.sleep(for: timeout); return .silent } // ok: a deadline
+                        defer { race.cancelAll() }
+                        return try await race.next()!
+                    }
+                    return (process, answer ?? .silent)
+                }
+            }
+            for await (process, answer) in group {
+                let pid = Int32(process.split(separator: "-").first ?? "") ?? 0
+                switch answer {
+                case .silent: status.unanswered.append(pid)
+                case .dead:
+                    status.cleanedUp.append(pid)
+                    await cleanUp(process)
+                case .reply(let reply):
+                    for (key, value) in reply.fields {
+                        if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
+                            let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
+                                                                       isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
+                            if key.hasPrefix("claim.") { status.claims.append(claim) } else { status.waiting.append(claim) }
+                        } else if key.hasPrefix("presenter."), value.first == UInt8(ascii: "/") {
+                            status.presenters.append(.init(path: FilePath(platformBytes: value), processIdentifier: pid))
+                        }
+                    }
+                }
+            }
+        }
+        status.claims.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.waiting.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.presenters.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.unanswered.sort()
+        status.cleanedUp += state.withLock { state in
+            defer { state.cleanedUp.removeAll() }
+            return state.cleanedUp
+        }
+        status.cleanedUp.sort()
+        return status
+    }
+
+    // MARK: Cleaning up
+
+    static func list(_ dirFD: Int32, _ name: String) throws -> [String] {
+        let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard fd >= 0, let dir = fdopendir(fd) else { throw FileCoordinationError("opendir", errno: Errno(rawValue: errno), path: FilePath(name)) }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    /// Removes a dead process's record, mailbox and presenters.
+    func cleanUp(_ process: String) async {
+        guard !process.isEmpty, !process.contains("/"), process != me, !isAlive(process) else { return }
+        let (dirFD, files) = (files.directoryFD, files)
+        _ = try? await runOnIOThread {
+            for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
+                unlinkat(dirFD, "presenters/" + name, 0)
+            }
+            for name in (try? Self.list(dirFD, "mail/" + process)) ?? [] {
+                unlinkat(dirFD, "mail/\(process)/\(name)", 0)
+            }
+            unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR)
+            unlinkat(dirFD, "procs/" + process, 0)
+            files.bumpSequence()
+        }
+    }
+
+    /// Cleans up after every dead process in the space (done when joining); they are
+    /// reported by the next ``status(localClaims:timeout:)``.
+    func cleanUpDeadProcesses() async throws {
+        let (dirFD, me) = (files.directoryFD, me)
+        let processes = try await runOnIOThread { try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") } }
+        for process in processes where !isAlive(process) {
+            await cleanUp(process)
+            state.withLock { $0.cleanedUp.append(Int32(process.split(separator: "-").first ?? "") ?? 0) }
+        }
+    }
+
+    /// Removes this process's files; called when it leaves the space.
+    func leave() async {
+        let (dirFD, files, me) = (files.directoryFD, files, me)
+        let numbers = state.withLock { state in
+            state.left = true
+            return Array(state.local.keys)
+        }
+        incoming.finish()
+        _ = try? await runOnIOThread {
+            for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
+            for name in (try? Self.list(dirFD, "mail/" + me)) ?? [] { unlinkat(dirFD, "mail/\(me)/\(name)", 0) }
+            unlinkat(dirFD, "mail/" + me, AT_REMOVEDIR)
+            unlinkat(dirFD, "procs/" + me, 0)
+            files.bumpSequence()
+        }
+    }
+}
+
+/// A presenter registered by another process, as this process sees it: each callback is
+/// a request into that process's mailbox, answered through this process's mailbox.
+final class RemotePresenter: FilePresenter, CustomStringConvertible {
+    let mail: SpaceMail
+    let process: String
+    let number: UInt64
+    let path: FilePath
+    let pid: Int32
+
+    init(mail: SpaceMail, process: String, number: UInt64, path: FilePath, pid: Int32) {
+        self.mail = mail
+        self.process = process
+        self.number = number
+        self.path = path
+        self.pid = pid
+    }
+
+    var presentedItemURL: URL? { path.fileURL }
+    var description: String { "the presenter of \(path) in process \(pid)" }
+
+    private func message(_ kind: String, path: FilePath? = nil, to: FilePath? = nil) -> SpaceMessage {
+        var message = SpaceMessage(kind: kind)
+        message.set("presenter", "\(number)")
+        message.set("path", path ?? self.path)
+        if let to { message.set("to", to) }
+        return message
+    }
+
+    /// Sends and waits; throws the presenter's own error text when it refused.
+    private func ask(_ message: SpaceMessage) async throws -> Bool {
+        guard let reply = try await mail.request(message, to: process) else { return false }
+        if reply.string("result") == "error" {
+            throw FileCoordinationError(code: .presenterFailed, path: path, operation: message.kind,
+                                        message: "\(self) refused: \(reply.string("text") ?? "no reason given")")
+        }
+        return true
+    }
+
+    private func tell(_ message: SpaceMessage) async {
+        try? await mail.send(message, to: process, id: mail.nextID())
+    }
+
+    private func relinquish(_ request: FileAccessRequest, access: String) async throws -> FileReacquirer? {
+        var message = message("relinquish", path: (try? FilePath(fileURL: request.url)) ?? path)
+        message.set("access", access)
+        message.set("purpose", request.purposeIdentifier)
+        let id = mail.nextID()
+        message.set("re", "\(id)")
+        var reacquire = self.message("reacquire")
+        reacquire.set("re", "\(id)")
+        do {
+            guard try await ask(message) else { return nil }
+        } catch is CancellationError {
+            // Given up on (the presenter timeout, or the coordination was cancelled): the
+            // presenter may still relinquish later, and must then get its item back.
+            let late = reacquire
+            Task { await tell(late) }
+            throw CancellationError()
+        }
+        let done = reacquire
+        return { [self] in await tell(done) }
+    }
+
+    func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
+        try await relinquish(request, access: "read")
+    }
+
+    func relinquishPresentedItem(toWriter request: FileAccessRequest) async throws -> FileReacquirer? {
+        try await relinquish(request, access: "write")
+    }
+
+    func savePresentedItemChanges() async throws { _ = try await ask(message("save")) }
+    func accommodatePresentedItemDeletion() async throws { _ = try await ask(message("accommodate-deletion")) }
+    func accommodatePresentedSubitemDeletion(at url: URL) async throws {
+        _ = try await ask(message("accommodate-subitem-deletion", path: try FilePath(fileURL: url)))
+    }
+    func presentedItemDidChange() async { await tell(message("did-change")) }
+    func presentedItemDidMove(to url: URL) async {
+        if let to = try? FilePath(fileURL: url) { await tell(message("did-move", to: to)) }
+    }
+    func presentedSubitemDidAppear(at url: URL) async {
+        if let at = try? FilePath(fileURL: url) { await tell(message("subitem-appear", path: at)) }
+    }
+    func presentedSubitemDidChange(at url: URL) async {
+        if let at = try? FilePath(fileURL: url) { await tell(message("subitem-change", path: at)) }
+    }
+    func presentedSubitem(at url: URL, didMoveTo newURL: URL) async {
+        if let at = try? FilePath(fileURL: url), let to = try? FilePath(fileURL: newURL) {
+            await tell(message("subitem-move", path: at, to: to))
+        }
+    }
+}

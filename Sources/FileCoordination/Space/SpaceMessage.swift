@@ -1,0 +1,116 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemPackage
+
+/// One file of the coordination space's protocol: a request, a reply, a presenter's
+/// registration or a process's record. Specified in `docs/protocol.md`.
+///
+/// The format is text, one field per line, `key value`, between a version line
+/// (`filecoord 1`) and an `end` line (so a truncated file is told from a whole one).
+/// Values are percent-encoded bytes: everything outside `!`...`~`, and `%` itself, is
+/// written `%XX`, so paths with spaces, newlines or bytes that are not UTF-8 survive.
+struct SpaceMessage: Sendable, Equatable {
+    static let version = 1
+    static let maximumSize = 64 * 1024
+
+    var kind: String
+    var fields: [String: [UInt8]] = [:]
+
+    init(kind: String, _ fields: [String: [UInt8]] = [:]) {
+        self.kind = kind
+        self.fields = fields
+    }
+
+    subscript(key: String) -> [UInt8]? {
+        get { fields[key] }
+        set { fields[key] = newValue }
+    }
+
+    func string(_ key: String) -> String? { fields[key].map { String(decoding: $0, as: UTF8.self) } }
+    func path(_ key: String) -> FilePath? {
+        guard let bytes = fields[key], bytes.first == UInt8(ascii: "/"), !bytes.contains(0) else { return nil }
+        return FilePath(platformBytes: bytes)
+    }
+    func number(_ key: String) -> UInt64? { string(key).flatMap { UInt64($0) } }
+
+    mutating func set(_ key: String, _ value: String) { fields[key] = Array(value.utf8) }
+    mutating func set(_ key: String, _ value: FilePath) { fields[key] = value.platformBytes }
+
+    // MARK: Encoding
+
+    func encoded() -> [UInt8] {
+        var out = Array("filecoord \(Self.version)\nkind \(kind)\n".utf8)
+        for key in fields.keys.sorted() {
+            out += Array(key.utf8)
+            out.append(UInt8(ascii: " "))
+            Self.percentEncode(fields[key]!, into: &out)
+            out.append(UInt8(ascii: "\n"))
+        }
+        out += Array("end\n".utf8)
+        return out
+    }
+
+    /// Parses a whole message; nil for anything else (another version, a truncated or
+    /// foreign file), with the reason.
+    static func decode(_ bytes: some Collection<UInt8>) -> Result<SpaceMessage, MalformedReason> {
+        guard bytes.count <= maximumSize else { return .failure(.tooLarge) }
+        let lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
+        guard lines.count >= 4, lines.last?.isEmpty == true else { return .failure(.truncated) }
+        guard Array(lines[0]) == Array("filecoord \(version)".utf8) else {
+            return .failure(lines[0].starts(with: Array("filecoord ".utf8)) ? .unsupportedVersion : .notAMessage)
+        }
+        guard Array(lines[lines.count - 2]) == Array("end".utf8) else { return .failure(.truncated) }
+        var message = SpaceMessage(kind: "")
+        for line in lines[1..<(lines.count - 2)] {
+            guard let space = line.firstIndex(of: UInt8(ascii: " ")) else { return .failure(.badField) }
+            let key = String(decoding: line[line.startIndex..<space], as: UTF8.self)
+            guard let value = percentDecode(line[line.index(after: space)...]) else { return .failure(.badField) }
+            if key == "kind" { message.kind = String(decoding: value, as: UTF8.self) } else { message.fields[key] = value }
+        }
+        guard !message.kind.isEmpty else { return .failure(.badField) }
+        return .success(message)
+    }
+
+    enum MalformedReason: String, Error, Sendable {
+        case tooLarge = "larger than 64 KiB"
+        case truncated = "truncated (no end line)"
+        case unsupportedVersion = "written for another protocol version"
+        case notAMessage = "not a filecoord message"
+        case badField = "a field is malformed"
+    }
+
+    static func percentEncode(_ bytes: [UInt8], into out: inout [UInt8]) {
+        let hex = Array("0123456789ABCDEF".utf8)
+        for byte in bytes {
+            if byte > 0x20 && byte < 0x7F && byte != UInt8(ascii: "%") {
+                out.append(byte)
+            } else {
+                out += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 15)]]
+            }
+        }
+    }
+
+    static func percentDecode(_ bytes: some Collection<UInt8>) -> [UInt8]? {
+        func nibble(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+            default: nil
+            }
+        }
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count)
+        var iterator = bytes.makeIterator()
+        while let byte = iterator.next() {
+            if byte == UInt8(ascii: "%") {
+                guard let high = iterator.next().flatMap(nibble), let low = iterator.next().flatMap(nibble) else { return nil }
+                out.append(high << 4 | low)
+            } else if byte > 0x20 && byte < 0x7F {
+                out.append(byte)
+            } else {
+                return nil
+            }
+        }
+        return out
+    }
+}

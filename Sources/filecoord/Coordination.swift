@@ -1,0 +1,87 @@
+import ArgumentParser
+import FileCoordination
+import Foundation
+import Logging
+
+/// The options every coordinating subcommand shares (`--space`, `--presenter-timeout`,
+/// `--strict`, `--timeout`), and what they do.
+struct CoordinationOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
+                               valueName: "DIR"))
+    var space: String?
+
+    @Option(name: .customLong("presenter-timeout"),
+            help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "SECONDS"))
+    var presenterTimeout: Double = 30
+
+    @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
+    var strict = false
+
+    @Option(help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "SECONDS"))
+    var timeout: Double?
+
+    func validate() throws {
+        guard presenterTimeout > 0 else { throw ValidationError("--presenter-timeout must be positive") }
+        if let timeout, timeout < 0 { throw ValidationError("--timeout cannot be negative") }
+    }
+
+    /// Joins the space and returns a coordinator with the chosen presenter policy.
+    func coordinator() async throws -> FileCoordinator {
+        Logs.bootstrap()
+        do {
+            try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
+        }
+        let coordinator = FileCoordinator()
+        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .milliseconds(Int(presenterTimeout * 1000)),
+                                                                     action: strict ? .fail : .proceed))
+        coordinator.setClaimTimeout(timeout.map { .milliseconds(Int($0 * 1000)) })
+        return coordinator
+    }
+
+    /// Runs a coordination, mapping its failures to the contract's exit statuses: a claim
+    /// that waited past `--timeout`, or a presenter past `--presenter-timeout` under
+    /// `--strict`, exits 3; any other failure 1.
+    func run<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw error.code == .timedOut ? Status.timedOut : Status.failed
+        } catch let error as ExitCode {
+            throw error
+        } catch {
+            Output.error("\(error)")
+            throw Status.failed
+        }
+    }
+}
+
+/// Library log messages (a presenter that did not answer in time, a malformed file in the
+/// space) as one stderr line each: `filecoord: warning: <message> (<details>)`.
+enum Logs {
+    private static let once: Void = {
+        LoggingSystem.bootstrap { _ in StderrLogHandler() }
+    }()
+
+    static func bootstrap() { _ = once }
+
+    struct StderrLogHandler: LogHandler {
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .warning
+
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+
+        func log(event: LogEvent) {
+            let details = metadata.merging(event.metadata ?? [:]) { $1 }
+                .sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
+            let level = event.level == .warning ? "warning" : "\(event.level)"
+            Output.error("\(level): \(event.message)" + (details.isEmpty ? "" : " (\(details))"))
+        }
+    }
+}

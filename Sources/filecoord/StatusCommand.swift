@@ -1,0 +1,55 @@
+import ArgumentParser
+import FileCoordination
+import Foundation
+
+struct StatusCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "status",
+        abstract: "List the live claims and presenters in the coordination space.",
+        discussion: """
+            Every live process in the space is asked for its claims and presenters; a \
+            process that does not answer within a second (stopped, say) is listed as such. \
+            Entries left by dead processes are cleaned up, not listed. With --json one \
+            object: {"claims":[{"path":P,"access":"read"|"write","pid":N}],"waiting":[...],\
+            "presenters":[{"path":P,"pid":N}],"unanswered":[N],"cleanedUp":[N]}.
+            """
+    )
+
+    @Flag(help: "Print one JSON object.")
+    var json = false
+
+    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
+                               valueName: "DIR"))
+    var space: String?
+
+    func run() async throws {
+        Logs.bootstrap()
+        let status: CoordinationSpace.Status
+        do {
+            let joined = try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
+            status = try await joined.status(timeout: .seconds(1))
+            await FileCoordinator.leaveCoordinationSpace()
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
+        }
+        if json {
+            let claims = status.claims.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
+            let waiting = status.waiting.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
+            let presenters = status.presenters.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"pid":\#($0.processIdentifier)}"# }
+            let line = #"{"claims":[\#(claims.joined(separator: ","))],"waiting":[\#(waiting.joined(separator: ","))],"presenters":[\#(presenters.joined(separator: ","))],"unanswered":[\#(status.unanswered.map(String.init).joined(separator: ","))],"cleanedUp":[\#(status.cleanedUp.map(String.init).joined(separator: ","))]}"#
+            Output.writeStandardOutput(Array((line + "\n").utf8))
+            return
+        }
+        var lines: [String] = []
+        lines.append(status.claims.isEmpty ? "no claims" : "claims:")
+        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(claim.path)  (pid \(claim.processIdentifier))") }
+        if !status.waiting.isEmpty { lines.append("waiting:") }
+        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(claim.path)  (pid \(claim.processIdentifier))") }
+        lines.append(status.presenters.isEmpty ? "no presenters" : "presenters:")
+        for presenter in status.presenters { lines.append("  \(presenter.path)  (pid \(presenter.processIdentifier))") }
+        if !status.unanswered.isEmpty { lines.append("not answering: " + status.unanswered.map { "pid \($0)" }.joined(separator: ", ")) }
+        if !status.cleanedUp.isEmpty { lines.append("cleaned up after dead processes: " + status.cleanedUp.map { "pid \($0)" }.joined(separator: ", ")) }
+        Output.writeStandardOutput(Array((lines.joined(separator: "\n") + "\n").utf8))
+    }
+}
