@@ -19,6 +19,7 @@ struct Demo: AsyncParsableCommand {
         try await batchRead(root)
         try await atomicReplace(root)
         try await coordination(root)
+        try await acrossProcesses(root)
         say("""
 
             What happened:
@@ -31,7 +32,11 @@ struct Demo: AsyncParsableCommand {
               into place: the concurrent reader only ever saw a whole old or a whole new file.
             - The coordinated writer waited for the reader, and the presenter was asked to
               relinquish and save before the write, and heard didChange and got its item back
-              after it, in Apple's order. (Between processes: next, through the coordination space.)
+              after it, in Apple's order.
+            - Across processes the same happened through a coordination space (a directory, no
+              daemon): claims are kernel OFD locks that die with their process, and the writer
+              process found the presenter process's registration, asked it through its mailbox
+              (inotify on its watcher thread), and waited for its acknowledgement.
             """)
     }
 
@@ -125,6 +130,76 @@ struct Demo: AsyncParsableCommand {
         }
         try await reader.value
         say("   writer:    done; the file now says \"\(String(decoding: try await Data(asyncContentsOf: url), as: UTF8.self))\"")
+    }
+
+    private func acrossProcesses(_ root: FilePath) async throws {
+        say("\n4. Across processes: `filecoord present` in one process, `filecoord write` and `exec` in others")
+        let space = root.appending("space").string, file = root.appending("shared.txt").string
+        _ = FileManager.default.createFile(atPath: file, contents: Data("first version\n".utf8))
+        let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        let presenter = Process()
+        presenter.executableURL = me
+        presenter.arguments = ["present", file, "--space", space, "--ack-delay", "200"]
+        let output = Pipe()
+        presenter.standardOutput = output
+        try presenter.run()
+        // Its lines, read on a thread of their own (a pipe read blocks).
+        let (lines, sink) = AsyncStream.makeStream(of: String.self)
+        let handle = output.fileHandleForReading
+        Thread.detachNewThread {
+            var pending = Data()
+            while case let chunk = handle.availableData, !chunk.isEmpty {
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: 0x0A) {
+                    sink.yield(String(decoding: pending[..<newline], as: UTF8.self))
+                    pending.removeSubrange(...newline)
+                }
+            }
+            sink.finish()
+        }
+        let pid = presenter.processIdentifier
+        var iterator = lines.makeAsyncIterator()
+        if let ready = await iterator.next() { say("   presenter (pid \(pid)): \(ready)") }
+        let printer = Task {
+            for await line in lines { say("   presenter (pid \(pid)): \(line)") }
+        }
+        func child(_ arguments: [String], input: String? = nil) async throws -> Int32 {
+            let process = Process()
+            process.executableURL = me
+            process.arguments = arguments
+            let stdin = Pipe()
+            process.standardInput = stdin
+            try process.run()
+            if let input { stdin.fileHandleForWriting.write(Data(input.utf8)) }
+            try stdin.fileHandleForWriting.close()
+            return await withCheckedContinuation { continuation in
+                Thread.detachNewThread { process.waitUntilExit(); continuation.resume(returning: process.terminationStatus) }
+            }
+        }
+        say("   writer process: filecoord write shared.txt (the presenter takes 200 ms to acknowledge)")
+        let start = ContinuousClock.now
+        _ = try await child(["write", file, "--space", space], input: "second version\n")
+        say("   writer process: done after \(Int((ContinuousClock.now - start) / .milliseconds(1))) ms")
+        say("   four processes, 25 increments each, of one counter under `filecoord exec --write`:")
+        let counter = root.appending("counter").string
+        _ = FileManager.default.createFile(atPath: counter, contents: Data("0".utf8))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0 ..< 4 {
+                group.addTask {
+                    for _ in 0 ..< 25 {
+                        _ = try await child(["exec", "--space", space, "--write", counter, "--", "sh", "-c",
+                                             #"n=$(cat "$0"); echo $((n+1)) > "$0""#, counter])
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let total = (try? String(contentsOfFile: counter, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
+        say("   counter: \(total) (of 100; without coordination such a loop loses updates)")
+        presenter.terminate()
+        presenter.waitUntilExit()
+        printer.cancel()
+        _ = await printer.result
     }
 
     private func rate(_ count: Int, _ duration: Duration) -> String {

@@ -7,6 +7,8 @@
 // large:  8 files of 64 MiB, read whole (MiB/s)
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
+// coordination: in-process coordination cost; watch: inotify latency and bursts
+// space: across processes (a second process of this binary presents and holds claims)
 //
 // Environment: FILECOORD_BENCH_ONLY=prefix measures only matching methods (and the C
 // peer, unless FILECOORD_BENCH_NOPEER is set); FILECOORD_BENCH_CONCURRENCY=N (16).
@@ -37,7 +39,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "watch"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "watch", "space"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -276,6 +278,8 @@ func runRandom(_ path: String) async throws {
 /// Issue 3's figures: what an uncontended coordinated read adds to the I/O, and whether
 /// 64 concurrent readers of one item run side by side.
 func runCoordination(_ paths: [String]) async throws {
+    // Within the process only: the space's kernel claims are measured by `space`.
+    await FileCoordinator.leaveCoordinationSpace()
     let url = URL(fileURLWithPath: paths[0])
     let coordinator = FileCoordinator()
     let iterations = 200_000
@@ -420,6 +424,7 @@ func residentKiB() -> Int {
     return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
 }
 
+if CommandLine.arguments.dropFirst().first == "--child" { try await runChild(Array(CommandLine.arguments.dropFirst(2))) }
 let dataset = try makeDataset()
 print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
 for workload in workloads {
@@ -451,6 +456,8 @@ for workload in workloads {
         try await runCoordination(dataset.small)
     case "watch":
         try await runWatch()
+    case "space":
+        try await runSpace(dataset.small)
     default:
         print("unknown workload \(workload)")
     }
