@@ -104,12 +104,7 @@ extension FileCoordinator {
     private func schedule(_ intents: [FileAccessIntent],
                           run: @escaping @Sendable (_ work: @escaping @Sendable () -> Void, _ dropped: @escaping @Sendable () -> Void) -> Void,
                           _ accessor: @escaping @Sendable ((any Error)?) -> Void) {
-        let requests: [ItemRequest] = intents.map { intent in
-            switch intent.kind {
-            case .reading(let options): .reading(intent.url, options)
-            case .writing(let options): .writing(intent.url, options)
-            }
-        }
+        let requests = intents.map(ItemRequest.init)
         Task {
             let session: CoordinationSession
             do {

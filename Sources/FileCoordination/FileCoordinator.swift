@@ -231,12 +231,7 @@ public final class FileCoordinator: Sendable {
         with intents: [FileAccessIntent], isolation: isolated (any Actor)? = #isolation,
         _ accessor: () async throws -> T
     ) async throws -> T {
-        let requests: [ItemRequest] = intents.map { intent in
-            switch intent.kind {
-            case .reading(let options): .reading(intent.url, options)
-            case .writing(let options): .writing(intent.url, options)
-            }
-        }
+        let requests = intents.map(ItemRequest.init)
         return try await perform(requests, intents: intents) { _ in try await accessor() }
     }
 

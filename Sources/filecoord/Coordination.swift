@@ -3,12 +3,30 @@ import FileCoordination
 import Foundation
 import Logging
 
-/// The options every coordinating subcommand shares (`--space`, `--presenter-timeout`,
-/// `--strict`, `--timeout`), and what they do.
-struct CoordinationOptions: ParsableArguments {
+/// `--space DIR`, and joining that space (every subcommand that takes part in one).
+struct SpaceOption: ParsableArguments {
     @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
                                valueName: "DIR"))
     var space: String?
+
+    /// Routes library warnings to stderr, then joins the space; a space that cannot be
+    /// joined is reported and exits 1.
+    @discardableResult
+    func join() async throws -> CoordinationSpace {
+        Logs.bootstrap()
+        do {
+            return try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
+        }
+    }
+}
+
+/// The options every coordinating subcommand shares (`--space`, `--presenter-timeout`,
+/// `--strict`, `--timeout`), and what they do.
+struct CoordinationOptions: ParsableArguments {
+    @OptionGroup var space: SpaceOption
 
     @Option(name: .customLong("presenter-timeout"),
             help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "SECONDS"))
@@ -27,13 +45,7 @@ struct CoordinationOptions: ParsableArguments {
 
     /// Joins the space and returns a coordinator with the chosen presenter policy.
     func coordinator() async throws -> FileCoordinator {
-        Logs.bootstrap()
-        do {
-            try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
-        } catch let error as FileCoordinationError {
-            Output.report(error)
-            throw Status.failed
-        }
+        try await space.join()
         let coordinator = FileCoordinator()
         coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .milliseconds(Int(presenterTimeout * 1000)),
                                                                      action: strict ? .fail : .proceed))

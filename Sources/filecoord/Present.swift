@@ -26,9 +26,7 @@ struct Present: AsyncParsableCommand {
     @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
     var refuseWriters = false
 
-    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
-                               valueName: "DIR"))
-    var space: String?
+    @OptionGroup var space: SpaceOption
 
     @Option(help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
     var settle: Int?
@@ -52,13 +50,7 @@ struct Present: AsyncParsableCommand {
             source.resume()
             return source
         }
-        Logs.bootstrap()
-        do {
-            try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
-        } catch let error as FileCoordinationError {
-            Output.report(error)
-            throw Status.failed
-        }
+        try await space.join()
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", target)
         for await _ in stop.stream { break }

@@ -18,15 +18,12 @@ struct StatusCommand: AsyncParsableCommand {
     @Flag(help: "Print one JSON object.")
     var json = false
 
-    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
-                               valueName: "DIR"))
-    var space: String?
+    @OptionGroup var space: SpaceOption
 
     func run() async throws {
-        Logs.bootstrap()
+        let joined = try await space.join()
         let status: CoordinationSpace.Status
         do {
-            let joined = try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
             status = try await joined.status(timeout: .seconds(1))
             await FileCoordinator.leaveCoordinationSpace()
         } catch let error as FileCoordinationError {

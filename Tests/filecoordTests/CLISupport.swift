@@ -77,6 +77,55 @@ extension Thread {
     static func detachedRead(_ handle: FileHandle) -> Reader { Reader(handle) }
 }
 
+/// A child process whose stdout arrives as lines and whose stderr is kept.
+final class LineProcess: @unchecked Sendable {
+    let process = Process()
+    let lines: AsyncStream<String>
+    private let errors: Thread.Reader
+
+    init(_ arguments: [String], executable: String = filecoordBinary) throws {
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        let output = Pipe(), errorPipe = Pipe()
+        process.standardOutput = output
+        process.standardError = errorPipe
+        process.standardInput = FileHandle.nullDevice
+        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
+        lines = stream
+        let child = process
+        try withUnblockedSignals { try child.run() }
+        errors = Thread.detachedRead(errorPipe.fileHandleForReading)
+        let handle = output.fileHandleForReading
+        Thread.detachNewThread {
+            var pending = Data()
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: 0x0A) {
+                    continuation.yield(String(decoding: pending[..<newline], as: UTF8.self))
+                    pending.removeSubrange(...newline)
+                }
+            }
+            continuation.finish()
+        }
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Waits for it to end; its status and stderr.
+    func wait() async -> (status: Int32, stderr: String) {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [process, errors] in
+                process.waitUntilExit()
+                continuation.resume(returning: (process.terminationStatus, String(decoding: errors.wait(), as: UTF8.self)))
+            }
+        }
+    }
+}
+
 /// A temporary directory for one test.
 final class Scratch: Sendable {
     let path: String

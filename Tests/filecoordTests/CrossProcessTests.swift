@@ -1,55 +1,6 @@
 import Foundation
 import Testing
 
-/// A child process whose stdout arrives as lines and whose stderr is kept.
-final class LineProcess: @unchecked Sendable {
-    let process = Process()
-    let lines: AsyncStream<String>
-    private let errors: Thread.Reader
-
-    init(_ arguments: [String], executable: String = filecoordBinary) throws {
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        let output = Pipe(), errorPipe = Pipe()
-        process.standardOutput = output
-        process.standardError = errorPipe
-        process.standardInput = FileHandle.nullDevice
-        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
-        lines = stream
-        let child = process
-        try withUnblockedSignals { try child.run() }
-        errors = Thread.detachedRead(errorPipe.fileHandleForReading)
-        let handle = output.fileHandleForReading
-        Thread.detachNewThread {
-            var pending = Data()
-            while true {
-                let chunk = handle.availableData
-                if chunk.isEmpty { break }
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: 0x0A) {
-                    continuation.yield(String(decoding: pending[..<newline], as: UTF8.self))
-                    pending.removeSubrange(...newline)
-                }
-            }
-            continuation.finish()
-        }
-    }
-
-    var pid: Int32 { process.processIdentifier }
-
-    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
-
-    /// Waits for it to end; its status and stderr.
-    func wait() async -> (status: Int32, stderr: String) {
-        await withCheckedContinuation { continuation in
-            Thread.detachNewThread { [process, errors] in
-                process.waitUntilExit()
-                continuation.resume(returning: (process.terminationStatus, String(decoding: errors.wait(), as: UTF8.self)))
-            }
-        }
-    }
-}
-
 /// One JSON line of `filecoord present --json`.
 func event(_ line: String) -> (event: String, path: String) {
     let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? [:]
@@ -157,7 +108,8 @@ struct CrossProcessTests {
     @Test("--ack-delay 300 delays the writer; relinquishToWriter comes before the file changes, didChange after")
     func ordering() async throws {
         let file = scratch.write("doc", "old")
-        var (presenter, lines) = try await present(file, "--ack-delay", "300")
+        let (presenter, stream) = try await present(file, "--ack-delay", "300")
+        var lines = stream
         let clock = ContinuousClock()
         let start = clock.now
         async let writer = filecoord("write", file, "--space", space, stdin: Data("new".utf8))
@@ -174,7 +126,6 @@ struct CrossProcessTests {
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
         presenter.signal(SIGTERM)
         #expect(await presenter.wait().status == 0)
-        _ = presenter
     }
 
     @Test("a presenter that refuses writers fails the writer (exit 1) with its message; the file is untouched")
@@ -193,7 +144,8 @@ struct CrossProcessTests {
     @Test("malformed, truncated and foreign files in the space are ignored with a warning, never crash or block")
     func malformedFiles() async throws {
         let file = scratch.write("doc", "old")
-        var (presenter, lines) = try await present(file)
+        let (presenter, stream) = try await present(file)
+        var lines = stream
         let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
         let box = space + "/mail/" + mail
         let junk: [(String, Data)] = [
@@ -218,7 +170,6 @@ struct CrossProcessTests {
         let ended = await presenter.wait()
         #expect(ended.status == 0)
         #expect(ended.stderr.contains("ignored a file in the coordination space"), "\(ended.stderr)")
-        _ = presenter
     }
 
     @Test("status lists live claims and presenters with their pids, and cleans up after a killed presenter")

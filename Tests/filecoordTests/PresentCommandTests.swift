@@ -1,53 +1,12 @@
 import Foundation
 import Testing
 
-/// A running `filecoord present`, its stdout as lines.
-final class PresentProcess: @unchecked Sendable {
-    let process = Process()
-    let lines: AsyncStream<String>
-
-    init(_ arguments: [String]) throws {
-        process.executableURL = URL(fileURLWithPath: filecoordBinary)
-        process.arguments = ["present"] + arguments
-        let output = Pipe()
-        process.standardOutput = output
-        let (stream, continuation) = AsyncStream.makeStream(of: String.self)
-        lines = stream
-        try withUnblockedSignals { try process.run() }
-        let handle = output.fileHandleForReading
-        Thread.detachNewThread {
-            var pending = Data()
-            while true {
-                let chunk = handle.availableData
-                if chunk.isEmpty { break }
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: 0x0A) {
-                    continuation.yield(String(decoding: pending[..<newline], as: UTF8.self))
-                    pending.removeSubrange(...newline)
-                }
-            }
-            continuation.finish()
-        }
-    }
-
-    /// Stops it with SIGTERM; returns its exit status.
-    func terminate() async -> Int32 {
-        process.terminate()
-        return await withCheckedContinuation { continuation in
-            Thread.detachNewThread { [process] in
-                process.waitUntilExit()
-                continuation.resume(returning: process.terminationStatus)
-            }
-        }
-    }
-}
-
 @Suite("filecoord present")
 struct PresentCommandTests {
     @Test("prints ready, then JSON lines for changes made by any program, and exits 0 on SIGTERM")
     func presentDirectory() async throws {
         let scratch = Scratch()
-        let present = try PresentProcess([scratch.path, "--json"])
+        let present = try LineProcess(["present", scratch.path, "--json"])
         var lines = present.lines.makeAsyncIterator()
         let ready = try #require(await lines.next())
         let object = try #require(try JSONSerialization.jsonObject(with: Data(ready.utf8)) as? [String: Any])
@@ -64,7 +23,8 @@ struct PresentCommandTests {
         // Created, then written (printf opens, then writes), renamed, removed.
         #expect(events == ["subitemDidAppear new.txt", "subitemDidChange new.txt", "subitemDidMove new.txt renamed.txt",
                            "accommodateSubitemDeletion renamed.txt"])
-        #expect(await present.terminate() == 0)
+        present.signal(SIGTERM)
+        #expect(await present.wait().status == 0)
     }
 
     @Test("a path that does not exist is a one-line error, exit 1")

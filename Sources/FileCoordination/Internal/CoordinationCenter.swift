@@ -240,19 +240,13 @@ final class CoordinationCenter: Sendable {
         state.withLock { ($0.rules.grantedCount, $0.rules.waitingCount) }
     }
 
-    /// The claims granted now (for `status`).
-    func grantedClaims() -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]) {
+    /// The claims held and waited for now (for `status`).
+    func statusClaims() -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]) {
         state.withLock { state in
-            var held: [CoordinationRules.Claim] = []
-            for (id, _) in state.kernel { held += state.rules.claims(of: id) }
-            if state.kernel.isEmpty && state.kernelWaiting.isEmpty && joinedSpace == nil { held = state.rules.grantedClaims }
-            return (held, state.rules.waitingClaims + state.kernelWaiting.values.flatMap { $0 })
+            // Held: granted here and in the kernel; waiting: here, or for another process.
+            (state.kernel.keys.flatMap { state.rules.claims(of: $0) },
+             state.rules.waitingClaims + state.kernelWaiting.values.flatMap { $0 })
         }
-    }
-
-    /// The paths of the given presenters.
-    func presenterPaths(_ ids: Set<ObjectIdentifier>) -> [FilePath] {
-        state.withLock { state in state.presenters.entries.filter { ids.contains(ObjectIdentifier($0.0)) }.map(\.1) }
     }
 
     // MARK: Presenters

@@ -16,6 +16,14 @@ enum ItemRequest: Sendable {
         case .reading(let url, _), .writing(let url, _): url
         }
     }
+
+    /// The request an intent makes, at the intent's current URL.
+    init(_ intent: FileAccessIntent) {
+        switch intent.kind {
+        case .reading(let options): self = .reading(intent.url, options)
+        case .writing(let options): self = .writing(intent.url, options)
+        }
+    }
 }
 
 /// A message to a presenter after an access, delivered once the accessor has returned.

@@ -81,8 +81,6 @@ struct CoordinationRules: Sendable {
     func contains(_ id: RequestID) -> Bool { requests[id] != nil }
     /// The claims of `id` as they stand (waiting claims follow moves).
     func claims(of id: RequestID) -> [Claim] { requests[id]?.claims ?? [] }
-    /// Every claim of every granted request.
-    var grantedClaims: [Claim] { requests.values.filter(\.granted).flatMap(\.claims) }
     /// Every claim of every waiting request.
     var waitingClaims: [Claim] { requests.values.filter { !$0.granted }.flatMap(\.claims) }
 

@@ -129,7 +129,7 @@ public final class CoordinationSpace: Sendable {
     /// Asks every live process in the space for its claims and presenters, and cleans up
     /// after dead ones.
     public func status(timeout: Duration = .seconds(2)) async throws -> Status {
-        try await mail.status(localClaims: CoordinationCenter.shared.grantedClaims(), timeout: timeout)
+        try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: timeout)
     }
 }
 

@@ -26,7 +26,7 @@ final class SpaceMail: Sendable {
         var nextMessage: UInt64 = 1
         var replies: [UInt64: Reply] = [:]
         /// This process's presenters, by their number in the space.
-        var local: [UInt64: any FilePresenter] = [:]
+        var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
         var localNumbers: [ObjectIdentifier: UInt64] = [:]
         var nextPresenter: UInt64 = 1
         /// Reacquirers (and echo suppressions) kept for the processes that asked.
@@ -35,7 +35,6 @@ final class SpaceMail: Sendable {
         var remoteSequence: UInt64 = .max
         var remoteByName: [String: RemotePresenter] = [:]
         var remote = PresenterRegistry()
-        var left = false
         /// Dead processes cleaned up and not yet reported by `status`.
         var cleanedUp: [Int32] = []
     }
@@ -64,22 +63,17 @@ final class SpaceMail: Sendable {
     /// A file was closed in this process's mailbox: read it, remove it, act on it.
     func received(_ event: InotifyEvent) {
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
-        let name = String(decoding: event.name, as: UTF8.self)
         let outcome = readMessage(dirFD: files.mailboxFD, name: event.name)
-        _ = event.name.withUnsafeBufferPointer { buffer in
-            unlinkat(files.mailboxFD, String(decoding: buffer, as: UTF8.self), 0)
-        }
+        _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) }
+        let path = files.mailboxPath.appending(String(decoding: event.name, as: UTF8.self))
         let message: SpaceMessage
         switch outcome {
         case .success(let decoded): message = decoded
-        case .failure(let reason):
-            PresenterMessenger.logger.warning("ignored a file in the coordination space",
-                                              metadata: ["path": "\(files.mailboxPath.appending(name))", "reason": "\(reason)"])
-            return
+        case .failure(let reason): return Self.ignored(path, reason.rawValue)
         }
         switch message.kind {
         case "reply", "status-reply":
-            guard let id = message.number("re") else { return warnMalformed(name, "a reply without `re`") }
+            guard let id = message.number("re") else { return Self.ignored(path, "a reply without `re`") }
             resolve(id, with: message)
         case "status":
             Task.detached { [self] in await answerStatus(message) }
@@ -88,18 +82,21 @@ final class SpaceMail: Sendable {
         }
     }
 
-    private func warnMalformed(_ name: String, _ reason: String) {
-        PresenterMessenger.logger.warning("ignored a file in the coordination space",
-                                          metadata: ["path": "\(files.mailboxPath.appending(name))", "reason": "\(reason)"])
+    /// The one warning for a file in the space that is not a message of ours.
+    static func ignored(_ path: FilePath, _ reason: String) {
+        PresenterMessenger.logger.warning("ignored a file in the coordination space", metadata: ["path": "\(path)", "reason": "\(reason)"])
     }
 
-    /// Reads one small message file without following links or blocking on a FIFO.
-    private func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        let fd = (name + [0]).withUnsafeBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) {
-                fc_openat(dirFD, $0.baseAddress!, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-            }
+    static func withCString<T>(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> T) -> T {
+        (bytes + [0]).withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { body($0.baseAddress!) }
         }
+    }
+
+    /// Reads one small message file (`name` relative to `dirFD`) without following links
+    /// or blocking on a FIFO.
+    private func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
+        let fd = Self.withCString(name) { fc_openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0) }
         guard fd >= 0 else { return .failure(.notAMessage) }
         defer { Glibc.close(fd) }
         var info = stat()
@@ -242,7 +239,7 @@ final class SpaceMail: Sendable {
             let existing = state.localNumbers[ObjectIdentifier(presenter)]
             if let existing { state.local[existing] = nil }
             defer { state.nextPresenter += 1 }
-            state.local[state.nextPresenter] = presenter
+            state.local[state.nextPresenter] = (presenter, path)
             state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
             return (state.nextPresenter, existing)
         }
@@ -298,27 +295,13 @@ final class SpaceMail: Sendable {
         let (dirFD, me) = (files.directoryFD, me)
         let known = state.withLock { Set($0.remoteByName.keys) }
         let scan: ([String], [String: SpaceMessage])? = try? await runOnIOThread {
-            var names: [String] = []
+            let names = try Self.list(dirFD, "presenters").filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
             var fresh: [String: SpaceMessage] = [:]
-            let fd = fc_openat(dirFD, "presenters", O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-            guard fd >= 0, let dir = fdopendir(fd) else { return ([], [:]) }
-            defer { closedir(dir) }
-            let presentersFD = dirfd(dir)
-            while let entry = readdir(dir) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                    String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-                }
-                guard !name.hasPrefix("."), !name.hasPrefix(me + "-") else { continue }
-                names.append(name)
-                if !known.contains(name) {
-                    switch self.readMessage(dirFD: presentersFD, name: Array(name.utf8)) {
-                    case .success(let record) where record.kind == "presenter": fresh[name] = record
-                    case .success: break
-                    case .failure(let reason):
-                        PresenterMessenger.logger.warning("ignored a file in the coordination space",
-                                                          metadata: ["path": "\(self.files.directory.appending("presenters").appending(name))",
-                                                                     "reason": "\(reason)"])
-                    }
+            for name in names where !known.contains(name) {
+                switch self.readMessage(dirFD: dirFD, name: Array("presenters/\(name)".utf8)) {
+                case .success(let record) where record.kind == "presenter": fresh[name] = record
+                case .success(let record): Self.ignored(self.files.directory.appending("presenters/\(name)"), "a \(record.kind), not a presenter")
+                case .failure(let reason): Self.ignored(self.files.directory.appending("presenters/\(name)"), reason.rawValue)
                 }
             }
             return (names, fresh)
@@ -353,7 +336,7 @@ final class SpaceMail: Sendable {
     private func serve(_ message: SpaceMessage) async {
         guard let from = message.string("from"), let id = message.number("id") else { return }
         let key = "\(from)/\(message.string("re") ?? "\(id)")"
-        let presenter = message.number("presenter").flatMap { number in state.withLock { $0.local[number] } }
+        let presenter = message.number("presenter").flatMap { number in state.withLock { $0.local[number]?.presenter } }
         let url = message.path("path")?.fileURL
         let pid = Int32(message.string("pid") ?? "") ?? 0
         var reply = SpaceMessage(kind: "reply")
@@ -418,7 +401,7 @@ final class SpaceMail: Sendable {
         guard let from = query.string("from"), let id = query.number("id") else { return }
         var reply = SpaceMessage(kind: "status-reply")
         reply.set("re", "\(id)")
-        let claims = CoordinationCenter.shared.grantedClaims()
+        let claims = CoordinationCenter.shared.statusClaims()
         for (index, claim) in claims.held.enumerated() {
             reply["claim.\(index)"] = Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes
         }
@@ -432,8 +415,7 @@ final class SpaceMail: Sendable {
     }
 
     private func localEntries() -> [FilePath] {
-        let ids = state.withLock { Set($0.localNumbers.keys) }
-        return CoordinationCenter.shared.presenterPaths(ids)
+        state.withLock { $0.local.values.map(\.path) }
     }
 
     func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
@@ -466,7 +448,7 @@ final class SpaceMail: Sendable {
                 }
             }
             for await (process, answer) in group {
-                let pid = Int32(process.split(separator: "-").first ?? "") ?? 0
+                let pid = Self.pid(of: process)
                 switch answer {
                 case .silent: status.unanswered.append(pid)
                 case .dead:
@@ -498,6 +480,11 @@ final class SpaceMail: Sendable {
     }
 
     // MARK: Cleaning up
+
+    /// The pid in a process name (`<pid>-<random>`).
+    static func pid(of process: String) -> Int32 {
+        Int32(process.split(separator: "-").first ?? "") ?? 0
+    }
 
     static func list(_ dirFD: Int32, _ name: String) throws -> [String] {
         let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
@@ -535,17 +522,14 @@ final class SpaceMail: Sendable {
         let processes = try await runOnIOThread { try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") } }
         for process in processes where !isAlive(process) {
             await cleanUp(process)
-            state.withLock { $0.cleanedUp.append(Int32(process.split(separator: "-").first ?? "") ?? 0) }
+            state.withLock { $0.cleanedUp.append(Self.pid(of: process)) }
         }
     }
 
     /// Removes this process's files; called when it leaves the space.
     func leave() async {
         let (dirFD, files, me) = (files.directoryFD, files, me)
-        let numbers = state.withLock { state in
-            state.left = true
-            return Array(state.local.keys)
-        }
+        let numbers = state.withLock { Array($0.local.keys) }
         incoming.finish()
         _ = try? await runOnIOThread {
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
