@@ -14,7 +14,8 @@ import Glibc
 /// process held when it dies.
 ///
 /// ```
-/// <space>/claims.lock          byte-range OFD locks, one slot per path (SpaceLocks)
+/// <space>/claims.lock          the doorbell and the waiting flag of claims (SpaceLocks)
+/// <space>/claims/<shard>       byte-range OFD locks, one slot per path (SpaceLocks)
 /// <space>/registry.seq         a shared counter, bumped when presenters come or go
 /// <space>/procs/<process>      one per process, locked by it while it lives
 /// <space>/mail/<process>/      the process's mailbox, watched by its inotify thread
@@ -65,7 +66,8 @@ public final class CoordinationSpace: Sendable {
         let directory = absolute(directory)
         let processName = "\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
         let files = try await runOnIOThread { try SpaceFiles(directory: directory, processName: processName) }
-        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"))
+        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
+                               directoryFD: files.directoryFD, directory: directory)
         let mail = SpaceMail(files: files)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         do {
@@ -166,7 +168,7 @@ struct SpaceFiles: Sendable {
         opened.append(dirFD)
         try Self.checkOwned(dirFD, directory, directory: true, opened: opened)
         directoryFD = dirFD
-        for name in ["procs", "mail", "presenters"] {
+        for name in ["procs", "mail", "presenters", "claims"] {
             if mkdirat(dirFD, name, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory.appending(name)) }
             let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
             guard fd >= 0 else { throw fail("open", directory.appending(name)) }
