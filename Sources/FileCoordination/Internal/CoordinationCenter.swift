@@ -43,6 +43,15 @@ final class CoordinationCenter: Sendable {
         presenterCount.load(ordering: .acquiring) > 0 || (joinedSpace?.mail.remoteCount ?? 0) > 0
     }
 
+    /// Whether an item access at `url` concerns any presenter (of the item, or of a
+    /// directory containing it): the fast path's question. A URL that cannot be a path
+    /// answers true, leaving the error to the full path.
+    func hasPresenters(concerning url: URL) -> Bool {
+        guard hasPresenters else { return false }
+        guard let path = try? FileCoordinator.normalizedPath(url) else { return true }
+        return !presenters(for: path, subtree: false, excluding: nil).isEmpty
+    }
+
     // MARK: The coordination space
 
     private enum SpaceSetting {
@@ -52,18 +61,20 @@ final class CoordinationCenter: Sendable {
         case local
     }
 
-    private let spaceSetting = Mutex(SpaceSetting.automatic)
+    /// One space per process, whatever the number of centers (tests make private ones):
+    /// the kernel sees one owner per process, and the process counts its tasks' claims.
+    private static let spaceSetting = Mutex(SpaceSetting.automatic)
 
     /// The space joined, if any (no waiting).
     var joinedSpace: CoordinationSpace? {
-        spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
+        Self.spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
     }
 
     /// The space to coordinate through: joins the default one on first use, unless the
     /// process chose to stay local.
     func space() async throws -> CoordinationSpace? {
         enum Next { case ready(CoordinationSpace?), wait(Task<CoordinationSpace, any Error>) }
-        let next: Next = spaceSetting.withLock { setting in
+        let next: Next = Self.spaceSetting.withLock { setting in
             switch setting {
             case .joined(let space): return .ready(space)
             case .local: return .ready(nil)
@@ -79,12 +90,12 @@ final class CoordinationCenter: Sendable {
         case .wait(let task):
             do {
                 let space = try await task.value
-                spaceSetting.withLock { setting in
+                Self.spaceSetting.withLock { setting in
                     if case .joining = setting { setting = .joined(space) }
                 }
                 return space
             } catch {
-                spaceSetting.withLock { setting in
+                Self.spaceSetting.withLock { setting in
                     if case .joining = setting { setting = .automatic }
                 }
                 throw error
@@ -95,7 +106,7 @@ final class CoordinationCenter: Sendable {
     /// Joins the space at `directory` (leaving the current one).
     func join(_ directory: FilePath) async throws -> CoordinationSpace {
         let space = try await CoordinationSpace.join(directory)
-        let previous = spaceSetting.withLock { setting -> CoordinationSpace? in
+        let previous = Self.spaceSetting.withLock { setting -> CoordinationSpace? in
             defer { setting = .joined(space) }
             if case .joined(let old) = setting { return old }
             return nil
@@ -107,7 +118,7 @@ final class CoordinationCenter: Sendable {
 
     /// Coordinates within this process only from now on.
     func leaveSpace() async {
-        let previous = spaceSetting.withLock { setting -> CoordinationSpace? in
+        let previous = Self.spaceSetting.withLock { setting -> CoordinationSpace? in
             defer { setting = .local }
             if case .joined(let old) = setting { return old }
             return nil

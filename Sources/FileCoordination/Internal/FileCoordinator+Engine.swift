@@ -124,7 +124,7 @@ extension FileCoordinator {
         _ body: ([URL]) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
-        if requests.count == 1, intents.isEmpty, !center.hasPresenters, Self.isPlain(requests[0]) {
+        if requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]), !center.hasPresenters(concerning: requests[0].url) {
             return try await performPlain(requests[0], body)
         }
         let session = try await begin(requests, intents: intents)
