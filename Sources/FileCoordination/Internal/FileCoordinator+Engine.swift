@@ -410,6 +410,16 @@ extension FileCoordinator {
         let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
             if let reacquirer { Task { await reacquirer() } }
         }
+        // A presenter in another process gets every step in one request: one round trip.
+        if let remote = presenter as? RemotePresenter {
+            let name = request.kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
+            let then: RemotePresenter.FollowUp? = plan.accommodateDeletion ? .accommodateDeletion : plan.save ? .save : nil
+            let answer = try await step(name, late: late) {
+                try await remote.relinquish(request, then: then, subitemDeletions: plan.subitemDeletions)
+            }
+            guard case .some(let relinquished) = answer else { return nil }
+            return relinquished
+        }
         let answer: FileReacquirer??
         switch request.kind {
         case .reading:

@@ -363,6 +363,24 @@ final class SpaceMail: Sendable {
                     suppression = (watch, watch.beginSuppressing(path))
                 }
                 state.withLock { $0.kept[key] = (reacquirer, suppression) }
+                // The steps that follow a relinquish, when the request carries them.
+                do {
+                    switch message.string("then") {
+                    case "save": try await presenter.savePresentedItemChanges()
+                    case "accommodate-deletion": try await presenter.accommodatePresentedItemDeletion()
+                    default: break
+                    }
+                    for index in 0... {
+                        guard let subitem = message.path("subitem.\(index)") else { break }
+                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
+                    }
+                } catch {
+                    // It relinquished: it takes the item back before the failure is told.
+                    let kept = state.withLock { $0.kept.removeValue(forKey: key) }
+                    if let (watch, token) = kept?.1 { await watch.endSuppressing(token) }
+                    if let reacquirer = kept?.0 { await reacquirer() }
+                    throw error
+                }
             }
         case "save":
             await replying { try await presenter?.savePresentedItemChanges() }
@@ -583,9 +601,17 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         try? await mail.send(message, to: process, id: mail.nextID())
     }
 
-    private func relinquish(_ request: FileAccessRequest, access: String) async throws -> FileReacquirer? {
+    /// What a presenter does after relinquishing, in the same request.
+    enum FollowUp: String { case save, accommodateDeletion = "accommodate-deletion" }
+
+    /// Relinquish, then the follow-up step and the subitem deletions, in one round trip.
+    /// Returns nil when the presenter's process is gone.
+    func relinquish(_ request: FileAccessRequest, then followUp: FollowUp? = nil,
+                    subitemDeletions: [FilePath] = []) async throws -> FileReacquirer? {
         var message = message("relinquish", path: (try? FilePath(fileURL: request.url)) ?? path)
-        message.set("access", access)
+        message.set("access", request.kind == .writing ? "write" : "read")
+        if let followUp { message.set("then", followUp.rawValue) }
+        for (index, subitem) in subitemDeletions.enumerated() { message.set("subitem.\(index)", subitem) }
         message.set("purpose", request.purposeIdentifier)
         let id = mail.nextID()
         message.set("re", "\(id)")
@@ -605,11 +631,11 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
     }
 
     func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
-        try await relinquish(request, access: "read")
+        try await relinquish(request)
     }
 
     func relinquishPresentedItem(toWriter request: FileAccessRequest) async throws -> FileReacquirer? {
-        try await relinquish(request, access: "write")
+        try await relinquish(request)
     }
 
     func savePresentedItemChanges() async throws { _ = try await ask(message("save")) }
