@@ -195,3 +195,10 @@ private final class CancellableJob<T: Sendable>: Sendable {
 public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await IOThreadPool.shared.run(body)
 }
+
+/// Runs blocking `work` on the library's I/O threads without waiting for it (the caller
+/// learns of its outcome some other way).
+@_spi(FileCoordinationInternal)
+public func submitToIOThread(_ work: @escaping @Sendable () -> Void) {
+    IOThreadPool.shared.submit(work)
+}

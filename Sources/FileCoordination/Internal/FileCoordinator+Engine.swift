@@ -369,7 +369,9 @@ extension FileCoordinator {
         }
         guard !plans.isEmpty else { return [] }
         let policy = presenterTimeoutPolicy
-        let outcomes = await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
+        // One presenter (the common case) is asked from this task; several, all at once.
+        let outcomes = order.count == 1 ? [await Result { try await Self.run(plans[order[0]]!, policy: policy) }]
+            : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
             for (index, id) in order.enumerated() {
                 let plan = plans[id]!
                 group.addTask { (index, await Result { try await Self.run(plan, policy: policy) }) }

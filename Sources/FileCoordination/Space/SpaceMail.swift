@@ -19,7 +19,7 @@ final class SpaceMail: Sendable {
     private enum Reply {
         case waiting(target: String, UnsafeContinuation<SpaceMessage?, any Error>)
         case registered(target: String)
-        case arrived(SpaceMessage?)
+        case arrived(Result<SpaceMessage?, any Error>)
     }
 
     private struct State {
@@ -74,7 +74,7 @@ final class SpaceMail: Sendable {
         switch message.kind {
         case "reply", "status-reply":
             guard let id = message.number("re") else { return Self.ignored(path, "a reply without `re`") }
-            resolve(id, with: message)
+            resolve(id, with: .success(message))
         case "status":
             Task.detached { [self] in await answerStatus(message) }
         default:
@@ -115,21 +115,27 @@ final class SpaceMail: Sendable {
     /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the
     /// mailbox no longer exists (the process left or died and was cleaned up).
     func send(_ message: SpaceMessage, to target: String, id: UInt64) async throws {
+        let write = prepare(message, to: target, id: id)
+        try await runOnIOThread(write)
+    }
+
+    /// The blocking write of one message (create, write, close), to run on an I/O thread.
+    private func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
         var message = message
         message.set("from", me)
         message.set("id", "\(id)")
         message.set("pid", "\(getpid())")
         let bytes = message.encoded()
-        let name = "\(target)/\(me)-\(id)"
+        let name = "mail/\(target)/\(me)-\(id)"
         let (dirFD, path) = (files.directoryFD, files.directory.appending("mail").appending(target))
-        try await runOnIOThread {
-            let fd = fc_openat(dirFD, "mail/" + name, O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+        return {
+            let fd = fc_openat(dirFD, name, O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
             if fd < 0 {
                 if errno == ENOENT { throw SendError.gone }
                 throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path)
             }
             defer { Glibc.close(fd) }
-            let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
             if written != bytes.count { throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: path) }
         }
     }
@@ -143,43 +149,45 @@ final class SpaceMail: Sendable {
 
     /// Sends a request and waits for its reply. Returns nil when the target process is
     /// dead (its liveness lock is free): it is cleaned up and skipped.
+    ///
+    /// The message is written on an I/O thread that this task does not wait for: the task
+    /// parks once, until the reply (or the write's failure, or the target's death) arrives.
     func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
-        do {
-            try await send(message, to: target, id: id)
-        } catch SendError.gone {
-            state.withLock { _ = $0.replies.removeValue(forKey: id) }
-            return nil
-        } catch {
-            state.withLock { _ = $0.replies.removeValue(forKey: id) }
-            throw error
-        }
-        // Died before the request could be read: its close already fired.
-        if !isAlive(target) {
-            resolve(id, with: nil)
-            Task { await cleanUp(target) }
+        let write = prepare(message, to: target, id: id)
+        submitToIOThread { [self] in
+            do {
+                try write()
+                // Died before it could read the request: its close already fired.
+                guard !isAlive(target) else { return }
+                resolve(id, with: .success(nil))
+                Task { await cleanUp(target) }
+            } catch SendError.gone {
+                resolve(id, with: .success(nil))
+            } catch {
+                resolve(id, with: .failure(error))
+            }
         }
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceMessage?, any Error>) in
-                let ready: SpaceMessage?? = state.withLock { state in
+                let ready: Result<SpaceMessage?, any Error>? = state.withLock { state in
                     switch state.replies[id] {
-                    case .arrived(let message):
+                    case .arrived(let outcome):
                         state.replies[id] = nil
-                        return .some(message)
+                        return outcome
                     case .registered(let target):
                         state.replies[id] = .waiting(target: target, continuation)
-                        return .none
-                    default:
-                        // Cancelled before it could park.
-                        return .some(nil)
+                        return nil
+                    case .waiting, .none:
+                        // Withdrawn by cancellation before it could park.
+                        return .failure(CancellationError())
                     }
                 }
-                if case .some(let message) = ready {
-                    if Task.isCancelled && message == nil { continuation.resume(throwing: CancellationError()) } else { continuation.resume(returning: message) }
-                }
+                if let ready { continuation.resume(with: ready) }
             }
         } onCancel: {
+            // Parked: resumed here. Not parked yet: withdrawn, so parking fails at once.
             let waiting = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
                 guard case .waiting(_, let continuation) = state.replies.removeValue(forKey: id) else { return nil }
                 return continuation
@@ -188,20 +196,20 @@ final class SpaceMail: Sendable {
         }
     }
 
-    private func resolve(_ id: UInt64, with message: SpaceMessage?) {
+    private func resolve(_ id: UInt64, with outcome: Result<SpaceMessage?, any Error>) {
         let continuation = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
             switch state.replies[id] {
             case .waiting(_, let continuation):
                 state.replies[id] = nil
                 return continuation
             case .registered:
-                state.replies[id] = .arrived(message)
+                state.replies[id] = .arrived(outcome)
                 return nil
             default:
                 return nil
             }
         }
-        continuation?.resume(returning: message)
+        continuation?.resume(with: outcome)
     }
 
     /// A process's record was closed: if that process is gone, its pending requests end.
@@ -216,7 +224,7 @@ final class SpaceMail: Sendable {
             }
         }
         guard !waiting.isEmpty, !isAlive(name) else { return }
-        for id in waiting { resolve(id, with: nil) }
+        for id in waiting { resolve(id, with: .success(nil)) }
         Task { await cleanUp(name) }
     }
 
@@ -390,7 +398,9 @@ final class SpaceMail: Sendable {
             await replying { if let url { try await presenter?.accommodatePresentedSubitemDeletion(at: url) } }
         case "reacquire":
             let kept = state.withLock { $0.kept.removeValue(forKey: key) }
-            if let (watch, token) = kept?.1 { await watch.endSuppressing(token) }
+            // Ending the echo suppression waits for the watch to catch up (a sync through
+            // inotify); the next request need not wait behind it.
+            if let (watch, token) = kept?.1 { Task { await watch.endSuppressing(token) } }
             if let reacquirer = kept?.0 { await reacquirer() }
         case "did-change":
             await presenter?.presentedItemDidChange()
