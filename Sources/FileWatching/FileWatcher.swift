@@ -196,6 +196,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private nonisolated(unsafe) var settled: [(FileEvent, UInt64)] = []
     /// Where sync cookies go: the root directory, or the watched file's directory.
     let syncDirectory: FilePath
+    /// The root's bytes, for the per-event prefix test.
+    private let rootBytes: [UInt8]
 
     static let cookiePrefix: [UInt8] = Array(".filecoord-sync-".utf8)
     static let temporaryMarker: [UInt8] = Array(".filecoord-".utf8)
@@ -255,6 +257,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         self.bufferLimit = bufferLimit
         syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
         currentRoot = root
+        rootBytes = root.platformBytes
     }
 
     /// Adds the first watches and learns the tree, on the watcher thread.
@@ -447,8 +450,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             rescan(thread: thread)
         case .move(let from, let to):
             guard let fromDirectory = watches[from.wd], let toDirectory = watches[to.wd] else { return }
-            let source = fromDirectory.appending(Self.component(from.name))
-            let destination = toDirectory.appending(Self.component(to.name))
+            let source = Self.child(fromDirectory, from.name)
+            let destination = Self.child(toDirectory, to.name)
             let isDirectory = from.mask & UInt32(IN_ISDIR) != 0
             if Self.isInternal(from.name) {
                 // An atomic write renaming its temporary into place: the destination
@@ -513,7 +516,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             return
         }
         if Self.isInternal(event.name) { return }
-        let path = directory.appending(Self.component(event.name))
+        let path = Self.child(directory, event.name)
         guard concerns(path) else { return }
         let isDirectory = mask & UInt32(IN_ISDIR) != 0
         if mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 {
@@ -530,8 +533,16 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     /// Whether `path` is something this watcher reports on.
     private func concerns(_ path: FilePath) -> Bool {
-        if rootIsDirectory { return path.starts(with: root) && path != root }
-        return path == currentRoot
+        // Bytes, not `FilePath.starts(with:)`: this runs for every event, and the
+        // component-wise comparison cost more than the rest of the event's handling.
+        guard rootIsDirectory else { return path == currentRoot }
+        return path.withPlatformString { inner in
+            let count = strlen(inner)
+            return rootBytes.withUnsafeBytes { outer in
+                count > outer.count && memcmp(inner, outer.baseAddress!, outer.count) == 0
+                    && (outer.last == UInt8(ascii: "/") || inner[outer.count] == CChar(UInt8(ascii: "/")))
+            }
+        }
     }
 
     /// A new item: report it; a new directory is watched first, then listed, so that what
@@ -555,7 +566,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// and reporting those not known yet.
     private func scan(_ directory: FilePath, report: Bool, thread: InotifyThread.OnThread) {
         for (name, isDirectory) in Self.list(directory) {
-            let path = directory.appending(Self.component(name))
+            let path = Self.child(directory, name)
             if Self.isInternal(name) { continue }
             if known.insert(path.platformBytes).inserted, report {
                 emit(FileEvent(.created, path, isDirectory: isDirectory))
@@ -617,8 +628,21 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     // MARK: Helpers (watcher thread; blocking calls are fine on this thread)
 
-    static func component(_ name: [UInt8]) -> FilePath.Component {
-        FilePath(platformBytes: name).lastComponent!
+    /// The entry `name` (one component, as inotify or readdir gave it) of `directory`,
+    /// built from bytes in one step.
+    static func child(_ directory: FilePath, _ name: [UInt8]) -> FilePath {
+        directory.withPlatformString { base in
+            let length = strlen(base)
+            let slash = length > 0 && base[length - 1] == CChar(UInt8(ascii: "/")) ? 0 : 1
+            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + slash + name.count + 1) { buffer in
+                let start = buffer.baseAddress!
+                memcpy(start, base, length)
+                if slash == 1 { start[length] = CChar(UInt8(ascii: "/")) }
+                name.withUnsafeBytes { if let bytes = $0.baseAddress { memcpy(start + length + slash, bytes, name.count) } }
+                start[length + slash + name.count] = 0
+                return FilePath(platformString: start)
+            }
+        }
     }
 
     static func exists(_ path: FilePath) -> Bool {
@@ -639,7 +663,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             var isDirectory = entry.pointee.d_type == UInt8(DT_DIR)
             if entry.pointee.d_type == UInt8(DT_UNKNOWN) {
                 var info = stat()
-                let full = directory.appending(component(name))
+                let full = child(directory, name)
                 isDirectory = full.withPlatformString { lstat($0, &info) } == 0 && info.st_mode & S_IFMT == S_IFDIR
             }
             entries.append((name, isDirectory))

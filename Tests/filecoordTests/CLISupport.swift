@@ -129,8 +129,9 @@ final class LineProcess: @unchecked Sendable {
 /// A temporary directory for one test.
 final class Scratch: Sendable {
     let path: String
-    init() {
-        path = NSTemporaryDirectory() + "filecoord-cli-\(getpid())-\(UInt64.random(in: 0 ... .max))"
+    /// A new directory under `base` (the temporary directory unless given).
+    init(in base: String = NSTemporaryDirectory()) {
+        path = base + (base.hasSuffix("/") ? "" : "/") + "filecoord-cli-\(getpid())-\(UInt64.random(in: 0 ... .max))"
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
     deinit { try? FileManager.default.removeItem(atPath: path) }
@@ -152,4 +153,14 @@ func withUnblockedSignals<T>(_ body: () throws -> T) rethrows -> T {
     pthread_sigmask(SIG_SETMASK, &empty, &previous)
     defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
     return try body()
+}
+
+/// Runs blocking work (many system calls) on a thread of its own, off the cooperative pool.
+func onThread(_ body: @escaping @Sendable () -> Void) async {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        Thread {
+            body()
+            continuation.resume()
+        }.start()
+    }
 }

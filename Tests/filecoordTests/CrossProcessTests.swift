@@ -228,4 +228,38 @@ struct CrossProcessTests {
         #expect(linked.status == 1)
         #expect(linked.errorText.contains("symbolic link"), "\(linked.errorText)")
     }
+
+    @Test("a presenter process stopped while more events happen than the kernel queues: a resync, nothing lost, then it goes on",
+          .timeLimit(.minutes(1)))
+    func kernelQueueOverflow() async throws {
+        // tmpfs when there is one: creating files there is not bound by a disk journal.
+        let tmpfs = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
+        let limit = Int((try String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))
+            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 16384
+        try #require(limit <= 1_000_000, "max_queued_events is \(limit): too many files to overflow it")
+        var (presenter, lines) = try await present(tmpfs.path)
+
+        // Stopped, the whole process (its watcher thread too) reads nothing: the kernel's
+        // queue is the only place the events can wait, and it holds `limit` of them.
+        presenter.signal(SIGSTOP)
+        let created = limit + 1000
+        let directory = tmpfs.path
+        await onThread {
+            for index in 0 ..< created { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
+        }
+        presenter.signal(SIGCONT)
+        // Watching goes on after the overflow, and the rescan reports what the lost
+        // events would have: every file, the one created after the pause included.
+        close(open("\(tmpfs.path)/after", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644))
+        var appeared = Set<String>(), resyncs = 0
+        while resyncs == 0 || appeared.count < created + 1, let line = await lines.next() {
+            let (kind, path) = event(line)
+            if kind == "resync" { resyncs += 1 }
+            if kind == "subitemDidAppear" { appeared.insert(path) }
+        }
+        #expect(resyncs == 1, "\(created) creations against a queue of \(limit): the kernel's queue must overflow")
+        #expect(appeared.count == created + 1 && appeared.contains(tmpfs.path + "/after"))
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
 }
