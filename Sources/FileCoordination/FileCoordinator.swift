@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage
@@ -47,6 +48,10 @@ public final class FileCoordinator: Sendable {
     /// Bumped by ``cancel()``: a coordination that saw another value when it started is
     /// cancelled even if it was already messaging presenters.
     let cancellations = Atomic<Int>(0)
+    /// The last absolute URL this coordinator turned into a path, with the path's bytes:
+    /// a coordinator used again on the same item skips the conversion (a third of an
+    /// uncontended coordination's cost).
+    private let lastItem = Mutex<(url: URL, path: FilePath, key: PathKey)?>(nil)
 
     /// A coordinator, optionally acting for `filePresenter`.
     public convenience init(filePresenter: (any FilePresenter)? = nil) {
@@ -180,7 +185,7 @@ public final class FileCoordinator: Sendable {
         isolation: isolated (any Actor)? = #isolation,
         _ accessor: (URL) async throws -> T
     ) async throws -> T {
-        try await perform([.reading(url, options)]) { urls in try await accessor(urls[0]) }
+        try await performOne(.reading(url, options), accessor)
     }
 
     /// Writes an item under a coordinated write claim.
@@ -194,7 +199,7 @@ public final class FileCoordinator: Sendable {
         isolation: isolated (any Actor)? = #isolation,
         _ accessor: (URL) async throws -> T
     ) async throws -> T {
-        try await perform([.writing(url, options)]) { urls in try await accessor(urls[0]) }
+        try await performOne(.writing(url, options), accessor)
     }
 
     /// Reads one item and writes another in one coordination (a copy, an export). Both
@@ -281,6 +286,20 @@ public final class FileCoordinator: Sendable {
     }
 
     // MARK: Paths
+
+    /// ``normalizedPath(_:)`` with its bytes, from the one-entry cache when `url` is the
+    /// last one converted. Only absolute URLs are kept: a relative one depends on the
+    /// current directory at the time.
+    func itemPath(_ url: URL) throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
+        if let last = lastItem.withLock({ $0 }), last.url == url { return (last.path, last.key) }
+        var path = try FilePath(fileURL: url)
+        let absolute = !path.isRelative
+        if !absolute { path = FilePath(FileManager.default.currentDirectoryPath).pushing(path) }
+        if Self.needsNormalizing(path) { path = path.lexicallyNormalized() }
+        let key = PathKey(path.platformBytes)
+        if absolute { lastItem.withLock { $0 = (url, path, key) } }
+        return (path, key)
+    }
 
     /// The absolute, lexically normalized path of a `file:` URL.
     static func normalizedPath(_ url: URL) throws(FileCoordinationError) -> FilePath {

@@ -128,6 +128,20 @@ final class CoordinationCenter: Sendable {
 
     /// Before a coordination: the space joined and other processes' presenters current.
     func prepareSpace() async throws {
+        // The usual answers without a suspension point: staying local, or joined with
+        // the registry unchanged since it was last read.
+        let joined: CoordinationSpace? = Self.spaceSetting.withLock { setting in
+            switch setting {
+            case .local: return nil
+            case .joined(let space): return space
+            case .automatic, .joining: return nil
+            }
+        }
+        if let joined {
+            if joined.mail.isRemoteCurrent { return }
+            await joined.mail.refreshRemote()
+            return
+        }
         guard let space = try await space() else { return }
         await space.mail.refreshRemote()
     }
@@ -148,7 +162,7 @@ final class CoordinationCenter: Sendable {
             return (id, granted)
         }
         if granted {
-            try await takeKernelClaims(id, claims)
+            if joinedSpace != nil { try await takeKernelClaims(id, claims) }
             return (id, false)
         }
         try await withTaskCancellationHandler {

@@ -125,7 +125,7 @@ extension FileCoordinator {
     ) async throws -> T {
         try await center.prepareSpace()
         if requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]), !center.hasPresenters(concerning: requests[0].url) {
-            return try await performPlain(requests[0], body)
+            return try await performPlain(requests[0]) { url in try await body([url]) }
         }
         let session = try await begin(requests, intents: intents)
         if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
@@ -147,6 +147,18 @@ extension FileCoordinator {
         return try outcome.get()
     }
 
+    /// One item: the common case goes straight to ``performPlain(_:_:)``, with no arrays
+    /// of requests or URLs made for it.
+    func performOne<T>(
+        _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
+    ) async throws -> T {
+        try await center.prepareSpace()
+        if Self.isPlain(request), !center.hasPresenters(concerning: request.url) {
+            return try await performPlain(request, body)
+        }
+        return try await perform([request]) { urls in try await body(urls[0]) }
+    }
+
     /// One item, no option that needs the file system answered first.
     private static func isPlain(_ request: ItemRequest) -> Bool {
         switch request {
@@ -159,10 +171,10 @@ extension FileCoordinator {
     /// presenter registered there are no messages to send before or after, and moves
     /// reported inside the accessor are applied to waiting claims at once.)
     private func performPlain<T>(
-        _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
+        _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
-        let path = try Self.normalizedPath(request.url)
-        let claim = CoordinationRules.Claim(path: path, access: { if case .writing = request { .writing } else { .reading } }())
+        let (path, key) = try itemPath(request.url)
+        let claim = CoordinationRules.Claim(path: path, key: key, access: { if case .writing = request { .writing } else { .reading } }())
         let generation = cancellations.load(ordering: .relaxed)
         let (id, waited) = try await acquire([claim], path: path)
         defer { center.release(id) }
@@ -171,7 +183,7 @@ extension FileCoordinator {
         }
         var url = request.url
         if waited, let current = center.claims(of: id).first?.path, current != path { url = current.fileURL }
-        return try await body([url])
+        return try await body(url)
     }
 
     /// Takes claims, within ``claimTimeout`` when one is set.

@@ -31,12 +31,22 @@ struct CoordinationRules: Sendable {
 
     /// One item a request needs.
     struct Claim: Sendable, Hashable {
-        var path: FilePath
+        var path: FilePath {
+            didSet { key = PathKey(path.platformBytes) }
+        }
         var access: Access
         var scope: Scope
+        /// The path's bytes, made once: conflicts and the index compare these.
+        private(set) var key: PathKey
 
         init(path: FilePath, access: Access, scope: Scope = .item) {
+            self.init(path: path, key: PathKey(path.platformBytes), access: access, scope: scope)
+        }
+
+        /// A claim whose caller already has the path's bytes (`key` must be them).
+        init(path: FilePath, key: PathKey, access: Access, scope: Scope = .item) {
             self.path = path
+            self.key = key
             self.access = access
             self.scope = scope
         }
@@ -53,20 +63,14 @@ struct CoordinationRules: Sendable {
         let id: RequestID
         let purpose: String
         var claims: [Claim]
-        /// `claims[i].path` interned: conflicts compare integers, not paths.
-        var pathIDs: [Int] = []
         var granted: Bool
     }
 
     private var requests: [RequestID: Request] = [:]
     /// Waiting requests in submission order.
     private var waiting: [RequestID] = []
-    /// Requests with a claim on each (interned) path.
-    private var itemIndex: [Int: [RequestID]] = [:]
-    /// Interned paths: each distinct claimed path gets a small integer while claimed.
-    private var internedIDs: [PathKey: Int] = [:]
-    private var internedPaths: [Int: (path: FilePath, bytes: [UInt8], uses: Int)] = [:]
-    private var nextPathID = 0
+    /// Requests with a claim on each path.
+    private var itemIndex: [PathKey: [RequestID]] = [:]
     /// Requests with a subtree claim (rare: directory delete, move, replace).
     private var subtreeHolders: Set<RequestID> = []
     private var nextID: UInt64 = 1
@@ -94,12 +98,11 @@ struct CoordinationRules: Sendable {
     /// granted at once; otherwise it waits until a ``release(_:)`` or ``withdraw(_:)``
     /// grants it.
     mutating func submit(_ id: RequestID, purpose: String, claims: [Claim]) -> Bool {
-        precondition(requests[id] == nil, "request \(id) submitted twice")
-        let request = index(Request(id: id, purpose: purpose, claims: claims, granted: false))
-        if canGrant(request) {
-            requests[id]!.granted = true
-            return true
-        }
+        var request = Request(id: id, purpose: purpose, claims: claims, granted: false)
+        // Decided before it is indexed (a request never blocks itself), then indexed once.
+        request.granted = canGrant(request)
+        index(request)
+        if request.granted { return true }
         // Keep the queue in number order even if numbers were reserved out of order.
         let position = waiting.firstIndex { $0 > id } ?? waiting.endIndex
         waiting.insert(id, at: position)
@@ -108,17 +111,18 @@ struct CoordinationRules: Sendable {
 
     /// Ends a granted request; returns the requests that became granted, in order.
     mutating func release(_ id: RequestID) -> [RequestID] {
-        guard let request = requests[id] else { return [] }
+        guard let request = requests.removeValue(forKey: id) else { return [] }
         precondition(request.granted, "release of waiting request \(id); withdraw it instead")
-        remove(request)
-        return grantWaiting()
+        unindex(request)
+        return waiting.isEmpty ? [] : grantWaiting()
     }
 
     /// Gives up a waiting request (cancelled); returns requests that became granted
     /// because they no longer queue behind it.
     mutating func withdraw(_ id: RequestID) -> [RequestID] {
         guard let request = requests[id], !request.granted else { return [] }
-        remove(request)
+        requests[id] = nil
+        unindex(request)
         waiting.removeAll { $0 == id }
         return grantWaiting()
     }
@@ -146,8 +150,8 @@ struct CoordinationRules: Sendable {
             }
             request.claims += keep
             guard touched else { continue }
-            remove(requests[id]!)
-            _ = index(request)
+            unindex(requests[id]!)
+            index(request)
             changed.append(id)
         }
         // Moving cannot make a waiting request grantable on its own account in a way
@@ -160,7 +164,7 @@ struct CoordinationRules: Sendable {
     /// Whether two claims of requests with different purposes exclude each other.
     static func conflict(_ a: Claim, _ b: Claim) -> Bool {
         guard a.access == .writing || b.access == .writing else { return false }
-        let (x, y) = (a.path.platformBytes, b.path.platformBytes)
+        let (x, y) = (a.key.bytes, b.key.bytes)
         if x == y { return true }
         if a.scope == .subtree && FilePath.isAtOrInside(y, x) { return true }
         if b.scope == .subtree && FilePath.isAtOrInside(x, y) { return true }
@@ -173,13 +177,8 @@ struct CoordinationRules: Sendable {
         guard rivalID != request.id, let rival = requests[rivalID], rival.granted || rival.id < request.id,
               rival.purpose != request.purpose
         else { return false }
-        for (x, xPath) in zip(request.claims, request.pathIDs) {
-            for (y, yPath) in zip(rival.claims, rival.pathIDs) {
-                guard x.access == .writing || y.access == .writing else { continue }
-                if xPath == yPath { return true }
-                if x.scope == .subtree, FilePath.isAtOrInside(internedPaths[yPath]!.bytes, internedPaths[xPath]!.bytes) { return true }
-                if y.scope == .subtree, FilePath.isAtOrInside(internedPaths[xPath]!.bytes, internedPaths[yPath]!.bytes) { return true }
-            }
+        for x in request.claims {
+            for y in rival.claims where Self.conflict(x, y) { return true }
         }
         return false
     }
@@ -189,11 +188,11 @@ struct CoordinationRules: Sendable {
     /// so its cost does not grow with unrelated claims.
     private func canGrant(_ request: Request) -> Bool {
         for holder in subtreeHolders where blocks(holder, request) { return false }
-        for (claim, pathID) in zip(request.claims, request.pathIDs) {
-            for other in itemIndex[pathID] ?? [] where blocks(other, request) { return false }
+        for claim in request.claims {
+            for other in itemIndex[claim.key] ?? [] where blocks(other, request) { return false }
             if claim.scope == .subtree {
-                let outer = internedPaths[pathID]!.bytes
-                for (otherPath, holders) in itemIndex where FilePath.isAtOrInside(internedPaths[otherPath]!.bytes, outer) {
+                let outer = claim.key.bytes
+                for (otherPath, holders) in itemIndex where FilePath.isAtOrInside(otherPath.bytes, outer) {
                     for other in holders where blocks(other, request) { return false }
                 }
             }
@@ -219,48 +218,22 @@ struct CoordinationRules: Sendable {
 
     // MARK: Index
 
-    /// Interns the request's paths, records it and indexes it; returns it as stored.
-    private mutating func index(_ request: Request) -> Request {
-        var request = request
-        request.pathIDs = request.claims.map { intern($0.path) }
+    /// Records the request and indexes it by path.
+    private mutating func index(_ request: Request) {
         requests[request.id] = request
-        for (claim, pathID) in zip(request.claims, request.pathIDs) {
+        for claim in request.claims {
             if claim.scope == .subtree { subtreeHolders.insert(request.id) }
-            itemIndex[pathID, default: []].append(request.id)
-        }
-        return request
-    }
-
-    private mutating func remove(_ request: Request) {
-        requests[request.id] = nil
-        subtreeHolders.remove(request.id)
-        for pathID in request.pathIDs {
-            itemIndex[pathID]?.removeAll { $0 == request.id }
-            if itemIndex[pathID]?.isEmpty == true { itemIndex[pathID] = nil }
-            release(pathID: pathID)
+            itemIndex[claim.key, default: []].append(request.id)
         }
     }
 
-    private mutating func intern(_ path: FilePath) -> Int {
-        let key = PathKey(path.platformBytes)
-        if let id = internedIDs[key] {
-            internedPaths[id]!.uses += 1
-            return id
-        }
-        let id = nextPathID
-        nextPathID += 1
-        internedIDs[key] = id
-        internedPaths[id] = (path, key.bytes, 1)
-        return id
-    }
-
-    private mutating func release(pathID: Int) {
-        guard let entry = internedPaths[pathID] else { return }
-        if entry.uses <= 1 {
-            internedPaths[pathID] = nil
-            internedIDs[PathKey(entry.bytes)] = nil
-        } else {
-            internedPaths[pathID]!.uses -= 1
+    /// Takes the request out of the path index (the caller removes or replaces its record).
+    private mutating func unindex(_ request: Request) {
+        if !subtreeHolders.isEmpty { subtreeHolders.remove(request.id) }
+        for claim in request.claims {
+            guard var holders = itemIndex.removeValue(forKey: claim.key) else { continue }
+            holders.removeAll { $0 == request.id }
+            if !holders.isEmpty { itemIndex[claim.key] = holders }
         }
     }
 }

@@ -297,6 +297,12 @@ final class SpaceMail: Sendable {
 
     /// Brings the cache of other processes' presenters up to date when the registry
     /// changed since it was read: one shared-memory load when nothing changed.
+    /// Whether the cache of other processes' presenters is current (one shared-memory load).
+    var isRemoteCurrent: Bool {
+        let sequence = files.loadSequence()
+        return state.withLock { $0.remoteSequence == sequence }
+    }
+
     func refreshRemote() async {
         let sequence = files.loadSequence()
         guard state.withLock({ $0.remoteSequence != sequence }) else { return }
