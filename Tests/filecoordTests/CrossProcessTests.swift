@@ -1,3 +1,4 @@
+import FileCoordination
 import Foundation
 import Testing
 
@@ -175,7 +176,10 @@ struct CrossProcessTests {
     @Test("status lists live claims and presenters with their pids, and cleans up after a killed presenter")
     func status() async throws {
         let file = scratch.write("doc", "x")
-        let (presenter, _) = try await present(scratch.path)
+        // Not the scratch directory itself: the space is made inside it as the presenter joins.
+        let presented = scratch.path + "/presented"
+        try FileManager.default.createDirectory(atPath: presented, withIntermediateDirectories: false)
+        let (presenter, _) = try await present(presented)
         let holder = try LineProcess(["exec", "--space", space, "--read", file, "--", "sh", "-c", "echo held; exec sleep 62 >/dev/null 2>&1"])
         var holderLines = holder.lines.makeAsyncIterator()
         #expect(await holderLines.next() == "held")
@@ -184,7 +188,7 @@ struct CrossProcessTests {
         let claims = try #require(object["claims"] as? [[String: Any]])
         #expect(claims.contains { $0["path"] as? String == file && $0["access"] as? String == "read" && $0["pid"] as? Int32 == holder.pid })
         let presenters = try #require(object["presenters"] as? [[String: Any]])
-        #expect(presenters.contains { $0["path"] as? String == scratch.path && $0["pid"] as? Int32 == presenter.pid })
+        #expect(presenters.contains { $0["path"] as? String == presented && $0["pid"] as? Int32 == presenter.pid })
 
         presenter.signal(SIGKILL)
         _ = await presenter.wait()
@@ -261,5 +265,23 @@ struct CrossProcessTests {
         #expect(appeared.count == created + 1 && appeared.contains(tmpfs.path + "/after"))
         presenter.signal(SIGTERM)
         #expect(await presenter.wait().status == 0)
+    }
+
+    @Test("claims this process keeps after use (idle) never block another process: it gives them back when asked")
+    func idleClaimsGiveWay() async throws {
+        let file = scratch.write("idle", "old")
+        let url = URL(fileURLWithPath: file)
+        // This test process writes, in its own space (the default one): its kernel claims
+        // on the file stay, idle, after the coordination ends.
+        try await FileCoordinator().coordinate(writingItemAt: url) { try await Data("mine".utf8).asyncWrite(to: $0) }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        // Another process of that space reads the file, then writes it: both need what the
+        // idle claim holds. Without giving it back they would wait for their --timeout.
+        let read = try await filecoord("read", file, "--cat", "--space", space, "--timeout", "10")
+        #expect(read.status == 0 && read.outputText == "mine", "\(read.errorText)")
+        let write = try await filecoord("write", file, "--space", space, "--timeout", "10", stdin: Data("theirs".utf8))
+        #expect(write.status == 0, "\(write.errorText)")
+        let back = try await FileCoordinator().coordinate(readingItemAt: url) { try await Data(asyncContentsOf: $0) }
+        #expect(String(decoding: back, as: UTF8.self) == "theirs")
     }
 }

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage
@@ -43,13 +44,13 @@ final class CoordinationCenter: Sendable {
         presenterCount.load(ordering: .acquiring) > 0 || (joinedSpace?.mail.remoteCount ?? 0) > 0
     }
 
-    /// Whether an item access at `url` concerns any presenter (of the item, or of a
-    /// directory containing it): the fast path's question. A URL that cannot be a path
-    /// answers true, leaving the error to the full path.
-    func hasPresenters(concerning url: URL) -> Bool {
+    /// Whether an item access at the path with these bytes concerns any presenter (of
+    /// the item, or of a directory containing it): the fast path's question.
+    func hasPresenters(concerning key: PathKey) -> Bool {
         guard hasPresenters else { return false }
-        guard let path = try? FileCoordinator.normalizedPath(url) else { return true }
-        return !presenters(for: path, subtree: false, excluding: nil).isEmpty
+        if state.withLock({ $0.presenters.concernsAny(key) }) { return true }
+        guard let space = joinedSpace, space.mail.remoteCount > 0 else { return false }
+        return space.mail.remoteConcernsAny(key)
     }
 
     // MARK: The coordination space
@@ -400,7 +401,9 @@ struct PresenterRegistry: Sendable {
     }
 
     private var entriesByID: [ObjectIdentifier: Entry] = [:]
-    private var byPath: [FilePath: [ObjectIdentifier]] = [:]
+    /// By the bytes of the presented path (`FilePath` hashes byte by byte, and its
+    /// component operations parse the path again on every call).
+    private var byPath: [PathKey: [ObjectIdentifier]] = [:]
 
     var all: [any FilePresenter] { entriesByID.values.map(\.presenter) }
     var entries: [(any FilePresenter, FilePath)] { entriesByID.values.map { ($0.presenter, $0.path) } }
@@ -412,29 +415,58 @@ struct PresenterRegistry: Sendable {
         let id = ObjectIdentifier(presenter)
         remove(id)
         entriesByID[id] = Entry(presenter: presenter, path: path)
-        byPath[path, default: []].append(id)
+        byPath[PathKey(path.platformBytes), default: []].append(id)
     }
 
     mutating func remove(_ id: ObjectIdentifier) {
         guard let entry = entriesByID.removeValue(forKey: id) else { return }
-        byPath[entry.path]?.removeAll { $0 == id }
-        if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
+        unindex(id, at: entry.path)
+    }
+
+    private mutating func unindex(_ id: ObjectIdentifier, at path: FilePath) {
+        let key = PathKey(path.platformBytes)
+        guard var ids = byPath.removeValue(forKey: key) else { return }
+        ids.removeAll { $0 == id }
+        if !ids.isEmpty { byPath[key] = ids }
+    }
+
+    /// Calls `body` with the bytes of each directory containing `bytes` (an absolute,
+    /// normalized path), nearest first, until it returns true.
+    private static func forEachAncestor(of bytes: [UInt8], _ body: ([UInt8]) -> Bool) {
+        var end = bytes.count
+        while end > 1, let slash = bytes[..<end].lastIndex(of: UInt8(ascii: "/")) {
+            if body(slash == 0 ? [UInt8(ascii: "/")] : Array(bytes[..<slash])) { return }
+            end = slash
+        }
+    }
+
+    /// Whether an item access at the path with these bytes concerns any presenter (of the
+    /// item, or of a directory containing it), without collecting them.
+    func concernsAny(_ key: PathKey) -> Bool {
+        guard !byPath.isEmpty else { return false }
+        if byPath[key] != nil { return true }
+        var found = false
+        Self.forEachAncestor(of: key.bytes) { ancestor in
+            found = byPath[PathKey(ancestor)] != nil
+            return found
+        }
+        return found
     }
 
     func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
         var result = Concerned()
         guard !entriesByID.isEmpty else { return result }
-        func lookup(_ key: FilePath) -> [Entry] {
-            (byPath[key] ?? []).compactMap { $0 == excluded ? nil : entriesByID[$0] }
+        func lookup(_ bytes: [UInt8]) -> [Entry] {
+            (byPath[PathKey(bytes)] ?? []).compactMap { $0 == excluded ? nil : entriesByID[$0] }
         }
-        result.item = lookup(path)
-        var ancestor = path
-        while !ancestor.removingLastComponent().isEmpty, ancestor.removingLastComponent() != ancestor {
-            ancestor = ancestor.removingLastComponent()
+        let bytes = path.platformBytes
+        result.item = lookup(bytes)
+        Self.forEachAncestor(of: bytes) { ancestor in
             result.containers += lookup(ancestor)
+            return false
         }
         if subtree {
-            for (key, ids) in byPath where key != path && key.starts(with: path) {
+            for (key, ids) in byPath where key.bytes != bytes && FilePath.isAtOrInside(key.bytes, bytes) {
                 result.inside += ids.compactMap { $0 == excluded ? nil : entriesByID[$0] }
             }
         }
@@ -446,10 +478,9 @@ struct PresenterRegistry: Sendable {
         var moved: [Moved] = []
         for (id, entry) in entriesByID where entry.path.starts(with: source) {
             let newPath = Self.rebase(entry.path, from: source, to: destination)
-            byPath[entry.path]?.removeAll { $0 == id }
-            if byPath[entry.path]?.isEmpty == true { byPath[entry.path] = nil }
+            unindex(id, at: entry.path)
             entriesByID[id]!.path = newPath
-            byPath[newPath, default: []].append(id)
+            byPath[PathKey(newPath.platformBytes), default: []].append(id)
             moved.append(Moved(entry: entriesByID[id]!, oldPath: entry.path, newPath: newPath))
         }
         return moved

@@ -124,7 +124,7 @@ extension FileCoordinator {
         _ body: ([URL]) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
-        if requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]), !center.hasPresenters(concerning: requests[0].url) {
+        if requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]), !concernsPresenters(requests[0].url) {
             return try await performPlain(requests[0]) { url in try await body([url]) }
         }
         let session = try await begin(requests, intents: intents)
@@ -153,10 +153,19 @@ extension FileCoordinator {
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
-        if Self.isPlain(request), !center.hasPresenters(concerning: request.url) {
+        if Self.isPlain(request), !concernsPresenters(request.url) {
             return try await performPlain(request, body)
         }
         return try await perform([request]) { urls in try await body(urls[0]) }
+    }
+
+    /// Whether an item access at `url` concerns any presenter (of the item, or of a
+    /// directory containing it), here or in another process. A URL that cannot be a path
+    /// says yes, leaving its error to the full path.
+    private func concernsPresenters(_ url: URL) -> Bool {
+        guard center.hasPresenters else { return false }
+        guard let (_, key) = try? itemPath(url) else { return true }
+        return center.hasPresenters(concerning: key)
     }
 
     /// One item, no option that needs the file system answered first.

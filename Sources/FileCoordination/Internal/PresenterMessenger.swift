@@ -19,6 +19,18 @@ enum PresenterMessenger {
         late: (@Sendable (T) -> Void)? = nil,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
+        // A presenter in another process: its callback is a request with a deadline, made
+        // from this task (no task for it, no timer task racing it).
+        if entry.presenter is RemotePresenter {
+            do {
+                return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
+            } catch is RemoteNoAnswer {
+                let error = timeoutError(policy, callback, of: entry)
+                if policy.action == .fail { throw error }
+                warnTimeout(policy, callback, of: entry)
+                return nil
+            }
+        }
         let race = Race<T>()
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
@@ -37,21 +49,14 @@ enum PresenterMessenger {
                 let timer = Task {
                     try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
                     guard !Task.isCancelled else { return }
-                    let path = entry.path
-                    let seconds = Double(policy.timeout.components.seconds) + Double(policy.timeout.components.attoseconds) / 1e18
                     switch policy.action {
                     case .proceed:
                         if race.finish(.success(nil)) {
-                            logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
-                                           metadata: ["presenter": "\(name(of: entry.presenter))", "path": "\(path)",
-                                                      "callback": "\(callback)", "timeout": "\(seconds)s"])
+                            warnTimeout(policy, callback, of: entry)
                             work.cancel()
                         }
                     case .fail:
-                        let error = FileCoordinationError(
-                            code: .timedOut, path: path, operation: callback,
-                            message: "\(name(of: entry.presenter)) did not answer within \(seconds) s")
-                        if race.finish(.failure(error)) { work.cancel() }
+                        if race.finish(.failure(timeoutError(policy, callback, of: entry))) { work.cancel() }
                     }
                 }
                 race.onFinish {
@@ -62,6 +67,24 @@ enum PresenterMessenger {
         } onCancel: {
             race.finish(.failure(CancellationError()))
         }
+    }
+
+    private static func seconds(_ policy: PresenterTimeoutPolicy) -> Double {
+        Double(policy.timeout.components.seconds) + Double(policy.timeout.components.attoseconds) / 1e18
+    }
+
+    /// The policy proceeds without a presenter that did not answer: say so.
+    static func warnTimeout(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry) {
+        let seconds = seconds(policy)
+        logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
+                       metadata: ["presenter": "\(name(of: entry.presenter))", "path": "\(entry.path)",
+                                  "callback": "\(callback)", "timeout": "\(seconds)s"])
+    }
+
+    /// The policy fails the coordination when a presenter did not answer.
+    static func timeoutError(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry) -> FileCoordinationError {
+        FileCoordinationError(code: .timedOut, path: entry.path, operation: callback,
+                              message: "\(name(of: entry.presenter)) did not answer within \(seconds(policy)) s")
     }
 
     /// How warnings and errors name a presenter: its description when it has one (a

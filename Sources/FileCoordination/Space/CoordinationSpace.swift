@@ -92,6 +92,7 @@ public final class CoordinationSpace: Sendable {
 
     /// Leaves the space: this process's files are removed (its claims must have ended).
     func leave() async {
+        locks.close()
         await mail.leave()
     }
 

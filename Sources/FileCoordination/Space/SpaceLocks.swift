@@ -31,6 +31,12 @@ import Glibc
 /// `IN_CLOSE_WRITE` when any process that had it open exits (a dead holder's locks are
 /// gone). Nothing polls.
 ///
+/// A process keeps up to ``idleLimit`` bytes locked after its last task let go of them
+/// (*idle*), so that coordinating again on the same items, or in the same directories,
+/// asks the kernel nothing. A process that has to wait rings the doorbell as it starts to:
+/// every process then gives back its idle bytes (ringing again if it had any) and keeps
+/// no new ones until a release of its own finds nobody waiting.
+///
 /// One process has one open file description, so the kernel sees one owner per process:
 /// the tasks of the process share each byte's kernel lock through counts (the in-process
 /// rules have already decided which of them may hold what together).
@@ -66,13 +72,32 @@ final class SpaceLocks: Sendable {
     }
 
     private struct State {
+        /// Bytes held in the kernel: counted for the tasks using them, or idle (kept after
+        /// their last task let go, for the next one; see ``idleLimit``).
         var counts: [Int64: Count] = [:]
+        /// How many of `counts` are idle.
+        var idle = 0
+        /// Idle bytes in the order they became idle, oldest first, to give back the oldest
+        /// when ``idleLimit`` is reached. Entries that were taken again since (or given
+        /// back) are skipped when met.
+        var idleOrder: [Int64] = []
+        var idleHead = 0
+        /// Set when another process may be waiting (the doorbell rang): idle bytes are
+        /// given back and no new ones are kept until a release finds nobody waiting.
+        var suspended = false
+        /// The process left the space: nothing is kept any more.
+        var closed = false
         var generation: UInt64 = 0
         var waiters: [UInt64: UnsafeContinuation<Void, any Error>] = [:]
         var nextWaiter: UInt64 = 0
         /// Local requests currently waiting (they share the waiting flag).
         var waiting = 0
     }
+
+    /// At most this many idle bytes are kept: a process that coordinates again on the
+    /// same items (or in the same directories) asks the kernel nothing, and the shards'
+    /// lock lists stay short.
+    static let idleLimit = 512
 
     static let doorbellOffset: Int64 = 0
     static let waitingFlagOffset: Int64 = 1
@@ -149,19 +174,39 @@ final class SpaceLocks: Sendable {
     /// The first byte of `path`'s slot: a 64-bit FNV-1a hash, finished with a mixer.
     /// Two paths sharing a slot only over-exclude each other; they never under-exclude.
     static func slot(_ bytes: some Sequence<UInt8>) -> Int64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in bytes { hash = (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+        var hash = fnvBasis
+        for byte in bytes { hash = fnvStep(hash, byte) }
+        return slot(finishing: hash)
+    }
+
+    private static let fnvBasis: UInt64 = 0xcbf2_9ce4_8422_2325
+    private static func fnvStep(_ hash: UInt64, _ byte: UInt8) -> UInt64 { (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+    private static func slot(finishing hash: UInt64) -> Int64 {
+        var hash = hash
         hash ^= hash >> 33; hash &*= 0xff51_afd7_ed55_8ccd; hash ^= hash >> 33
         return firstSlot + Int64(hash >> 5) * 4
     }
 
-    /// The kernel bytes for a claim on `path` (normalized, absolute).
+    /// The slot of `bytes` (an absolute, normalized path), and the slots of every
+    /// directory containing it, nearest last: FNV-1a is computed front to back, so one
+    /// pass gives every prefix's hash.
+    static func slots(_ bytes: [UInt8]) -> (item: Int64, ancestors: [Int64]) {
+        var hash = fnvBasis
+        var ancestors: [Int64] = []
+        for (index, byte) in bytes.enumerated() {
+            if byte == UInt8(ascii: "/"), index > 0 { ancestors.append(slot(finishing: hash)) }
+            hash = fnvStep(hash, byte)
+            if index == 0, byte == UInt8(ascii: "/"), bytes.count > 1 { ancestors.append(slot(finishing: hash)) } // the root, "/"
+        }
+        return (slot(finishing: hash), ancestors)
+    }
+
+    /// The kernel bytes for claims on normalized, absolute paths.
     static func plan(for claims: [CoordinationRules.Claim]) -> Plan {
         var plan = Plan()
-        var inside: Set<Int64> = []
+        var inside: [Int64] = []
         for claim in claims {
-            let bytes = claim.path.platformBytes
-            let slot = slot(bytes)
+            let (slot, ancestors) = slots(claim.key.bytes)
             switch (claim.access, claim.scope) {
             case (.reading, _):
                 plan.checks.append(slot + 2)
@@ -175,19 +220,18 @@ final class SpaceLocks: Sendable {
                 plan.bytes.append(Byte(offset: slot + 1, exclusive: true))
             }
             // The "inside" byte of every containing directory.
-            var end = bytes.count
-            while let slash = bytes[..<end].lastIndex(of: UInt8(ascii: "/")) {
-                inside.insert(Self.slot(bytes[..<max(slash, 1)]) + 1)
-                if slash == 0 { break }
-                end = slash
-            }
+            inside += ancestors.map { $0 + 1 }
         }
         plan.bytes += inside.map { Byte(offset: $0, exclusive: false) }
-        // A byte both shared and exclusive in one request: exclusive wins.
+        // One claim's bytes are distinct (its item's bytes and its directories' "inside"
+        // bytes differ in their offset modulo 4). Several claims may share some: a byte
+        // both shared and exclusive is taken exclusive, once; queue bytes go in one order.
+        guard claims.count > 1 else { return plan }
         var merged: [Int64: Bool] = [:]
         for byte in plan.bytes { merged[byte.offset, default: false] = merged[byte.offset, default: false] || byte.exclusive }
         plan.bytes = merged.map { Byte(offset: $0.key, exclusive: $0.value) }.sorted()
         plan.queue = Array(Set(plan.queue)).sorted()
+        plan.checks = Array(Set(plan.checks))
         return plan
     }
 
@@ -207,9 +251,11 @@ final class SpaceLocks: Sendable {
                 if let held = try attempt(plan, queued: &queued) { return held }
                 if !flagged {
                     // Raise the flag, then try again before sleeping: a release between the
-                    // first attempt and the flag would not have rung.
+                    // first attempt and the flag would not have rung. The doorbell asks
+                    // every process to give back its idle bytes (one may be in the way).
                     flagged = true
                     raiseWaitingFlag()
+                    ringDoorbell()
                     continue
                 }
                 try await waitForChange(after: generation)
@@ -229,6 +275,10 @@ final class SpaceLocks: Sendable {
                 queued.append(byte)
             }
             for check in plan.checks where state.counts[check]?.kernel != fc_F_WRLCK {
+                // The item is already held in the kernel by this process (idle, or by
+                // another task) and no doorbell has rung since: no writer can be queued
+                // behind it without having rung, so the check would find nothing.
+                if !state.suspended, let item = state.counts[check - 2], item.kernel != fc_F_UNLCK { continue }
                 var conflicting: Int16 = fc_F_UNLCK
                 guard fc_ofd_getlock(shardFD(check), fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
                 if conflicting != fc_F_UNLCK { return nil }
@@ -250,6 +300,14 @@ final class SpaceLocks: Sendable {
     private func take(_ byte: Byte, in state: inout State) throws -> Bool {
         var count = state.counts[byte.offset] ?? Count()
         let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
+        if count.total == 0 && count.kernel != fc_F_UNLCK {
+            // An idle byte taken again. A reader does not keep a writer's exclusive lock.
+            state.idle -= 1
+            if needed == fc_F_RDLCK && count.kernel == fc_F_WRLCK {
+                _ = fc_ofd_lock(shardFD(byte.offset), fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
+                count.kernel = fc_F_RDLCK
+            }
+        }
         if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
             if fc_ofd_lock(shardFD(byte.offset), needed, byte.offset, 1, 0) != 0 {
                 let error = errno
@@ -269,6 +327,17 @@ final class SpaceLocks: Sendable {
     private func give(_ byte: Byte, in state: inout State) -> Bool {
         guard var count = state.counts[byte.offset] else { return false }
         if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
+        if count.total <= 0 && !state.suspended && !state.closed {
+            // Kept, idle: the kernel lock stays for the next task that needs it. At the
+            // limit, the byte idle the longest goes instead.
+            count.shared = 0
+            count.exclusive = 0
+            state.counts[byte.offset] = count
+            state.idle += 1
+            state.idleOrder.append(byte.offset)
+            if state.idle > Self.idleLimit { evictOldestIdle(&state) }
+            return false
+        }
         if count.total <= 0 {
             state.counts[byte.offset] = nil
             _ = fc_ofd_lock(shardFD(byte.offset), fc_F_UNLCK, byte.offset, 1, 0)
@@ -282,6 +351,30 @@ final class SpaceLocks: Sendable {
         }
         state.counts[byte.offset] = count
         return false
+    }
+
+    /// Gives back the byte idle the longest (skipping entries no longer idle).
+    private func evictOldestIdle(_ state: inout State) {
+        while state.idleHead < state.idleOrder.count {
+            let offset = state.idleOrder[state.idleHead]
+            state.idleHead += 1
+            if let count = state.counts[offset], count.total == 0, count.kernel != fc_F_UNLCK {
+                _ = fc_ofd_lock(shardFD(offset), fc_F_UNLCK, offset, 1, 0)
+                state.counts[offset] = nil
+                state.idle -= 1
+                break
+            }
+        }
+        // Keep the order list about as long as what it orders.
+        if state.idleHead > Self.idleLimit {
+            state.idleOrder.removeFirst(state.idleHead)
+            state.idleHead = 0
+        }
+        if state.idleOrder.count > 4 * Self.idleLimit {
+            state.idleOrder = state.idleOrder.filter { offset in
+                state.counts[offset].map { $0.total == 0 && $0.kernel != fc_F_UNLCK } ?? false
+            }
+        }
     }
 
     /// Gives the bytes back; wakes this process's waiters, and rings the doorbell when
@@ -299,9 +392,39 @@ final class SpaceLocks: Sendable {
         for waiter in waiters { waiter.resume() }
         guard changed else { return }
         var conflicting: Int16 = fc_F_UNLCK
-        if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0, conflicting != fc_F_UNLCK {
-            ringDoorbell()
+        if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0 {
+            if conflicting != fc_F_UNLCK {
+                ringDoorbell()
+            } else {
+                // Nobody waits any more: idle bytes may be kept again.
+                state.withLock { $0.suspended = false }
+            }
         }
+    }
+
+    /// Gives back every idle byte (another process may be waiting for one); returns
+    /// whether there was any. With `suspend`, no new ones are kept until a release finds
+    /// nobody waiting.
+    @discardableResult
+    func dropIdle(suspend: Bool) -> Bool {
+        state.withLock { state in
+            if suspend { state.suspended = true }
+            guard state.idle > 0 else { return false }
+            for (offset, count) in state.counts where count.total == 0 && count.kernel != fc_F_UNLCK {
+                _ = fc_ofd_lock(shardFD(offset), fc_F_UNLCK, offset, 1, 0)
+                state.counts[offset] = nil
+            }
+            state.idle = 0
+            state.idleOrder.removeAll()
+            state.idleHead = 0
+            return true
+        }
+    }
+
+    /// The process leaves the space: idle bytes go, and none are kept from now on.
+    func close() {
+        state.withLock { $0.closed = true }
+        if dropIdle(suspend: false) { ringDoorbell() }
     }
 
     /// Wakes every process waiting on the space's claims.
@@ -312,7 +435,9 @@ final class SpaceLocks: Sendable {
 
     // MARK: Waiting
 
-    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`.
+    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`:
+    /// this process's waiters try again, and its idle bytes go (someone may wait for
+    /// one); if there were any, the doorbell rings for the waiters elsewhere.
     func somethingChanged() {
         let waiters = state.withLock { state in
             state.generation &+= 1
@@ -320,6 +445,7 @@ final class SpaceLocks: Sendable {
             return Array(state.waiters.values)
         }
         for waiter in waiters { waiter.resume() }
+        if dropIdle(suspend: true) { ringDoorbell() }
     }
 
     private func waitForChange(after generation: UInt64) async throws {

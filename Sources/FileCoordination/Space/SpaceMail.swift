@@ -152,9 +152,18 @@ final class SpaceMail: Sendable {
     ///
     /// The message is written on an I/O thread that this task does not wait for: the task
     /// parks once, until the reply (or the write's failure, or the target's death) arrives.
+    ///
+    /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
     func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
+        let deadline = RemoteDeadline.timeout.map { timeout in
+            Task { [self] in
+                try? await Task.sleep(for: timeout) // ok: the presenter timeout is real time
+                if !Task.isCancelled { resolve(id, with: .failure(RemoteNoAnswer())) }
+            }
+        }
+        defer { deadline?.cancel() }
         let write = prepare(message, to: target, id: id)
         submitToIOThread { [self] in
             do {
@@ -340,6 +349,10 @@ final class SpaceMail: Sendable {
     }
 
     var remoteCount: Int { state.withLock { $0.remote.count } }
+
+    func remoteConcernsAny(_ key: PathKey) -> Bool {
+        state.withLock { $0.remote.concernsAny(key) }
+    }
 
     func remotePresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
         state.withLock { $0.remote.concerned(by: path, subtree: subtree, excluding: nil) }
@@ -575,6 +588,17 @@ final class SpaceMail: Sendable {
     }
 }
 
+/// How long a request to another process's presenter may wait for its answer: set by
+/// ``PresenterMessenger/bounded(_:_:of:late:_:)`` around the callback, which then runs in
+/// the coordinating task itself (a remote callback is a request and a reply, so it cannot
+/// hang the task past its deadline).
+enum RemoteDeadline {
+    @TaskLocal static var timeout: Duration?
+}
+
+/// A request to another process was not answered within ``RemoteDeadline/timeout``.
+struct RemoteNoAnswer: Error {}
+
 /// A presenter registered by another process, as this process sees it: each callback is
 /// a request into that process's mailbox, answered through this process's mailbox.
 final class RemotePresenter: FilePresenter, CustomStringConvertible {
@@ -635,12 +659,12 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         reacquire.set("re", "\(id)")
         do {
             guard try await ask(message) else { return nil }
-        } catch is CancellationError {
+        } catch let error where error is CancellationError || error is RemoteNoAnswer {
             // Given up on (the presenter timeout, or the coordination was cancelled): the
             // presenter may still relinquish later, and must then get its item back.
             let late = reacquire
             Task { await tell(late) }
-            throw CancellationError()
+            throw error
         }
         let done = reacquire
         return { [self] in await tell(done) }
