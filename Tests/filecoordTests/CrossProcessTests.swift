@@ -271,17 +271,23 @@ struct CrossProcessTests {
     func idleClaimsGiveWay() async throws {
         let file = scratch.write("idle", "old")
         let url = URL(fileURLWithPath: file)
-        // This test process writes, in its own space (the default one): its kernel claims
-        // on the file stay, idle, after the coordination ends.
-        try await FileCoordinator().coordinate(writingItemAt: url) { try await Data("mine".utf8).asyncWrite(to: $0) }
+        // This test process reads, in its own space (the default one): its shared kernel
+        // claims on the file and its directories stay, idle, after the coordination ends.
+        let before = try await FileCoordinator().coordinate(readingItemAt: url) { try await Data(asyncContentsOf: $0) }
+        #expect(String(decoding: before, as: UTF8.self) == "old")
         let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
-        // Another process of that space reads the file, then writes it: both need what the
-        // idle claim holds. Without giving it back they would wait for their --timeout.
-        let read = try await filecoord("read", file, "--cat", "--space", space, "--timeout", "10")
-        #expect(read.status == 0 && read.outputText == "mine", "\(read.errorText)")
+        // Another process of that space writes the file, which needs the item exclusively;
+        // then deletes the directory, which needs everything inside it. Without the idle
+        // claims given back, each would wait for its --timeout and exit 3.
         let write = try await filecoord("write", file, "--space", space, "--timeout", "10", stdin: Data("theirs".utf8))
         #expect(write.status == 0, "\(write.errorText)")
-        let back = try await FileCoordinator().coordinate(readingItemAt: url) { try await Data(asyncContentsOf: $0) }
-        #expect(String(decoding: back, as: UTF8.self) == "theirs")
+        let after = try await FileCoordinator().coordinate(readingItemAt: url) { try await Data(asyncContentsOf: $0) }
+        #expect(String(decoding: after, as: UTF8.self) == "theirs")
+        let directory = scratch.path + "/tree"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        _ = try await FileCoordinator().coordinate(readingItemAt: URL(fileURLWithPath: directory + "/f")) { _ in }
+        let delete = try await filecoord("exec", "--space", space, "--delete", directory, "--timeout", "10", "--", "rm", "-r", directory)
+        #expect(delete.status == 0, "\(delete.errorText)")
+        #expect(!FileManager.default.fileExists(atPath: directory))
     }
 }

@@ -31,8 +31,8 @@ import Glibc
 /// `IN_CLOSE_WRITE` when any process that had it open exits (a dead holder's locks are
 /// gone). Nothing polls.
 ///
-/// A process keeps up to ``idleLimit`` bytes locked after its last task let go of them
-/// (*idle*), so that coordinating again on the same items, or in the same directories,
+/// A process keeps up to ``idleLimit`` shared bytes locked after its last task let go of
+/// them (*idle*), so that coordinating again on the same items, or in the same directories,
 /// asks the kernel nothing. A process that has to wait rings the doorbell as it starts to:
 /// every process then gives back its idle bytes (ringing again if it had any) and keeps
 /// no new ones until a release of its own finds nobody waiting.
@@ -300,14 +300,7 @@ final class SpaceLocks: Sendable {
     private func take(_ byte: Byte, in state: inout State) throws -> Bool {
         var count = state.counts[byte.offset] ?? Count()
         let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
-        if count.total == 0 && count.kernel != fc_F_UNLCK {
-            // An idle byte taken again. A reader does not keep a writer's exclusive lock.
-            state.idle -= 1
-            if needed == fc_F_RDLCK && count.kernel == fc_F_WRLCK {
-                _ = fc_ofd_lock(shardFD(byte.offset), fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
-                count.kernel = fc_F_RDLCK
-            }
-        }
+        if count.total == 0 && count.kernel != fc_F_UNLCK { state.idle -= 1 } // an idle byte taken again
         if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
             if fc_ofd_lock(shardFD(byte.offset), needed, byte.offset, 1, 0) != 0 {
                 let error = errno
@@ -327,9 +320,10 @@ final class SpaceLocks: Sendable {
     private func give(_ byte: Byte, in state: inout State) -> Bool {
         guard var count = state.counts[byte.offset] else { return false }
         if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
-        if count.total <= 0 && !state.suspended && !state.closed {
-            // Kept, idle: the kernel lock stays for the next task that needs it. At the
-            // limit, the byte idle the longest goes instead.
+        if count.total <= 0 && count.kernel == fc_F_RDLCK && !state.suspended && !state.closed {
+            // Kept, idle: the shared kernel lock stays for the next task that needs it (an
+            // exclusive one is never kept: a process stopped with it would hold off every
+            // reader). At the limit, the byte idle the longest goes instead.
             count.shared = 0
             count.exclusive = 0
             state.counts[byte.offset] = count
