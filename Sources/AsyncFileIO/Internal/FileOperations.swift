@@ -367,3 +367,75 @@ public func _readWholeFileBlocking(_ path: FilePath) -> Int {
 public func _readWholeFileData(_ path: FilePath) -> Data? {
     try? FileOperations.readWholeFile(path, maximumSize: .max).get()
 }
+
+// MARK: - Reading into a reused buffer
+
+/// A growable buffer owned by one worker thread and reused for every file it reads.
+final class ReusableBuffer {
+    private(set) var base: UnsafeMutableRawPointer
+    private(set) var capacity: Int
+
+    init(capacity: Int = 64 * 1024) {
+        self.capacity = capacity
+        base = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 16)
+    }
+
+    deinit { base.deallocate() }
+
+    /// Makes room for `count` bytes (the content is not kept).
+    func reserve(_ count: Int) {
+        guard count > capacity else { return }
+        base.deallocate()
+        capacity = max(count, capacity * 2)
+        base = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 16)
+    }
+
+    /// Doubles the capacity, keeping the first `count` bytes.
+    func grow(keeping count: Int) {
+        let bigger = UnsafeMutableRawPointer.allocate(byteCount: capacity * 2, alignment: 16)
+        bigger.copyMemory(from: base, byteCount: count)
+        base.deallocate()
+        base = bigger
+        capacity *= 2
+    }
+}
+
+extension FileOperations {
+    /// open + read + close, into `buffer`: returns how many bytes it holds. A regular file
+    /// is read up to its size at open time (as ``readAll(_:path:maximumSize:)`` does), other
+    /// files to their end; any step's failure names `path`.
+    static func readWholeFile(_ path: FilePath, maximumSize: Int, into buffer: ReusableBuffer) -> Result<Int, FileCoordinationError> {
+        openForReading(path).flatMap { file in
+            var result: Result<Int, FileCoordinationError>
+            if file.type == .regular && file.size > Int64(maximumSize) {
+                result = .failure(tooLarge(path, limit: maximumSize))
+            } else {
+                let sized = file.type == .regular && file.size > 0
+                buffer.reserve(sized ? Int(file.size) : 16 * 1024)
+                var got = 0
+                result = .success(0)
+                while true {
+                    if sized && got == Int(file.size) {
+                        result = .success(got)
+                        break
+                    }
+                    if got == buffer.capacity { buffer.grow(keeping: got) }
+                    switch Syscall.read(file.fd, buffer.base + got, buffer.capacity - got) {
+                    case .success(0):
+                        result = .success(got)
+                    case .success(let n):
+                        got += n
+                        if got > maximumSize { result = .failure(tooLarge(path, limit: maximumSize)) } else { continue }
+                    case .failure(let errno):
+                        result = .failure(FileCoordinationError("read", errno: errno, path: path))
+                    }
+                    break
+                }
+            }
+            if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
+                return .failure(FileCoordinationError("close", errno: errno, path: path))
+            }
+            return result
+        }
+    }
+}

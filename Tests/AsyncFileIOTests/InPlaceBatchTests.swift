@@ -1,0 +1,92 @@
+import Foundation
+import Synchronization
+import SystemPackage
+import Testing
+@testable import AsyncFileIO
+
+@Suite("FileBatchReader.forEachFile (in place)")
+struct InPlaceBatchTests {
+    @Test("every file reaches the body once, with exactly its bytes", arguments: [FileIOEngine.threadPool, .dispatchIO], [1, 16])
+    func everyFileOnce(engine: FileIOEngine, concurrency: Int) async throws {
+        let directory = TemporaryDirectory("inplace")
+        let files = try FileBatchReaderTests.makeFiles(directory, count: 600, maximumSize: 40_000)
+        let seen = Mutex<[Int: Data]>([:])
+        try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, engine: engine)).forEachFile { file in
+            let bytes = try? file.bytes.get()
+            let copy = bytes.map { Data($0) }
+            seen.withLock { seen in
+                #expect(seen[file.index] == nil, "file \(file.index) delivered twice")
+                seen[file.index] = copy
+            }
+            #expect(file.path == files[file.index].0)
+        }
+        let delivered = seen.withLock { $0 }
+        #expect(delivered.count == files.count)
+        for (index, (_, content)) in files.enumerated() { #expect(delivered[index] == content, "file \(index)") }
+    }
+
+    @Test("bad files reach the body as their errors; the others are read")
+    func errorsInPlace() async throws {
+        let directory = TemporaryDirectory("inplace-errors")
+        let good = try FileBatchReaderTests.makeFiles(directory, count: 40)
+        let fifo = directory.file("fifo")
+        try makeFIFO(fifo)
+        var paths = good.map(\.0)
+        paths.insert(directory.file("missing"), at: 5)
+        paths.insert(directory.path, at: 15)
+        paths.insert(fifo, at: 25)
+        let expected = paths
+        let outcome = Mutex<(successes: Int, failures: [Int: FileCoordinationError.Code])>((0, [:]))
+        try await FileBatchReader(paths: paths).forEachFile { file in
+            switch file.bytes {
+            case .success: outcome.withLock { $0.successes += 1 }
+            case .failure(let error):
+                #expect(error.path == expected[file.index])
+                outcome.withLock { $0.failures[file.index] = error.code }
+            }
+        }
+        let (successes, failures) = outcome.withLock { $0 }
+        #expect(successes == 40)
+        #expect(failures == [5: .notFound, 15: .isDirectory, 25: .unsupportedFileType])
+    }
+
+    @Test("each worker keeps its own value; together they count every byte, on the library's threads")
+    func perWorkerValues() async throws {
+        let directory = TemporaryDirectory("inplace-partials")
+        let files = try FileBatchReaderTests.makeFiles(directory, count: 300, maximumSize: 5000)
+        let threads = Mutex<Set<String>>([])
+        let partials = try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 4))
+            .forEachFile(perWorker: 0) { total, file in
+                threads.withLock { _ = $0.insert(currentThreadName()) }
+                if case .success(let bytes) = file.bytes { total += bytes.count }
+            }
+        #expect(partials.count <= 4)
+        #expect(partials.reduce(0, +) == files.reduce(0) { $0 + $1.1.count })
+        #expect(threads.withLock { $0.allSatisfy { $0.hasPrefix("filecoord-io") } })
+    }
+
+    @Test("cancelled, it stops early, throws CancellationError and leaves no descriptor open")
+    func cancellation() async throws {
+        let directory = TemporaryDirectory("inplace-cancel")
+        let files = try FileBatchReaderTests.makeFiles(directory, count: 3000, maximumSize: 20_000)
+        let count = Atomic<Int>(0)
+        let (reached, signal) = AsyncStream.makeStream(of: Void.self)
+        let batch = Task {
+            try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 8)).forEachFile { _ in
+                if count.wrappingAdd(1, ordering: .relaxed).newValue == 100 { signal.yield() }
+                usleep(200) // a body that takes a while, so that the batch is still going
+            }
+        }
+        for await _ in reached { break }
+        batch.cancel()
+        await #expect(throws: CancellationError.self) { try await batch.value }
+        #expect(count.load(ordering: .relaxed) < files.count)
+        #expect(openDescriptors(under: directory.path) == 0)
+    }
+
+    @Test("an empty batch returns at once")
+    func emptyBatch() async throws {
+        let outcome = try await FileBatchReader(paths: [FilePath]()).forEachFile(perWorker: 0) { count, _ in count += 1 }
+        #expect(outcome.reduce(0, +) == 0)
+    }
+}
