@@ -478,7 +478,8 @@ public struct BatchFileContents {
     /// The whole content, or why it could not be read.
     public let bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>
 
-    init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+    @_spi(FileCoordinationInternal)
+    public init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.index = index
         self.path = path
         self.bytes = bytes

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import SystemPackage
 
@@ -28,6 +29,42 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     let options: FileCoordinator.ReadingOptions
     let batchOptions: BatchReadOptions
     let window: Int
+
+    /// Reads the files in place, window by window under the same claims as the sequence:
+    /// each file's bytes go to `body` on the I/O thread that read them, as
+    /// ``FileBatchReader/forEachFile(perWorker:_:)`` does (indices are positions in the
+    /// whole list). Returns the workers' values of every window, to combine. A window's
+    /// claim is released as soon as its files are done.
+    public func forEachFile<Partial: Sendable>(
+        perWorker initial: Partial, _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
+    ) async throws -> [Partial] {
+        var partials: [Partial] = []
+        var start = 0
+        while start < urls.count {
+            let slice = Array(urls[start ..< Swift.min(urls.count, start + window)])
+            let base = start
+            start += slice.count
+            let coordinated = slice.enumerated().filter { $0.element.isFileURL }
+            let session = try await coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
+            var current = slice
+            for (position, url) in zip(coordinated.map { $0.offset }, session.urls) { current[position] = url }
+            do {
+                partials += try await FileBatchReader(urls: current, options: batchOptions).forEachFile(perWorker: initial) { partial, file in
+                    body(&partial, BatchFileContents(index: base + file.index, path: file.path, bytes: file.bytes))
+                }
+            } catch {
+                await coordinator.finish(session, accessorSucceeded: true)
+                throw error
+            }
+            await coordinator.finish(session, accessorSucceeded: true)
+        }
+        return partials
+    }
+
+    /// ``forEachFile(perWorker:_:)`` without values of its own.
+    public func forEachFile(_ body: @escaping @Sendable (BatchFileContents) -> Void) async throws {
+        _ = try await forEachFile(perWorker: ()) { _, file in body(file) }
+    }
 
     /// An iterator; the first window's claim is taken by its first `next()`.
     public func makeAsyncIterator() -> Iterator {

@@ -71,16 +71,23 @@ struct InPlaceBatchTests {
         let files = try FileBatchReaderTests.makeFiles(directory, count: 3000, maximumSize: 20_000)
         let count = Atomic<Int>(0)
         let (reached, signal) = AsyncStream.makeStream(of: Void.self)
+        // From the 100th file on, every worker waits at this gate until the batch is
+        // cancelled: the batch cannot finish before the cancellation arrives.
+        let gate = DispatchSemaphore(value: 0)
+        let workers = 8
         let batch = Task {
-            try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 8)).forEachFile { _ in
-                if count.wrappingAdd(1, ordering: .relaxed).newValue == 100 { signal.yield() }
-                usleep(200) // a body that takes a while, so that the batch is still going
+            try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: workers)).forEachFile { _ in
+                let seen = count.wrappingAdd(1, ordering: .relaxed).newValue
+                if seen == 100 { signal.yield() }
+                if seen >= 100 { gate.wait() }
             }
         }
         for await _ in reached { break }
         batch.cancel()
+        for _ in 0 ..< 3000 { gate.signal() }
         await #expect(throws: CancellationError.self) { try await batch.value }
-        #expect(count.load(ordering: .relaxed) < files.count)
+        // The files in progress when it was cancelled finish; no other starts.
+        #expect(count.load(ordering: .relaxed) < 100 + workers)
         #expect(openDescriptors(under: directory.path) == 0)
     }
 

@@ -302,6 +302,37 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
+    @Test("coordinated batch read in place: every file once with its bytes, a writer waits for the window being read")
+    func batchReadInPlace() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        var urls = (0 ..< 200).map { box.file("f\($0)", "\($0)") }
+        urls.insert(box.url.appendingPathComponent("missing"), at: 50)
+        let expected = urls
+        let coordinator = privateCoordinator(center)
+        let writerDone = Locked(false)
+        let sawWriterInside = Locked(false)
+        let partials = try await coordinator.readFiles(at: urls, window: 64).forEachFile(perWorker: [Int: String]()) { seen, file in
+            switch file.bytes {
+            case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
+            case .failure(let error): seen[file.index] = "\(error.code)"
+            }
+            // The first window's files: a writer of one of them must wait for the window.
+            if file.index < 64, writerDone.withLock({ $0 }) { sawWriterInside.withLock { $0 = true } }
+            if file.index == 0 {
+                let writer = Task { try await privateCoordinator(center).coordinate(writingItemAt: expected[1]) { _ in } }
+                Task { _ = try? await writer.value; writerDone.withLock { $0 = true } }
+            }
+        }
+        let seen = partials.reduce(into: [Int: String]()) { $0.merge($1) { first, _ in first } }
+        #expect(seen.count == urls.count)
+        for (index, url) in urls.enumerated() where index != 50 {
+            #expect(seen[index] == url.lastPathComponent.dropFirst().description)
+        }
+        #expect(seen[50] == "notFound")
+        #expect(!sawWriterInside.withLock { $0 }, "a writer got in while the window it writes into was being read")
+        #expect(center.counts.waiting == 0)
+    }
+
     @Test("stress: many tasks, multi-item intents, random cancellation; no deadlock, no overlap, every claim released",
           arguments: 0 ..< 3)
     func stress(seed: Int) async throws {
