@@ -486,6 +486,17 @@ public struct BatchFileContents {
     }
 }
 
+/// Lets a layer above decide, on the worker, whether each file is read now: the
+/// coordinated batch takes each file's claim there when it is free.
+@_spi(FileCoordinationInternal)
+public protocol InPlaceGate: Sendable {
+    /// Before file `index` is read: a token for ``leave(_:)``, or nil to skip the file
+    /// (it is neither read nor handed to the body; the gate's owner deals with it).
+    func enter(_ index: Int, _ path: FilePath) -> UInt64?
+    /// After the body returned for the file `enter` let through.
+    func leave(_ token: UInt64)
+}
+
 extension FileBatchReader {
     /// Reads every file of the batch and hands each one's content to `body` where it was
     /// read, in a buffer that is reused for the next file: nothing is allocated, copied or
@@ -524,6 +535,16 @@ extension FileBatchReader {
     public func forEachFile<Partial: Sendable>(
         perWorker initial: Partial, _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
     ) async throws -> [Partial] {
+        try await forEachFile(perWorker: initial, gate: nil, body)
+    }
+
+    /// ``forEachFile(perWorker:_:)`` with a gate asked on the worker before each file
+    /// (the thread-pool engine only).
+    @_spi(FileCoordinationInternal)
+    public func forEachFile<Partial: Sendable>(
+        perWorker initial: Partial, gate: (any InPlaceGate)?,
+        _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
+    ) async throws -> [Partial] {
         if case .dispatchIO = options.engine {
             var partial = initial
             for try await file in self {
@@ -534,7 +555,7 @@ extension FileBatchReader {
             }
             return [partial]
         }
-        let job = InPlaceBatch(inputs: inputs, maximumFileSize: options.maximumFileSize, initial: initial, body: body)
+        let job = InPlaceBatch(inputs: inputs, maximumFileSize: options.maximumFileSize, initial: initial, gate: gate, body: body)
         let partials = await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<[Partial], Never>) in
                 job.start(workers: Swift.max(1, Swift.min(options.concurrency, inputs.count)), whenDone: continuation)
@@ -553,6 +574,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     private let inputs: [FileBatchReader.Input]
     private let maximumFileSize: Int
     private let initial: Partial
+    private let gate: (any InPlaceGate)?
     private let body: @Sendable (inout Partial, BatchFileContents) -> Void
     private let next = Atomic<Int>(0)
     private let cancelled = Atomic<Bool>(false)
@@ -563,11 +585,12 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     }
     private let state = Mutex(State())
 
-    init(inputs: [FileBatchReader.Input], maximumFileSize: Int, initial: Partial,
+    init(inputs: [FileBatchReader.Input], maximumFileSize: Int, initial: Partial, gate: (any InPlaceGate)?,
          body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void) {
         self.inputs = inputs
         self.maximumFileSize = maximumFileSize
         self.initial = initial
+        self.gate = gate
         self.body = body
     }
 
@@ -591,6 +614,12 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             case .invalid(let path, let error):
                 body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
             case .path(let path):
+                var token: UInt64?
+                if let gate {
+                    guard let entered = gate.enter(index, path) else { continue }
+                    token = entered
+                }
+                defer { if let token { gate?.leave(token) } }
                 var waited = 0
                 while true {
                     let result = FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)

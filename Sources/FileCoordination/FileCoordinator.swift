@@ -312,7 +312,7 @@ public final class FileCoordinator: Sendable {
 
     /// Whether a path has `.` or `..` components or doubled separators (normalizing
     /// costs more than this scan, and almost no path needs it).
-    private static func needsNormalizing(_ path: FilePath) -> Bool {
+    static func needsNormalizing(_ path: FilePath) -> Bool {
         path.withPlatformString { pointer in
             var previous: CChar = 0
             var index = 0

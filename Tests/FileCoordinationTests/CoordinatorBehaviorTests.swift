@@ -302,35 +302,45 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
-    @Test("coordinated batch read in place: every file once with its bytes, a writer waits for the window being read")
+    @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination")
     func batchReadInPlace() async throws {
-        let center = CoordinationCenter(), box = Sandbox()
+        let box = Sandbox(), log = EventLog()
         var urls = (0 ..< 200).map { box.file("f\($0)", "\($0)") }
         urls.insert(box.url.appendingPathComponent("missing"), at: 50)
-        let expected = urls
-        let coordinator = privateCoordinator(center)
-        let writerDone = Locked(false)
-        let sawWriterInside = Locked(false)
-        let partials = try await coordinator.readFiles(at: urls, window: 64).forEachFile(perWorker: [Int: String]()) { seen, file in
-            switch file.bytes {
-            case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
-            case .failure(let error): seen[file.index] = "\(error.code)"
-            }
-            // The first window's files: a writer of one of them must wait for the window.
-            if file.index < 64, writerDone.withLock({ $0 }) { sawWriterInside.withLock { $0 = true } }
-            if file.index == 0 {
-                let writer = Task { try await privateCoordinator(center).coordinate(writingItemAt: expected[1]) { _ in } }
-                Task { _ = try? await writer.value; writerDone.withLock { $0 = true } }
+        let held = urls[10], presented = urls[20]
+        let writerInside = Gate(), othersRead = Gate()
+        // A writer holds one file's claim until the batch has read every other file.
+        let writer = Task {
+            try await FileCoordinator().coordinate(writingItemAt: held) { url in
+                writerInside.open()
+                await othersRead.wait()
+                try await Data("written".utf8).asyncWrite(to: url)
             }
         }
+        await writerInside.wait()
+        let delivered = Locked(0)
+        let total = urls.count
+        let partials = try await withPresenters([Recorder("P", url: presented, log: log)]) {
+            try await FileCoordinator().readFiles(at: urls, window: 64).forEachFile(perWorker: [Int: String]()) { seen, file in
+                switch file.bytes {
+                case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
+                case .failure(let error): seen[file.index] = "\(error.code)"
+                }
+                // Everything but the held and the presented file: read on the workers.
+                if delivered.withLock({ $0 += 1; return $0 }) == total - 2 { othersRead.open() }
+            }
+        }
+        try await writer.value
         let seen = partials.reduce(into: [Int: String]()) { $0.merge($1) { first, _ in first } }
         #expect(seen.count == urls.count)
-        for (index, url) in urls.enumerated() where index != 50 {
+        for (index, url) in urls.enumerated() where ![10, 50].contains(index) {
             #expect(seen[index] == url.lastPathComponent.dropFirst().description)
         }
         #expect(seen[50] == "notFound")
-        #expect(!sawWriterInside.withLock { $0 }, "a writer got in while the window it writes into was being read")
-        #expect(center.counts.waiting == 0)
+        // Read after the writer let go, through a claim that waited for it.
+        #expect(seen[10] == "written")
+        // The presenter was asked, as for any coordinated read.
+        #expect(log.all.filter { $0.hasPrefix("P:") } == ["P:relinquishToReader", "P:save", "P:reacquire"])
     }
 
     @Test("stress: many tasks, multi-item intents, random cancellation; no deadlock, no overlap, every claim released",

@@ -191,6 +191,26 @@ final class CoordinationCenter: Sendable {
         return (id, true)
     }
 
+    /// Grants `claims` only if that needs no waiting here or in another process; nil
+    /// otherwise, with nothing held. Never suspends nor blocks (the batch's workers call it).
+    func tryAcquireNow(_ claims: [CoordinationRules.Claim], purpose: String) -> RequestID? {
+        let (id, granted, unblocked) = state.withLock { state -> (RequestID, Bool, [Waiter]) in
+            let id = state.rules.reserveID()
+            if state.rules.submit(id, purpose: purpose, claims: claims) { return (id, true, []) }
+            // Withdrawn at once: it was last in line, so nothing waited behind it.
+            return (id, false, Self.takeWaiters(state.rules.withdraw(id), from: &state))
+        }
+        for waiter in unblocked { waiter.continuation.resume() }
+        guard granted else { return nil }
+        guard let space = joinedSpace else { return id }
+        guard let held = space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) else {
+            release(id)
+            return nil
+        }
+        state.withLock { $0.kernel[id] = (space.locks, held) }
+        return id
+    }
+
     /// After the in-process grant, the claims other processes see (one kernel lock per
     /// byte for all of this process's tasks). On failure the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim]) async throws {

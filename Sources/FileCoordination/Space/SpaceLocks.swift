@@ -237,6 +237,26 @@ final class SpaceLocks: Sendable {
 
     // MARK: Acquire and release
 
+    /// Opens every shard (on an I/O thread), so that ``tryAcquireNow(_:)`` can serve any path.
+    func openAllShards() async throws {
+        var all = Plan()
+        all.checks = (0 ..< Int64(Self.shardCount)).map { Self.firstSlot + $0 * 4 }
+        try await openShards(all)
+    }
+
+    /// Takes the plan's bytes if that needs no waiting and no shard still to open; nil
+    /// otherwise (nothing is held then). Never blocks: the non-blocking lock calls only.
+    func tryAcquireNow(_ plan: Plan) -> Held? {
+        let ready = shards.withLock { shards in
+            (plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).allSatisfy { shards[Self.shard($0)] >= 0 }
+        }
+        guard ready else { return nil }
+        var queued: [Byte] = []
+        if let held = try? attempt(plan, queued: &queued) { return held }
+        release(Held(bytes: queued))
+        return nil
+    }
+
     /// Takes the plan's bytes, waiting (on inotify) while another process holds a
     /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
     func acquire(_ plan: Plan) async throws -> Held {
