@@ -203,7 +203,7 @@ final class CoordinationCenter: Sendable {
         for waiter in unblocked { waiter.continuation.resume() }
         guard granted else { return nil }
         guard let space = joinedSpace else { return id }
-        guard let held = space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) else {
+        guard let held = space.locks.tryAcquireNow(space.locks.cachedPlan(for: claims)) else {
             release(id)
             return nil
         }
@@ -215,9 +215,15 @@ final class CoordinationCenter: Sendable {
     /// byte for all of this process's tasks). On failure the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim]) async throws {
         guard let space = joinedSpace else { return }
+        let plan = space.locks.cachedPlan(for: claims)
+        // The usual case: nothing in the way and every shard open; no suspension.
+        if let held = space.locks.tryAcquireNow(plan) {
+            state.withLock { $0.kernel[id] = (space.locks, held) }
+            return
+        }
         state.withLock { $0.kernelWaiting[id] = claims }
         do {
-            let held = try await space.locks.acquire(SpaceLocks.plan(for: claims))
+            let held = try await space.locks.acquire(plan)
             state.withLock { state in
                 state.kernel[id] = (space.locks, held)
                 state.kernelWaiting[id] = nil

@@ -201,6 +201,18 @@ final class SpaceLocks: Sendable {
         return (slot(finishing: hash), ancestors)
     }
 
+    /// The last one-claim plan made, for a process that coordinates on one item again and again.
+    private let lastPlan = Mutex<(claim: CoordinationRules.Claim, plan: Plan)?>(nil)
+
+    /// ``plan(for:)``, from a one-entry cache when `claims` is the last single claim planned.
+    func cachedPlan(for claims: [CoordinationRules.Claim]) -> Plan {
+        guard claims.count == 1 else { return Self.plan(for: claims) }
+        if let last = lastPlan.withLock({ $0 }), last.claim == claims[0] { return last.plan }
+        let plan = Self.plan(for: claims)
+        lastPlan.withLock { $0 = (claims[0], plan) }
+        return plan
+    }
+
     /// The kernel bytes for claims on normalized, absolute paths.
     static func plan(for claims: [CoordinationRules.Claim]) -> Plan {
         var plan = Plan()
