@@ -290,4 +290,37 @@ struct CrossProcessTests {
         #expect(delete.status == 0, "\(delete.errorText)")
         #expect(!FileManager.default.fileExists(atPath: directory))
     }
+
+    @Test("cancel() ends a coordination that waits for another process's claim, with .cancelled", .timeLimit(.minutes(1)))
+    func cancelWhileWaitingForAnotherProcess() async throws {
+        let file = scratch.write("held", "x")
+        // Joins this test process's (default) space, and names it for the other process.
+        try await FileCoordinator().coordinate(readingItemAt: URL(fileURLWithPath: scratch.path)) { _ in }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; exec sleep 64 >/dev/null 2>&1"])
+        var holderLines = holder.lines.makeAsyncIterator()
+        #expect(await holderLines.next() == "held")
+        let coordinator = FileCoordinator()
+        let reader = Task { try await coordinator.coordinate(readingItemAt: URL(fileURLWithPath: file)) { _ in "read" } }
+        // This process's claim shows as waiting once it waits for the other process.
+        var sawWaiting = false
+        for _ in 0 ..< 200 where !sawWaiting {
+            let result = try await filecoord("status", "--json", "--space", space)
+            let object = try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any]
+            let waiting = object?["waiting"] as? [[String: Any]] ?? []
+            sawWaiting = waiting.contains { $0["path"] as? String == file && $0["pid"] as? Int32 == getpid() }
+            if !sawWaiting { try await Task.sleep(for: .milliseconds(20)) } // ok: polling another process's view of this one
+        }
+        #expect(sawWaiting)
+        coordinator.cancel()
+        do {
+            _ = try await reader.value
+            Issue.record("the read ran while another process held the file")
+        } catch let error as FileCoordinationError {
+            #expect(error.code == .cancelled)
+        }
+        holder.signal(SIGKILL)
+        _ = await holder.wait()
+        _ = try await shell("pkill -f 'sleep 64' || true")
+    }
 }

@@ -33,6 +33,8 @@ final class CoordinationCenter: Sendable {
         var kernel: [RequestID: (SpaceLocks, SpaceLocks.Held)] = [:]
         /// Granted here, waiting for another process to let go.
         var kernelWaiting: [RequestID: [CoordinationRules.Claim]] = [:]
+        /// The coordinator of each request waiting in `kernelWaiting`, for `cancel(owner:)`.
+        var kernelOwners: [RequestID: ObjectIdentifier] = [:]
     }
 
     private let state = Mutex(State())
@@ -163,7 +165,7 @@ final class CoordinationCenter: Sendable {
             return (id, granted)
         }
         if granted {
-            if joinedSpace != nil { try await takeKernelClaims(id, claims) }
+            if joinedSpace != nil { try await takeKernelClaims(id, claims, owner: owner) }
             return (id, false)
         }
         try await withTaskCancellationHandler {
@@ -187,7 +189,7 @@ final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
-        try await takeKernelClaims(id, claims)
+        try await takeKernelClaims(id, claims, owner: owner)
         return (id, true)
     }
 
@@ -213,7 +215,7 @@ final class CoordinationCenter: Sendable {
 
     /// After the in-process grant, the claims other processes see (one kernel lock per
     /// byte for all of this process's tasks). On failure the grant is given back.
-    private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim]) async throws {
+    private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
         guard let space = joinedSpace else { return }
         let plan = space.locks.cachedPlan(for: claims)
         // The usual case: nothing in the way and every shard open; no suspension.
@@ -221,15 +223,22 @@ final class CoordinationCenter: Sendable {
             state.withLock { $0.kernel[id] = (space.locks, held) }
             return
         }
-        state.withLock { $0.kernelWaiting[id] = claims }
+        state.withLock { state in
+            state.kernelWaiting[id] = claims
+            state.kernelOwners[id] = owner
+        }
         do {
-            let held = try await space.locks.acquire(plan)
+            let held = try await space.locks.acquire(plan, token: id.raw)
             state.withLock { state in
                 state.kernel[id] = (space.locks, held)
                 state.kernelWaiting[id] = nil
+                state.kernelOwners[id] = nil
             }
         } catch {
-            state.withLock { _ = $0.kernelWaiting.removeValue(forKey: id) }
+            state.withLock { state in
+                state.kernelWaiting[id] = nil
+                state.kernelOwners[id] = nil
+            }
             release(id)
             throw error
         }
@@ -251,10 +260,16 @@ final class CoordinationCenter: Sendable {
 
     /// Fails every waiting request of `owner` (``FileCoordinator/cancel()``).
     func cancel(owner: ObjectIdentifier) {
-        let ids = state.withLock { state in state.owners.filter { $0.value == owner }.map(\.key) }
+        let (ids, kernelIDs) = state.withLock { state in
+            (state.owners.filter { $0.value == owner }.map(\.key), state.kernelOwners.filter { $0.value == owner }.map(\.key))
+        }
         for id in ids {
             withdraw(id, because: FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
                                                         message: "the coordinator was cancelled"))
+        }
+        // Granted here, waiting for another process: that wait ends with `.cancelled`.
+        if let locks = joinedSpace?.locks {
+            for id in kernelIDs { locks.cancel(token: id.raw) }
         }
     }
 

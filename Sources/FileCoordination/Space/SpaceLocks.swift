@@ -87,6 +87,8 @@ final class SpaceLocks: Sendable {
         var suspended = false
         /// The process left the space: nothing is kept any more.
         var closed = false
+        /// Waiting acquisitions whose coordinator was cancelled (their tokens).
+        var cancelled: Set<UInt64> = []
         var generation: UInt64 = 0
         var waiters: [UInt64: UnsafeContinuation<Void, any Error>] = [:]
         var nextWaiter: UInt64 = 0
@@ -271,14 +273,24 @@ final class SpaceLocks: Sendable {
 
     /// Takes the plan's bytes, waiting (on inotify) while another process holds a
     /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
-    func acquire(_ plan: Plan) async throws -> Held {
+    ///
+    /// `token` names the wait for ``cancel(token:)``, which ends it with
+    /// ``FileCoordinationError/Code/cancelled``.
+    func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
         try await openShards(plan)
         var queued: [Byte] = []
         var flagged = false
-        defer { if flagged { lowerWaitingFlag() } }
+        defer {
+            if flagged { lowerWaitingFlag() }
+            if let token { _ = state.withLock { $0.cancelled.remove(token) } }
+        }
         do {
             while true {
                 try Task.checkCancellation()
+                if let token, state.withLock({ $0.cancelled.contains(token) }) {
+                    throw FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
+                                                message: "the coordinator was cancelled")
+                }
                 let generation = state.withLock { $0.generation }
                 if let held = try attempt(plan, queued: &queued) { return held }
                 if !flagged {
@@ -460,6 +472,17 @@ final class SpaceLocks: Sendable {
     }
 
     // MARK: Waiting
+
+    /// Ends the wait of the acquisition with this token (its coordinator was cancelled).
+    func cancel(token: UInt64) {
+        let waiters = state.withLock { state in
+            state.cancelled.insert(token)
+            state.generation &+= 1
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
 
     /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`:
     /// this process's waiters try again, and its idle bytes go (someone may wait for
