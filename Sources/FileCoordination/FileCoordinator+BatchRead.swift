@@ -63,11 +63,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         while start < remaining.count {
             let positions = Array(remaining[start ..< Swift.min(remaining.count, start + window)])
             start += positions.count
-            let slice = positions.map { urls[$0] }
-            let coordinated = slice.enumerated().filter { $0.element.isFileURL }
-            let session = try await coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
-            var current = slice
-            for (position, url) in zip(coordinated.map { $0.offset }, session.urls) { current[position] = url }
+            let (session, current) = try await claimWindow(positions.map { urls[$0] })
             do {
                 partials += try await FileBatchReader(urls: current, options: batchOptions).forEachFile(perWorker: initial) { partial, file in
                     body(&partial, BatchFileContents(index: positions[file.index], path: file.path, bytes: file.bytes))
@@ -79,6 +75,17 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             await coordinator.finish(session, accessorSucceeded: true)
         }
         return partials
+    }
+
+    /// Takes one read claim for a window of files and messages their presenters; returns
+    /// the session and the URLs to read (they change for files that moved meanwhile).
+    /// URLs that are not file URLs take no claim: the batch reports them.
+    fileprivate func claimWindow(_ slice: [URL]) async throws -> (CoordinationSession, [URL]) {
+        let coordinated = slice.enumerated().filter { $0.element.isFileURL }
+        let session = try await coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
+        var current = slice
+        for (position, url) in zip(coordinated.map { $0.offset }, session.urls) { current[position] = url }
+        return (session, current)
     }
 
     /// ``forEachFile(perWorker:_:)`` without values of its own.
@@ -131,12 +138,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             let slice = Array(owner.urls[next ..< Swift.min(owner.urls.count, next + owner.window)])
             base = next
             next += slice.count
-            // URLs that are not file URLs take no claim; the batch reports them.
-            let coordinated = slice.enumerated().filter { $0.element.isFileURL }
-            let options = owner.options
-            let session = try await owner.coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
-            var current = slice
-            for (position, url) in zip(coordinated.map { $0.offset }, session.urls) { current[position] = url }
+            let (session, current) = try await owner.claimWindow(slice)
             self.session = session
             inner = FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator()
         }

@@ -344,7 +344,7 @@ final class SpaceLocks: Sendable {
     private func take(_ byte: Byte, in state: inout State) throws -> Bool {
         var count = state.counts[byte.offset] ?? Count()
         let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
-        if count.total == 0 && count.kernel != fc_F_UNLCK { state.idle -= 1 } // an idle byte taken again
+        let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
         if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
             if fc_ofd_lock(shardFD(byte.offset), needed, byte.offset, 1, 0) != 0 {
                 let error = errno
@@ -353,6 +353,7 @@ final class SpaceLocks: Sendable {
             }
             count.kernel = needed
         }
+        if wasIdle { state.idle -= 1 } // an idle byte taken again
         if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
         state.counts[byte.offset] = count
         return true
@@ -447,15 +448,16 @@ final class SpaceLocks: Sendable {
     func dropIdle(suspend: Bool) -> Bool {
         state.withLock { state in
             if suspend { state.suspended = true }
-            guard state.idle > 0 else { return false }
+            var dropped = false
             for (offset, count) in state.counts where count.total == 0 && count.kernel != fc_F_UNLCK {
                 _ = fc_ofd_lock(shardFD(offset), fc_F_UNLCK, offset, 1, 0)
                 state.counts[offset] = nil
+                dropped = true
             }
             state.idle = 0
             state.idleOrder.removeAll()
             state.idleHead = 0
-            return true
+            return dropped
         }
     }
 
