@@ -23,7 +23,9 @@ struct Read: AsyncParsableCommand {
             the others are still read, and the exit status is 1. Without --cat or --json \
             a summary goes to stderr. --json prints one object on stdout: \
             {"files":N,"bytes":B,"failed":F,"seconds":S,"filesPerSecond":X,"mibPerSecond":Y}, \
-            where seconds times the read phase only.
+            where seconds times the read phase only. Without --cat (and without a progress \
+            bar), each file is counted on the thread that read it; failures are then reported \
+            once the batch is done, in the order given.
             """
     )
 
@@ -68,16 +70,60 @@ struct Read: AsyncParsableCommand {
         let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
         let progress = Output.standardErrorIsTerminal && !json ? Progress(total: list.count) : nil
         let options = BatchReadOptions(concurrency: concurrency, engine: engine)
+        let coordinator = noCoordination ? nil : try await coordination.coordinator()
+        if !cat && progress == nil {
+            // Nothing to write out and no progress to draw: count each file where it was read.
+            try await coordination.run {
+                try await summarizeInPlace(list, options: options, coordinator: coordinator)
+            }
+            return
+        }
         let results: any AsyncSequence<BatchReadResult, any Error>
-        if noCoordination {
-            results = FileBatchReader(paths: list, options: options)
-        } else {
-            let coordinator = try await coordination.coordinator()
+        if let coordinator {
             results = coordinator.readFiles(at: list.map(\.fileURL), batchOptions: options)
+        } else {
+            results = FileBatchReader(paths: list, options: options)
         }
         try await coordination.run {
             try await consume(results, output: output, progress: progress)
         }
+    }
+
+    /// What each batch worker counts: files and bytes read, and the failures with their
+    /// positions (reported in the order given once the batch is done).
+    private struct Tally: Sendable {
+        var files = 0
+        var bytes = 0
+        var failures: [(index: Int, error: FileCoordinationError)] = []
+
+        mutating func add(_ file: BatchFileContents) {
+            switch file.bytes {
+            case .success(let bytes):
+                files += 1
+                self.bytes += bytes.count
+            case .failure(let error):
+                failures.append((file.index, error))
+            }
+        }
+    }
+
+    /// The summary modes: the batch is read in place (`forEachFile`), nothing crosses
+    /// threads per file.
+    private func summarizeInPlace(_ list: [FilePath], options: BatchReadOptions, coordinator: FileCoordinator?) async throws {
+        let clock = ContinuousClock()
+        let start = clock.now
+        let partials: [Tally]
+        if let coordinator {
+            partials = try await coordinator.readFiles(at: list.map(\.fileURL), batchOptions: options)
+                .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
+        } else {
+            partials = try await FileBatchReader(paths: list, options: options).forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
+        }
+        let elapsed = clock.now - start
+        let failures = partials.flatMap(\.failures).sorted { $0.index < $1.index }
+        for failure in failures { Output.report(failure.error) }
+        try await summarize(files: partials.reduce(0) { $0 + $1.files }, bytes: partials.reduce(0) { $0 + $1.bytes },
+                            failed: failures.count, elapsed: elapsed)
     }
 
     /// Reads the results; `seconds` covers this phase only (not start-up or joining the space).
@@ -101,7 +147,11 @@ struct Read: AsyncParsableCommand {
         }
         let elapsed = clock.now - start
         progress?.clear()
+        try await summarize(files: files, bytes: bytes, failed: failed, elapsed: elapsed)
+    }
 
+    /// The summary line (stderr), or the JSON object (stdout); exit 1 if any file failed.
+    private func summarize(files: Int, bytes: Int, failed: Int, elapsed: Duration) async throws {
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         let perSecond = seconds > 0 ? Double(files) / seconds : 0
         let mibPerSecond = seconds > 0 ? Double(bytes) / 1_048_576 / seconds : 0
