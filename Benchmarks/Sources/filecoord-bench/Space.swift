@@ -101,6 +101,17 @@ func runSpace(_ paths: [String]) async throws {
         return best
     }
 
+    // FILECOORD_BENCH_BATCH_ONLY=1: only the coordinated batch read in place (for profiling).
+    if ProcessInfo.processInfo.environment["FILECOORD_BENCH_BATCH_ONLY"] != nil {
+        let urls = paths.map { URL(fileURLWithPath: $0) }
+        for _ in 0 ..< rounds {
+            let rate = Double(paths.count) / (try await seconds {
+                _ = try await coordinator.readFiles(at: urls, batchOptions: BatchReadOptions(concurrency: concurrency)).forEachFile { _ in }
+            })
+            print(String(format: "coordinated batch read in place: %.0f files/s", rate))
+        }
+        return
+    }
     print("\nacross processes (one coordination space; the other process is this binary's --child)")
     let alone = try await readCost()
     print(String(format: "  uncontended coordinated read (kernel claims), empty accessor   %7.2f us   goal <= 5 us: %@",

@@ -205,7 +205,9 @@ final class CoordinationCenter: Sendable {
         for waiter in unblocked { waiter.continuation.resume() }
         guard granted else { return nil }
         guard let space = joinedSpace else { return id }
-        guard let held = space.locks.tryAcquireNow(space.locks.cachedPlan(for: claims)) else {
+        // Not the one-entry plan cache: batch workers claim distinct files, and would only
+        // contend for its lock.
+        guard let held = space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) else {
             release(id)
             return nil
         }
