@@ -85,6 +85,28 @@ public struct FileBatchReader: AsyncSequence, Sendable {
     enum Input: Sendable {
         case path(FilePath)
         case invalid(FilePath, FileCoordinationError)
+        /// Converted to a path by the worker that reads it (in parallel, not up front).
+        case url(URL)
+
+        /// A path, or the reason there is none.
+        var resolved: Resolved {
+            switch self {
+            case .path(let path): return .path(path)
+            case .invalid(let path, let error): return .invalid(path, error)
+            case .url(let url):
+                do throws(FileCoordinationError) {
+                    return .path(try FilePath(fileURL: url))
+                } catch {
+                    return .invalid(FilePath(url.absoluteString), error)
+                }
+            }
+        }
+    }
+
+    /// An input ready to read: its path, or why it has none.
+    enum Resolved: Sendable {
+        case path(FilePath)
+        case invalid(FilePath, FileCoordinationError)
     }
 
     let inputs: [Input]
@@ -99,13 +121,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
 
     /// A batch over `file:` URLs; a URL that is not one becomes that element's error.
     public init(urls: some Sequence<URL>, options: BatchReadOptions = BatchReadOptions()) {
-        inputs = urls.map { url in
-            do throws(FileCoordinationError) {
-                return .path(try FilePath(fileURL: url))
-            } catch {
-                return .invalid(FilePath(url.absoluteString), error)
-            }
-        }
+        inputs = urls.map { .url($0) }
         self.options = options
     }
 
@@ -429,7 +445,7 @@ final class BatchStorage: Sendable {
         }
     }
     private func readBlocking(_ index: Int) -> BatchReadResult {
-        switch inputs[index] {
+        switch inputs[index].resolved {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
@@ -449,7 +465,7 @@ final class BatchStorage: Sendable {
     }
 
     private func readWithDispatch(_ index: Int) async -> BatchReadResult {
-        switch inputs[index] {
+        switch inputs[index].resolved {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
@@ -621,24 +637,25 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             guard start < inputs.count else { break }
             let indices = start ..< Swift.min(start + chunk, inputs.count)
             guard let gate else {
-                for index in indices { read(index, into: buffer, &partial) }
+                for index in indices { read(index, inputs[index].resolved, into: buffer, &partial) }
                 continue
             }
-            let paths = indices.compactMap { index -> (Int, FilePath)? in
-                if case .path(let path) = inputs[index] { return (index, path) } else { return nil }
+            let group = indices.map { (index: $0, input: inputs[$0].resolved) }
+            let paths = group.compactMap { file -> (Int, FilePath)? in
+                if case .path(let path) = file.input { return (file.index, path) } else { return nil }
             }
             if let token = gate.enter(paths) {
-                for index in indices { read(index, into: buffer, &partial) }
+                for file in group { read(file.index, file.input, into: buffer, &partial) }
                 gate.leave(token)
                 continue
             }
-            for index in indices {
-                guard case .path(let path) = inputs[index] else {
-                    read(index, into: buffer, &partial)
+            for file in group {
+                guard case .path(let path) = file.input else {
+                    read(file.index, file.input, into: buffer, &partial)
                     continue
                 }
-                guard let token = gate.enter([(index, path)]) else { continue }
-                read(index, into: buffer, &partial)
+                guard let token = gate.enter([(file.index, path)]) else { continue }
+                read(file.index, file.input, into: buffer, &partial)
                 gate.leave(token)
             }
         }
@@ -651,9 +668,9 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         if let (continuation, partials) = done { continuation.resume(returning: partials) }
     }
 
-    /// Reads one file into the worker's buffer and hands it to the body.
-    private func read(_ index: Int, into buffer: ReusableBuffer, _ partial: inout Partial) {
-        switch inputs[index] {
+    /// Reads one file (`input` resolved) into the worker's buffer and hands it to the body.
+    private func read(_ index: Int, _ input: FileBatchReader.Resolved, into buffer: ReusableBuffer, _ partial: inout Partial) {
+        switch input {
         case .invalid(let path, let error):
             body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
         case .path(let path):
