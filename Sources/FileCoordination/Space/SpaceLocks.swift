@@ -241,12 +241,25 @@ final class SpaceLocks: Sendable {
         // bytes differ in their offset modulo 4). Several claims may share some: a byte
         // both shared and exclusive is taken exclusive, once; queue bytes go in one order.
         guard claims.count > 1 else { return plan }
+        if plan.queue.isEmpty && !plan.bytes.contains(where: \.exclusive) {
+            // Reads only (a batch): sorting and dropping repeats is all the merge needed.
+            plan.bytes = Self.sortedUnique(plan.bytes.map(\.offset)).map { Byte(offset: $0, exclusive: false) }
+            plan.checks = Self.sortedUnique(plan.checks)
+            return plan
+        }
         var merged: [Int64: Bool] = [:]
         for byte in plan.bytes { merged[byte.offset, default: false] = merged[byte.offset, default: false] || byte.exclusive }
         plan.bytes = merged.map { Byte(offset: $0.key, exclusive: $0.value) }.sorted()
         plan.queue = Array(Set(plan.queue)).sorted()
         plan.checks = Array(Set(plan.checks))
         return plan
+    }
+
+    private static func sortedUnique(_ offsets: [Int64]) -> [Int64] {
+        var result: [Int64] = []
+        result.reserveCapacity(offsets.count)
+        for offset in offsets.sorted() where offset != result.last { result.append(offset) }
+        return result
     }
 
     // MARK: Acquire and release
