@@ -524,7 +524,7 @@ extension FileBatchReader {
     /// ```swift
     /// let total = Atomic<Int>(0)
     /// try await FileBatchReader(paths: paths).forEachFile { file in
-    ///     if case .success(let bytes) = file.bytes { total.add(bytes.count, ordering: .relaxed) }
+    ///     if case .success(let bytes) = file.bytes { total.wrappingAdd(bytes.count, ordering: .relaxed) }
     /// }
     /// ```
     ///
@@ -546,7 +546,7 @@ extension FileBatchReader {
     ///
     /// ```swift
     /// let counts = try await FileBatchReader(paths: paths).forEachFile(perWorker: 0) { lines, file in
-    ///     if case .success(let bytes) = file.bytes { lines += bytes.count { $0 == 0x0A } }
+    ///     if case .success(let bytes) = file.bytes { lines += bytes.count(where: { $0 == 0x0A }) }
     /// }
     /// let total = counts.reduce(0, +)
     /// ```
