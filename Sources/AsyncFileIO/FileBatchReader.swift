@@ -103,6 +103,22 @@ public struct FileBatchReader: AsyncSequence, Sendable {
         }
     }
 
+    /// Runs `read` (on a worker), and again while it fails for want of a descriptor and
+    /// other workers of the batch still hold files: they will close soon, so the file
+    /// waits for one instead of failing (up to about 1 s).
+    static func waitingForDescriptors<T>(othersActive: () -> Bool,
+                                         _ read: () -> Result<T, FileCoordinationError>) -> Result<T, FileCoordinationError> {
+        var waited = 0
+        while true {
+            let result = read()
+            guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000, othersActive() else {
+                return result
+            }
+            waited += 1
+            usleep(500)
+        }
+    }
+
     /// An input ready to read: its path, or why it has none.
     enum Resolved: Sendable {
         case path(FilePath)
@@ -449,18 +465,10 @@ final class BatchStorage: Sendable {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
-            var waited = 0
-            while true {
-                let result = FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
-                // Out of descriptors while other files of this batch are open: they will
-                // close soon, so wait for one instead of failing this file (up to ~1 s).
-                if case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000, othersActive() {
-                    waited += 1
-                    usleep(500)
-                    continue
-                }
-                return BatchReadResult(index: index, path: path, result: result)
+            let result = FileBatchReader.waitingForDescriptors(othersActive: othersActive) {
+                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
             }
+            return BatchReadResult(index: index, path: path, result: result)
         }
     }
 
@@ -674,22 +682,11 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         case .invalid(let path, let error):
             body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
         case .path(let path):
-            var waited = 0
-            while true {
-                let result = FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
-                // Out of descriptors while other workers have files open: one will close
-                // soon, so wait for it instead of failing this file (up to ~1 s).
-                if case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000,
-                   state.withLock({ $0.running - $0.partials.count }) > 1
-                {
-                    waited += 1
-                    usleep(500)
-                    continue
-                }
-                body(&partial, BatchFileContents(index: index, path: path,
-                                                 bytes: result.map { UnsafeRawBufferPointer(start: buffer.base, count: $0) }))
-                return
+            let result = FileBatchReader.waitingForDescriptors(othersActive: { state.withLock { $0.running - $0.partials.count } > 1 }) {
+                FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
             }
+            body(&partial, BatchFileContents(index: index, path: path,
+                                             bytes: result.map { UnsafeRawBufferPointer(start: buffer.base, count: $0) }))
         }
     }
 }
