@@ -13,6 +13,19 @@ struct FileBatchReaderTests {
         }
     }
 
+    /// `count` good files with three bad inputs inserted at `positions`: a missing file,
+    /// a directory and a FIFO, in that order (their codes: notFound, isDirectory,
+    /// unsupportedFileType).
+    static func pathsWithBadInputs(_ directory: TemporaryDirectory, count: Int, positions: (Int, Int, Int)) throws -> [FilePath] {
+        let fifo = directory.file("fifo")
+        try makeFIFO(fifo)
+        var paths = try makeFiles(directory, count: count).map(\.0)
+        paths.insert(directory.file("missing"), at: positions.0)
+        paths.insert(directory.path, at: positions.1)
+        paths.insert(fifo, at: positions.2)
+        return paths
+    }
+
     @Test("results arrive in the given order, complete and correct",
           arguments: [FileIOEngine.threadPool, .dispatchIO], [1, 3, 16])
     func givenOrder(engine: FileIOEngine, concurrency: Int) async throws {
@@ -44,13 +57,7 @@ struct FileBatchReaderTests {
     @Test("bad files become per-file errors and never stop the batch")
     func errorsAreIsolated() async throws {
         let directory = TemporaryDirectory("isolated")
-        let good = try Self.makeFiles(directory, count: 50)
-        let fifo = directory.file("fifo")
-        try makeFIFO(fifo)
-        var paths = good.map(\.0)
-        paths.insert(directory.file("missing"), at: 10)
-        paths.insert(directory.path, at: 20)
-        paths.insert(fifo, at: 30)
+        let paths = try Self.pathsWithBadInputs(directory, count: 50, positions: (10, 20, 30))
         var failures: [Int: FileCoordinationError.Code] = [:]
         var successes = 0
         for try await result in FileBatchReader(paths: paths) {

@@ -28,13 +28,7 @@ struct InPlaceBatchTests {
     @Test("bad files reach the body as their errors; the others are read")
     func errorsInPlace() async throws {
         let directory = TemporaryDirectory("inplace-errors")
-        let good = try FileBatchReaderTests.makeFiles(directory, count: 40)
-        let fifo = directory.file("fifo")
-        try makeFIFO(fifo)
-        var paths = good.map(\.0)
-        paths.insert(directory.file("missing"), at: 5)
-        paths.insert(directory.path, at: 15)
-        paths.insert(fifo, at: 25)
+        let paths = try FileBatchReaderTests.pathsWithBadInputs(directory, count: 40, positions: (5, 15, 25))
         let expected = paths
         let outcome = Mutex<(successes: Int, failures: [Int: FileCoordinationError.Code])>((0, [:]))
         try await FileBatchReader(paths: paths).forEachFile { file in
