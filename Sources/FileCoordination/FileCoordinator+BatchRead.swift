@@ -171,10 +171,10 @@ private final class ClaimGate: InPlaceGate {
     func enter(_ files: [(index: Int, path: FilePath)]) -> UInt64? {
         var claims: [CoordinationRules.Claim] = []
         claims.reserveCapacity(files.count)
-        for (_, path) in files {
-            // Only an absolute, normalized path can be claimed here (the claim's key is its
-            // bytes), and only one no presenter is concerned by.
-            guard !path.isRelative, !FileCoordinator.needsNormalizing(path) else { break }
+        for (_, given) in files {
+            // The claim names the normalized path (its key is its bytes); a file a
+            // presenter is concerned by is left to the full coordination.
+            let path = FileCoordinator.normalized(given)
             let key = PathKey(path.platformBytes)
             guard !center.hasPresenters(concerning: key) else { break }
             claims.append(CoordinationRules.Claim(path: path, key: key, access: .reading))

@@ -292,27 +292,27 @@ public final class FileCoordinator: Sendable {
     /// current directory at the time.
     func itemPath(_ url: URL) throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
         if let last = lastItem.withLock({ $0 }), last.url == url { return (last.path, last.key) }
-        var path = try FilePath(fileURL: url)
-        let absolute = !path.isRelative
-        if !absolute { path = FilePath(FileManager.default.currentDirectoryPath).pushing(path) }
-        if Self.needsNormalizing(path) { path = path.lexicallyNormalized() }
+        let given = try FilePath(fileURL: url)
+        let path = Self.normalized(given)
         let key = PathKey(path.platformBytes)
-        if absolute { lastItem.withLock { $0 = (url, path, key) } }
+        if !given.isRelative { lastItem.withLock { $0 = (url, path, key) } }
         return (path, key)
     }
 
     /// The absolute, lexically normalized path of a `file:` URL.
     static func normalizedPath(_ url: URL) throws(FileCoordinationError) -> FilePath {
-        var path = try FilePath(fileURL: url)
-        if path.isRelative {
-            path = FilePath(FileManager.default.currentDirectoryPath).pushing(path)
-        }
-        return needsNormalizing(path) ? path.lexicallyNormalized() : path
+        normalized(try FilePath(fileURL: url))
+    }
+
+    /// `path` made absolute (against the current directory) and lexically normalized.
+    static func normalized(_ path: FilePath) -> FilePath {
+        let absolute = path.isRelative ? FilePath(FileManager.default.currentDirectoryPath).pushing(path) : path
+        return needsNormalizing(absolute) ? absolute.lexicallyNormalized() : absolute
     }
 
     /// Whether a path has `.` or `..` components or doubled separators (normalizing
     /// costs more than this scan, and almost no path needs it).
-    static func needsNormalizing(_ path: FilePath) -> Bool {
+    private static func needsNormalizing(_ path: FilePath) -> Bool {
         path.withPlatformString { pointer in
             var previous: CChar = 0
             var index = 0
