@@ -130,11 +130,7 @@ func runSpace(_ paths: [String]) async throws {
         }))
         inPlace.append(Double(paths.count) / (try await seconds {
             _ = try await coordinator.readFiles(at: urls, batchOptions: BatchReadOptions(concurrency: concurrency))
-                .forEachFile(perWorker: Tally()) { tally, file in
-                    guard case .success(let raw) = file.bytes, let first = raw.first, let last = raw.last else { return }
-                    tally.bytes += raw.count
-                    tally.sum &+= UInt64(first) &+ UInt64(last) &+ UInt64(raw.count)
-                }
+                .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
         }))
     }
     let cMedian = percentile(c, 0.5), oursMedian = percentile(ours, 0.5), inPlaceMedian = percentile(inPlace, 0.5)

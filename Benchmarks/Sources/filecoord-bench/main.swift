@@ -31,6 +31,12 @@ struct Tally: Sendable {
         bytes += data.count
         sum &+= UInt64(first) &+ UInt64(last) &+ UInt64(data.count)
     }
+    /// The same for a file read in place (`forEachFile`).
+    mutating func add(_ file: BatchFileContents) {
+        guard case .success(let raw) = file.bytes, let first = raw.first, let last = raw.last else { return }
+        bytes += raw.count
+        sum &+= UInt64(first) &+ UInt64(last) &+ UInt64(raw.count)
+    }
 }
 
 enum Configuration {
@@ -128,11 +134,7 @@ func filecoord(_ paths: [FilePath], engine: FileIOEngine) async throws -> Tally 
 /// worker's own tally, as the C pool does.
 func filecoordInPlace(_ paths: [FilePath]) async throws -> Tally {
     let tallies = try await FileBatchReader(paths: paths, options: BatchReadOptions(concurrency: concurrency))
-        .forEachFile(perWorker: Tally()) { tally, file in
-            guard case .success(let raw) = file.bytes, let first = raw.first, let last = raw.last else { return }
-            tally.bytes += raw.count
-            tally.sum &+= UInt64(first) &+ UInt64(last) &+ UInt64(raw.count)
-        }
+        .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
     return tallies.reduce(into: Tally()) { total, tally in
         total.bytes += tally.bytes
         total.sum &+= tally.sum
