@@ -437,9 +437,7 @@ final class SpaceLocks: Sendable {
             var changed = false
             for byte in held.bytes.reversed() where give(byte, in: &state) { changed = true }
             guard changed else { return (false, [UnsafeContinuation<Void, any Error>]()) }
-            state.generation &+= 1
-            defer { state.waiters.removeAll() }
-            return (true, Array(state.waiters.values))
+            return (true, Self.takeWaiters(&state))
         }
         for waiter in waiters { waiter.resume() }
         guard changed else { return }
@@ -488,13 +486,19 @@ final class SpaceLocks: Sendable {
 
     // MARK: Waiting
 
+    /// A new generation: every parked waiter is taken, to be resumed (outside the lock)
+    /// so that it tries again.
+    private static func takeWaiters(_ state: inout State) -> [UnsafeContinuation<Void, any Error>] {
+        state.generation &+= 1
+        defer { state.waiters.removeAll() }
+        return Array(state.waiters.values)
+    }
+
     /// Ends the wait of the acquisition with this token (its coordinator was cancelled).
     func cancel(token: UInt64) {
         let waiters = state.withLock { state in
             state.cancelled.insert(token)
-            state.generation &+= 1
-            defer { state.waiters.removeAll() }
-            return Array(state.waiters.values)
+            return Self.takeWaiters(&state)
         }
         for waiter in waiters { waiter.resume() }
     }
@@ -503,11 +507,7 @@ final class SpaceLocks: Sendable {
     /// this process's waiters try again, and its idle bytes go (someone may wait for
     /// one); if there were any, the doorbell rings for the waiters elsewhere.
     func somethingChanged() {
-        let waiters = state.withLock { state in
-            state.generation &+= 1
-            defer { state.waiters.removeAll() }
-            return Array(state.waiters.values)
-        }
+        let waiters = state.withLock { Self.takeWaiters(&$0) }
         for waiter in waiters { waiter.resume() }
         if dropIdle(suspend: true) { ringDoorbell() }
     }
