@@ -53,7 +53,7 @@ let package = Package(
         ),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),
         .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims"]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination"]),
+        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination", "CFileCoordinationShims"]),
         .testTarget(name: "filecoordTests", dependencies: ["FileCoordination"]),
     ]
 )

@@ -1,11 +1,19 @@
 import FileCoordination
 import Foundation
+import Synchronization
 import Testing
 
 /// One JSON line of `filecoord present --json`.
 func event(_ line: String) -> (event: String, path: String) {
     let object = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? [:]
     return (object["event"] as? String ?? "?", object["path"] as? String ?? "")
+}
+
+/// A flag tasks poll.
+final class Flag: Sendable {
+    private let value = Atomic<Bool>(false)
+    var isSet: Bool { value.load(ordering: .acquiring) }
+    func set() { value.store(true, ordering: .releasing) }
 }
 
 /// Tests with several real processes sharing one coordination space (a fresh one each).
@@ -289,6 +297,40 @@ struct CrossProcessTests {
         let delete = try await filecoord("exec", "--space", space, "--delete", directory, "--timeout", "10", "--", "rm", "-r", directory)
         #expect(delete.status == 0, "\(delete.errorText)")
         #expect(!FileManager.default.fileExists(atPath: directory))
+    }
+
+    @Test("overlapping readers in this process never starve a writer in another", .timeLimit(.minutes(1)))
+    func readersDoNotStarveAWriter() async throws {
+        let file = scratch.write("busy", "old")
+        let url = URL(fileURLWithPath: file)
+        // Joins this test process's (default) space, and names it for the other process.
+        try await FileCoordinator().coordinate(readingItemAt: url) { _ in }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        // Three readers, each 5 ms inside its accessor, started 2 ms apart: the item is
+        // never free of readers here, so this process's kernel claim on it never ends.
+        let done = Flag()
+        let readers = (0 ..< 3).map { index in
+            Task {
+                try await Task.sleep(for: .milliseconds(2 * index)) // ok: staggers the readers
+                var reads = 0
+                while !done.isSet {
+                    try await FileCoordinator().coordinate(readingItemAt: url) { _ in
+                        try await Task.sleep(for: .milliseconds(5)) // ok: the reader's work
+                    }
+                    reads += 1
+                }
+                return reads
+            }
+        }
+        // The writer queues; the readers that come after it wait behind it. Without that,
+        // it would wait out its --timeout and exit 3.
+        let write = try await filecoord("write", file, "--space", space, "--timeout", "10", stdin: Data("theirs".utf8))
+        done.set()
+        var reads = 0
+        for reader in readers { reads += try await reader.value }
+        #expect(write.status == 0, "\(write.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "theirs")
+        #expect(reads > 3, "the readers kept reading while the writer started")
     }
 
     @Test("cancel() ends a coordination that waits for another process's claim, with .cancelled", .timeLimit(.minutes(1)))

@@ -77,11 +77,6 @@ final class SpaceLocks: Sendable {
         var counts: [Int64: Count] = [:]
         /// How many of `counts` are idle.
         var idle = 0
-        /// Idle bytes in the order they became idle, oldest first, to give back the oldest
-        /// when ``idleLimit`` is reached. Entries that were taken again since (or given
-        /// back) are skipped when met.
-        var idleOrder: [Int64] = []
-        var idleHead = 0
         /// Set when another process may be waiting (the doorbell rang): idle bytes are
         /// given back and no new ones are kept until a release finds nobody waiting.
         var suspended = false
@@ -98,7 +93,9 @@ final class SpaceLocks: Sendable {
 
     /// At most this many idle bytes are kept: a process that coordinates again on the
     /// same items (or in the same directories) asks the kernel nothing, and the shards'
-    /// lock lists stay short.
+    /// lock lists stay short. Past the limit they all go at once, in one unlock call per
+    /// run of idle bytes in a shard (a batch of 10,000 files gave back each byte with a
+    /// call of its own: a third of its lock calls).
     static let idleLimit = 512
 
     static let doorbellOffset: Int64 = 0
@@ -219,6 +216,7 @@ final class SpaceLocks: Sendable {
     static func plan(for claims: [CoordinationRules.Claim]) -> Plan {
         var plan = Plan()
         var inside: [Int64] = []
+        var previousAncestors: [Int64] = []
         for claim in claims {
             let (slot, ancestors) = slots(claim.key.bytes)
             switch (claim.access, claim.scope) {
@@ -233,8 +231,10 @@ final class SpaceLocks: Sendable {
                 plan.bytes.append(Byte(offset: slot, exclusive: true))
                 plan.bytes.append(Byte(offset: slot + 1, exclusive: true))
             }
-            // The "inside" byte of every containing directory.
-            inside += ancestors.map { $0 + 1 }
+            // The "inside" byte of every containing directory (once for a run of files in
+            // the same directory, as a batch's are).
+            if ancestors != previousAncestors { inside += ancestors.map { $0 + 1 } }
+            previousAncestors = ancestors
         }
         plan.bytes += inside.map { Byte(offset: $0, exclusive: false) }
         // One claim's bytes are distinct (its item's bytes and its directories' "inside"
@@ -331,11 +331,21 @@ final class SpaceLocks: Sendable {
                 guard try take(byte, in: &state) else { return nil }
                 queued.append(byte)
             }
+            var flagChecked = false
             for check in plan.checks where state.counts[check]?.kernel != fc_F_WRLCK {
                 // The item is already held in the kernel by this process (idle, or by
                 // another task) and no doorbell has rung since: no writer can be queued
                 // behind it without having rung, so the check would find nothing.
                 if !state.suspended, let item = state.counts[check - 2], item.kernel != fc_F_UNLCK { continue }
+                // A writer that has to wait raises the waiting flag before it sleeps: while
+                // no other process holds it, no writer waits anywhere and no queue byte
+                // needs a look (one call for a whole batch instead of one per file).
+                if !flagChecked {
+                    flagChecked = true
+                    var flag: Int16 = fc_F_UNLCK
+                    guard fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &flag) == 0 else { throw lockError("F_OFD_GETLK") }
+                    if flag == fc_F_UNLCK { break }
+                }
                 var conflicting: Int16 = fc_F_UNLCK
                 guard fc_ofd_getlock(shardFD(check), fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
                 if conflicting != fc_F_UNLCK { return nil }
@@ -386,8 +396,7 @@ final class SpaceLocks: Sendable {
             count.exclusive = 0
             state.counts[byte.offset] = count
             state.idle += 1
-            state.idleOrder.append(byte.offset)
-            if state.idle > Self.idleLimit { evictOldestIdle(&state) }
+            if state.idle > Self.idleLimit { dropIdleBytes(&state) }
             return false
         }
         if count.total <= 0 {
@@ -405,28 +414,35 @@ final class SpaceLocks: Sendable {
         return false
     }
 
-    /// Gives back the byte idle the longest (skipping entries no longer idle).
-    private func evictOldestIdle(_ state: inout State) {
-        while state.idleHead < state.idleOrder.count {
-            let offset = state.idleOrder[state.idleHead]
-            state.idleHead += 1
-            if let count = state.counts[offset], count.total == 0, count.kernel != fc_F_UNLCK {
-                _ = fc_ofd_lock(shardFD(offset), fc_F_UNLCK, offset, 1, 0)
-                state.counts[offset] = nil
-                state.idle -= 1
-                break
+    /// Gives back every idle byte: sorted by shard and offset, each run of idle bytes not
+    /// interrupted by a byte a task holds is one unlock call. Returns whether there was any.
+    @discardableResult
+    private func dropIdleBytes(_ state: inout State) -> Bool {
+        guard state.idle > 0 else { return false }
+        var held: [(offset: Int64, idle: Bool)] = []
+        held.reserveCapacity(state.counts.count)
+        for (offset, count) in state.counts where count.kernel != fc_F_UNLCK {
+            held.append((offset, count.total == 0))
+        }
+        held.sort { (Self.shard($0.offset), $0.offset) < (Self.shard($1.offset), $1.offset) }
+        var index = 0
+        while index < held.count {
+            guard held[index].idle else {
+                index += 1
+                continue
             }
-        }
-        // Keep the order list about as long as what it orders.
-        if state.idleHead > Self.idleLimit {
-            state.idleOrder.removeFirst(state.idleHead)
-            state.idleHead = 0
-        }
-        if state.idleOrder.count > 4 * Self.idleLimit {
-            state.idleOrder = state.idleOrder.filter { offset in
-                state.counts[offset].map { $0.total == 0 && $0.kernel != fc_F_UNLCK } ?? false
+            // A run: idle bytes of one shard with no held byte between them.
+            let first = held[index].offset, shard = Self.shard(first)
+            var last = first
+            while index < held.count, held[index].idle, Self.shard(held[index].offset) == shard {
+                last = held[index].offset
+                state.counts[last] = nil
+                index += 1
             }
+            _ = fc_ofd_lock(shardFD(first), fc_F_UNLCK, first, last - first + 1, 0)
         }
+        state.idle = 0
+        return true
     }
 
     /// Gives the bytes back; wakes this process's waiters, and rings the doorbell when
@@ -459,23 +475,20 @@ final class SpaceLocks: Sendable {
     func dropIdle(suspend: Bool) -> Bool {
         state.withLock { state in
             if suspend { state.suspended = true }
-            var dropped = false
-            for (offset, count) in state.counts where count.total == 0 && count.kernel != fc_F_UNLCK {
-                _ = fc_ofd_lock(shardFD(offset), fc_F_UNLCK, offset, 1, 0)
-                state.counts[offset] = nil
-                dropped = true
-            }
-            state.idle = 0
-            state.idleOrder.removeAll()
-            state.idleHead = 0
-            return dropped
+            return dropIdleBytes(&state)
         }
     }
 
-    /// The process leaves the space: idle bytes go, and none are kept from now on.
+    /// The process leaves the space: idle bytes go, none are kept from now on, and the
+    /// shard files are closed (a process that joins and leaves spaces keeps no descriptor).
     func close() {
         state.withLock { $0.closed = true }
         if dropIdle(suspend: false) { ringDoorbell() }
+        let open: [Int32] = shards.withLock { shards in
+            defer { shards = [Int32](repeating: -1, count: Self.shardCount) }
+            return shards.filter { $0 >= 0 }
+        }
+        for fd in open { Glibc.close(fd) }
     }
 
     /// Wakes every process waiting on the space's claims.

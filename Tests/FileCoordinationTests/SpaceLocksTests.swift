@@ -1,0 +1,98 @@
+import CFileCoordinationShims
+import Foundation
+import Testing
+@testable import FileCoordination
+
+/// The kernel claims of a space, seen from a second open file description of the same
+/// files: to the kernel that is another owner, exactly as another process would be.
+@Suite("kernel claims (SpaceLocks)")
+struct SpaceLocksTests {
+    let sandbox = Sandbox()
+    var directory: String { sandbox.url.path }
+
+    /// Runs `body` with a `SpaceLocks` over a fresh space directory, every shard open.
+    func withLocks(_ body: (SpaceLocks) async throws -> Void) async throws {
+        try FileManager.default.createDirectory(atPath: directory + "/claims", withIntermediateDirectories: true)
+        let lockFD = open(directory + "/claims.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        defer {
+            close(lockFD)
+            close(directoryFD)
+        }
+        try #require(lockFD >= 0 && directoryFD >= 0)
+        let locks = SpaceLocks(fd: lockFD, path: FilePath(directory + "/claims.lock"), directoryFD: directoryFD, directory: FilePath(directory))
+        defer { locks.close() }
+        try await locks.openAllShards()
+        try await body(locks)
+    }
+
+    /// The `index`th slot of shard 0 (every slot of one shard shares its lock list).
+    func slot(_ index: Int64) -> Int64 { 4096 + index * Int64(4 * SpaceLocks.shardCount) }
+
+    /// A read claim's plan for the item at `slot`.
+    func reading(_ slot: Int64) -> SpaceLocks.Plan {
+        SpaceLocks.Plan(queue: [], bytes: [SpaceLocks.Byte(offset: slot, exclusive: false)], checks: [slot + 2])
+    }
+
+    /// A second owner (another open file description) of the file holding `offset`
+    /// (`claims.lock` when `lockFile`).
+    func otherOwner(of offset: Int64, lockFile: Bool = false) -> Int32 {
+        let name = lockFile ? "claims.lock" : "claims/" + String(format: "%02x", SpaceLocks.shard(offset))
+        return open(directory + "/" + name, O_RDWR | O_CLOEXEC)
+    }
+
+    /// Whether the byte at `offset` is locked by an owner other than `fd`'s.
+    func locked(_ offset: Int64, seenFrom fd: Int32) -> Bool {
+        var conflicting: Int16 = fc_F_UNLCK
+        #expect(fc_ofd_getlock(fd, fc_F_WRLCK, offset, 1, &conflicting) == 0)
+        return conflicting != fc_F_UNLCK
+    }
+
+    @Test("past the idle limit every idle byte is given back at once; a byte a task holds stays locked")
+    func idleBytesGoTogether() async throws {
+        try await withLocks { locks in
+            let other = otherOwner(of: slot(0))
+            defer { close(other) }
+            // A task holds the item in the middle of the shard; the items around it become idle.
+            let middle = Int64(SpaceLocks.idleLimit / 2)
+            let held = try #require(locks.tryAcquireNow(reading(slot(middle))))
+            for index in 0 ... Int64(SpaceLocks.idleLimit) where index != middle {
+                locks.release(try #require(locks.tryAcquireNow(reading(slot(index)))))
+            }
+            // At the limit: all kept.
+            #expect(locks.heldCount == SpaceLocks.idleLimit + 1)
+            #expect(locked(slot(0), seenFrom: other) && locked(slot(Int64(SpaceLocks.idleLimit)), seenFrom: other))
+            // One more idle byte: every idle byte goes, on both sides of the held one.
+            locks.release(try #require(locks.tryAcquireNow(reading(slot(Int64(SpaceLocks.idleLimit) + 1)))))
+            #expect(locks.heldCount == 1)
+            #expect(!locked(slot(0), seenFrom: other) && !locked(slot(middle - 1), seenFrom: other))
+            #expect(!locked(slot(middle + 1), seenFrom: other) && !locked(slot(Int64(SpaceLocks.idleLimit) + 1), seenFrom: other))
+            #expect(locked(slot(middle), seenFrom: other))
+            locks.release(held)
+            #expect(locked(slot(middle), seenFrom: other), "given back by its task, it is kept idle")
+        }
+    }
+
+    @Test("a reader tests writers' queue bytes only while another process waits (its waiting flag is raised)")
+    func queueTestFollowsTheWaitingFlag() async throws {
+        try await withLocks { locks in
+            // Another owner queues as a writer on two items, without having had to wait yet.
+            let other = otherOwner(of: slot(1))
+            defer { close(other) }
+            #expect(fc_ofd_lock(other, fc_F_WRLCK, slot(1) + 2, 1, 0) == 0)
+            #expect(fc_ofd_lock(other, fc_F_WRLCK, slot(2) + 2, 1, 0) == 0)
+            // No flag raised: the queue bytes are not looked at (the reader came first).
+            let first = try #require(locks.tryAcquireNow(reading(slot(1))))
+            locks.release(first)
+            // The writer has to wait: it raises the flag. A reader of its other item now queues behind it.
+            let flag = otherOwner(of: 0, lockFile: true)
+            defer { close(flag) }
+            #expect(fc_ofd_lock(flag, fc_F_RDLCK, SpaceLocks.waitingFlagOffset, 1, 0) == 0)
+            #expect(locks.tryAcquireNow(reading(slot(2))) == nil)
+            #expect(!locked(slot(2), seenFrom: other), "a refused claim holds nothing")
+            // An item no writer queues on is still free to read.
+            let third = try #require(locks.tryAcquireNow(reading(slot(3))))
+            locks.release(third)
+        }
+    }
+}
