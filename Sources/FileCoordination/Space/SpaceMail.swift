@@ -40,6 +40,7 @@ final class SpaceMail: Sendable {
     }
 
     private let state = Mutex(State())
+    private let deadlines = ReplyDeadlines()
     private let incoming: AsyncStream<SpaceMessage>.Continuation
     private let incomingStream: AsyncStream<SpaceMessage>
 
@@ -157,13 +158,10 @@ final class SpaceMail: Sendable {
     func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
-        let deadline = RemoteDeadline.timeout.map { timeout in
-            Task { [self] in
-                try? await Task.sleep(for: timeout) // ok: the presenter timeout is real time
-                if !Task.isCancelled { resolve(id, with: .failure(RemoteNoAnswer())) }
-            }
+        if let timeout = RemoteDeadline.timeout {
+            deadlines.add(id, after: timeout) { [self] in resolve(id, with: .failure(RemoteNoAnswer())) }
         }
-        defer { deadline?.cancel() }
+        defer { deadlines.remove(id) }
         let write = prepare(message, to: target, id: id)
         submitToIOThread { [self] in
             do {
@@ -374,7 +372,11 @@ final class SpaceMail: Sendable {
                 reply.set("result", "error")
                 reply.set("text", Self.describe(error))
             }
-            try? await send(reply, to: from, id: nextID())
+            // Not awaited: nothing else this process sends may overtake it (the asker
+            // sends nothing more to this process before the reply arrives), and waiting
+            // for the write would cost the next message a wake-up of this task.
+            let write = prepare(reply, to: from, id: nextID())
+            submitToIOThread { try? write() }
         }
         switch message.kind {
         case "relinquish":
