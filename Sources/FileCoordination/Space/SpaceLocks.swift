@@ -414,32 +414,35 @@ final class SpaceLocks: Sendable {
         return false
     }
 
-    /// Gives back every idle byte: sorted by shard and offset, each run of idle bytes not
-    /// interrupted by a byte a task holds is one unlock call. Returns whether there was any.
+    /// Gives back every idle byte: in each shard, sorted by offset, each run of idle
+    /// bytes not interrupted by a byte a task holds is one unlock call. Returns whether
+    /// there was any.
     @discardableResult
     private func dropIdleBytes(_ state: inout State) -> Bool {
         guard state.idle > 0 else { return false }
-        var held: [(offset: Int64, idle: Bool)] = []
-        held.reserveCapacity(state.counts.count)
+        // Per shard, every byte held: its offset shifted left once, the low bit set for
+        // an idle one (offsets are below 2^62), so that a plain integer sort orders them.
+        var held = [[Int64]](repeating: [], count: Self.shardCount)
         for (offset, count) in state.counts where count.kernel != fc_F_UNLCK {
-            held.append((offset, count.total == 0))
+            held[Self.shard(offset)].append(offset << 1 | (count.total == 0 ? 1 : 0))
         }
-        held.sort { (Self.shard($0.offset), $0.offset) < (Self.shard($1.offset), $1.offset) }
-        var index = 0
-        while index < held.count {
-            guard held[index].idle else {
-                index += 1
-                continue
+        for var bytes in held where bytes.contains(where: { $0 & 1 == 1 }) {
+            bytes.sort()
+            var index = 0
+            while index < bytes.count {
+                guard bytes[index] & 1 == 1 else {
+                    index += 1
+                    continue
+                }
+                let first = bytes[index] >> 1
+                var last = first
+                while index < bytes.count, bytes[index] & 1 == 1 {
+                    last = bytes[index] >> 1
+                    state.counts[last] = nil
+                    index += 1
+                }
+                _ = fc_ofd_lock(shardFD(first), fc_F_UNLCK, first, last - first + 1, 0)
             }
-            // A run: idle bytes of one shard with no held byte between them.
-            let first = held[index].offset, shard = Self.shard(first)
-            var last = first
-            while index < held.count, held[index].idle, Self.shard(held[index].offset) == shard {
-                last = held[index].offset
-                state.counts[last] = nil
-                index += 1
-            }
-            _ = fc_ofd_lock(shardFD(first), fc_F_UNLCK, first, last - first + 1, 0)
         }
         state.idle = 0
         return true
