@@ -6,7 +6,7 @@ import Foundation
 /// The contract is `shared/cli-contract.md`; exit status 0 success, 1 an operation
 /// failed, 2 usage error, 3 timed out.
 @main
-struct FileCoord: AsyncParsableCommand {
+struct FileCoord: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "filecoord",
         abstract: "Coordinated file access between processes, for Linux.",
@@ -17,7 +17,24 @@ struct FileCoord: AsyncParsableCommand {
         subcommands: [Read.self, Write.self, Exec.self, Present.self, StatusCommand.self, Demo.self]
     )
 
-    static func main() async {
+    /// Runs the command in a task while the main thread waits for it.
+    ///
+    /// Not an `async` main: that hands the main thread to `dispatch_main`, which needs a
+    /// new descriptor (an eventfd) as the thread leaves, at the same moment as the
+    /// command opens its first files; with descriptors nearly exhausted (`ulimit -n 5`)
+    /// libdispatch then stops the process with SIGILL instead of the command reporting
+    /// EMFILE. The main thread is not one of the cooperative pool's.
+    static func main() {
+        let done = DispatchSemaphore(value: 0)
+        // Detached: `main` is on the main actor, whose queue nothing drains here.
+        Task.detached {
+            await runCommand()
+            done.signal()
+        }
+        done.wait()
+    }
+
+    private static func runCommand() async {
         do {
             var command = try parseAsRoot()
             if var command = command as? AsyncParsableCommand {

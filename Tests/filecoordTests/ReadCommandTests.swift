@@ -94,6 +94,24 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 0)
     }
 
+    @Test("with almost no descriptor left (ulimit -n 5) read fails with EMFILE, exit 1, and never crashes")
+    func almostNoDescriptors() async throws {
+        let scratch = Scratch()
+        // An async main crashed here about one run in ten (SIGILL, exit 132): as the main
+        // thread went to dispatch_main, libdispatch could not get its eventfd.
+        let script = """
+            cd '\(scratch.path)' && printf x > f && ls -d "$PWD"/f > list && i=0 && \\
+            while [ $i -lt 30 ]; do ( ulimit -n 5 && exec "$FILECOORD" read --no-coordination --json --from-list list ) > out 2> err; \\
+              echo "$? $(cat err)"; i=$((i+1)); done
+            """
+        let result = try await shell(script)
+        let runs = String(decoding: result.stdout, as: UTF8.self).split(whereSeparator: \.isNewline)
+        #expect(runs.count == 30)
+        for run in runs {
+            #expect(run.hasPrefix("0 ") || (run.hasPrefix("1 ") && run.contains("EMFILE")), "\(run)")
+        }
+    }
+
     @Test("an unreadable file is EACCES for an unprivileged user",
           .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && getuid() == 0))
     func denied() async throws {
