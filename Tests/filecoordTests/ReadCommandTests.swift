@@ -94,21 +94,23 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 0)
     }
 
-    @Test("with almost no descriptor left (ulimit -n 5) read fails with EMFILE, exit 1, and never crashes")
+    @Test("with descriptors nearly exhausted (ulimit -n 7) read never crashes: every run exits 0, or 1 naming EMFILE")
     func almostNoDescriptors() async throws {
         let scratch = Scratch()
-        // An async main crashed here about one run in ten (SIGILL, exit 132): as the main
-        // thread went to dispatch_main, libdispatch could not get its eventfd.
+        // With an async main most runs here crashed under the test suite's load (SIGILL in
+        // libdispatch): it handed the main thread to dispatch_main, which needs an
+        // eventfd as the thread leaves, while the batch's workers took every descriptor.
         let script = """
-            cd '\(scratch.path)' && printf x > f && ls -d "$PWD"/f > list && i=0 && \\
-            while [ $i -lt 30 ]; do ( ulimit -n 5 && exec "$FILECOORD" read --no-coordination --json --from-list list ) > out 2> err; \\
+            cd '\(scratch.path)' && i=0 && while [ $i -lt 40 ]; do printf "$i" > f$i; i=$((i+1)); done && \\
+            ls -d "$PWD"/f* > list && i=0 && while [ $i -lt 40 ]; do \\
+              ( ulimit -n 7 && exec "$FILECOORD" read --no-coordination --json --concurrency 16 --from-list list ) > out 2> err; \\
               echo "$? $(cat err)"; i=$((i+1)); done
             """
         let result = try await shell(script)
         let runs = String(decoding: result.stdout, as: UTF8.self).split(whereSeparator: \.isNewline)
-        #expect(runs.count == 30)
+        #expect(runs.count == 40, "\(result.errorText)")
         for run in runs {
-            #expect(run.hasPrefix("0 ") || (run.hasPrefix("1 ") && run.contains("EMFILE")), "\(run)")
+            #expect(run == "0 " || (run.hasPrefix("1 ") && run.contains("EMFILE")), "\(run)")
         }
     }
 
