@@ -21,7 +21,7 @@ struct FileCoord: ParsableCommand {
     ///
     /// Not an `async` main: that hands the main thread to `dispatch_main`, which needs a
     /// new descriptor (an eventfd) as the thread leaves, at the same moment as the
-    /// command opens its first files; with descriptors nearly exhausted (`ulimit -n 5`)
+    /// command opens its first files; with descriptors nearly exhausted (`ulimit -n 7`)
     /// libdispatch then stops the process with SIGILL instead of the command reporting
     /// EMFILE. The main thread is not one of the cooperative pool's.
     static func main() {
