@@ -45,13 +45,15 @@ final class ReplyDeadlines: Sendable {
             try? await Task.sleep(until: until, clock: .continuous)
             let now = ContinuousClock.now
             let (expired, next): ([@Sendable () -> Void], ContinuousClock.Instant?) = state.withLock { state in
-                let due = state.pending.filter { $0.value.at <= now }
-                for id in due.keys { state.pending[id] = nil }
+                // In deadline order, also when a late wake-up finds several due.
+                let due = state.pending.filter { $0.value.at <= now }.sorted { $0.value.at < $1.value.at }
+                for (id, _) in due { state.pending[id] = nil }
+                let expired = due.map(\.value.expire)
                 // Another sleeper took over (for an earlier deadline): it keeps the rest.
-                guard state.armed?.sleeper == sleeper else { return (due.values.map(\.expire), nil) }
+                guard state.armed?.sleeper == sleeper else { return (expired, nil) }
                 let earliest = state.pending.values.map(\.at).min()
                 state.armed = earliest.map { (sleeper, $0) }
-                return (due.values.map(\.expire), earliest)
+                return (expired, earliest)
             }
             for expire in expired { expire() }
             guard let next else { return }
