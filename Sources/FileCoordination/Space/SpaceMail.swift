@@ -372,9 +372,9 @@ final class SpaceMail: Sendable {
                 reply.set("result", "error")
                 reply.set("text", Self.describe(error))
             }
-            // Not awaited: nothing else this process sends may overtake it (the asker
-            // sends nothing more to this process before the reply arrives), and waiting
-            // for the write would cost the next message a wake-up of this task.
+            // Not awaited: the asker sends nothing more about this request before the
+            // reply arrives, so nothing depends on when the write ends, and waiting for it
+            // would cost a wake-up of this task before the next message.
             let write = prepare(reply, to: from, id: nextID())
             submitToIOThread { try? write() }
         }
