@@ -95,4 +95,28 @@ struct SpaceLocksTests {
             locks.release(third)
         }
     }
+
+    @Test("while a writer waits, a claim inside a directory whose delete, move or replace is queued waits behind it")
+    func queuedDirectoryWriterHoldsOffClaimsInside() async throws {
+        try await withLocks { locks in
+            func read(_ path: String) -> SpaceLocks.Plan {
+                SpaceLocks.plan(for: [CoordinationRules.Claim(path: FilePath(path), access: .reading)])
+            }
+            let directory = SpaceLocks.slots(Array("/data/tree".utf8)).item
+            // Another owner queued a subtree writer on /data/tree and has to wait (flag raised).
+            let other = otherOwner(of: directory + 2)
+            defer { close(other) }
+            #expect(fc_ofd_lock(other, fc_F_WRLCK, directory + 2, 1, 0) == 0)
+            let flag = otherOwner(of: 0, lockFile: true)
+            defer { close(flag) }
+            #expect(fc_ofd_lock(flag, fc_F_RDLCK, SpaceLocks.waitingFlagOffset, 1, 0) == 0)
+            #expect(locks.tryAcquireNow(read("/data/tree/deep/file")) == nil)
+            #expect(locks.heldCount == 0, "a refused claim holds nothing")
+            // Beside the directory, and the directory's own parent, nothing is queued.
+            let beside = try #require(locks.tryAcquireNow(read("/data/other/file")))
+            locks.release(beside)
+            let parent = try #require(locks.tryAcquireNow(read("/data")))
+            locks.release(parent)
+        }
+    }
 }

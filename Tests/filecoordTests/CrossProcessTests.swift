@@ -299,17 +299,11 @@ struct CrossProcessTests {
         #expect(!FileManager.default.fileExists(atPath: directory))
     }
 
-    @Test("overlapping readers in this process never starve a writer in another", .timeLimit(.minutes(1)))
-    func readersDoNotStarveAWriter() async throws {
-        let file = scratch.write("busy", "old")
-        let url = URL(fileURLWithPath: file)
-        // Joins this test process's (default) space, and names it for the other process.
-        try await FileCoordinator().coordinate(readingItemAt: url) { _ in }
-        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
-        // Three readers, each 5 ms inside its accessor, started 2 ms apart: the item is
-        // never free of readers here, so this process's kernel claim on it never ends.
-        let done = Flag()
-        let readers = (0 ..< 3).map { index in
+    /// Three readers of `url` in this process, each 5 ms inside its accessor, started 2 ms
+    /// apart, until `done` is set: the item is never free of readers here, so this
+    /// process's kernel claims on it (and its directories) never end by themselves.
+    func overlappingReaders(of url: URL, until done: Flag) -> [Task<Int, any Error>] {
+        (0 ..< 3).map { index in
             Task {
                 try await Task.sleep(for: .milliseconds(2 * index)) // ok: staggers the readers
                 var reads = 0
@@ -322,6 +316,17 @@ struct CrossProcessTests {
                 return reads
             }
         }
+    }
+
+    @Test("overlapping readers in this process never starve a writer in another", .timeLimit(.minutes(1)))
+    func readersDoNotStarveAWriter() async throws {
+        let file = scratch.write("busy", "old")
+        let url = URL(fileURLWithPath: file)
+        // Joins this test process's (default) space, and names it for the other process.
+        try await FileCoordinator().coordinate(readingItemAt: url) { _ in }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        let done = Flag()
+        let readers = overlappingReaders(of: url, until: done)
         // The writer queues; the readers that come after it wait behind it. Without that,
         // it would wait out its --timeout and exit 3.
         let write = try await filecoord("write", file, "--space", space, "--timeout", "10", stdin: Data("theirs".utf8))
@@ -331,6 +336,26 @@ struct CrossProcessTests {
         #expect(write.status == 0, "\(write.errorText)")
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "theirs")
         #expect(reads > 3, "the readers kept reading while the writer started")
+    }
+
+    @Test("overlapping readers inside a directory here never starve its delete in another process", .timeLimit(.minutes(1)))
+    func innerReadersDoNotStarveADirectoryDelete() async throws {
+        let directory = scratch.path + "/busy-tree"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        let url = URL(fileURLWithPath: scratch.write("busy-tree/f", "x"))
+        try await FileCoordinator().coordinate(readingItemAt: url) { _ in }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        let done = Flag()
+        let readers = overlappingReaders(of: url, until: done)
+        // The delete queues on the directory; readers inside it that come after wait
+        // behind it (they test the directories' queue bytes too).
+        let delete = try await filecoord("exec", "--space", space, "--delete", directory, "--timeout", "10", "--", "rm", "-r", directory)
+        done.set()
+        var reads = 0
+        for reader in readers { reads += try await reader.value }
+        #expect(delete.status == 0, "\(delete.errorText)")
+        #expect(!FileManager.default.fileExists(atPath: directory))
+        #expect(reads > 3, "the readers kept reading while the delete started")
     }
 
     @Test("cancel() ends a coordination that waits for another process's claim, with .cancelled", .timeLimit(.minutes(1)))

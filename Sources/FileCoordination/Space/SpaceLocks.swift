@@ -23,8 +23,9 @@ import Glibc
 /// | +1 | "inside" | every access inside the directory (shared); a subtree writer (exclusive) |
 /// | +2 | the writers' queue | a writer, from the moment it starts waiting until it ends |
 ///
-/// A reader first checks that no writer is queued on the item (+2), so a stream of readers
-/// cannot starve a writer. Byte 1 of `claims.lock` is the *waiting flag*: a process with a
+/// A claim first checks that no writer is queued on its item (+2, for a read) or on any
+/// directory containing it (their +2), so a stream of readers cannot starve a writer, nor
+/// a stream of accesses inside a directory its delete, move or replace. Byte 1 of `claims.lock` is the *waiting flag*: a process with a
 /// blocked claim holds it shared. A process that releases anything checks the flag, and if
 /// another process waits it writes one byte at offset 0 of `claims.lock` (the doorbell).
 /// Waiters watch `claims.lock` through inotify: the doorbell's `IN_MODIFY`, and
@@ -231,9 +232,13 @@ final class SpaceLocks: Sendable {
                 plan.bytes.append(Byte(offset: slot, exclusive: true))
                 plan.bytes.append(Byte(offset: slot + 1, exclusive: true))
             }
-            // The "inside" byte of every containing directory (once for a run of files in
-            // the same directory, as a batch's are).
-            if ancestors != previousAncestors { inside += ancestors.map { $0 + 1 } }
+            // The "inside" byte of every containing directory, and its writers' queue byte
+            // to test (a delete, move or replace of the directory may be queued), once for
+            // a run of files in the same directory, as a batch's are.
+            if ancestors != previousAncestors {
+                inside += ancestors.map { $0 + 1 }
+                plan.checks += ancestors.map { $0 + 2 }
+            }
             previousAncestors = ancestors
         }
         plan.bytes += inside.map { Byte(offset: $0, exclusive: false) }
@@ -333,10 +338,11 @@ final class SpaceLocks: Sendable {
             }
             var flagChecked = false
             for check in plan.checks where state.counts[check]?.kernel != fc_F_WRLCK {
-                // The item is already held in the kernel by this process (idle, or by
-                // another task) and no doorbell has rung since: no writer can be queued
-                // behind it without having rung, so the check would find nothing.
-                if !state.suspended, let item = state.counts[check - 2], item.kernel != fc_F_UNLCK { continue }
+                // The item (or, for a directory, its inside byte) is already held in the
+                // kernel by this process (idle, or by another task) and no doorbell has rung
+                // since: no writer can be queued behind it without having rung, so the
+                // check would find nothing.
+                if !state.suspended, Self.holds(state, check - 2) || Self.holds(state, check - 1) { continue }
                 // A writer that has to wait raises the waiting flag before it sleeps: while
                 // no other process holds it, no writer waits anywhere and no queue byte
                 // needs a look (one call for a whole batch instead of one per file).
@@ -360,6 +366,11 @@ final class SpaceLocks: Sendable {
             }
             return Held(bytes: queued + taken)
         }
+    }
+
+    /// Whether this process holds `offset` in the kernel.
+    private static func holds(_ state: State, _ offset: Int64) -> Bool {
+        (state.counts[offset]?.kernel ?? fc_F_UNLCK) != fc_F_UNLCK
     }
 
     /// Counts `byte` for this process, asking the kernel only when the process does not
