@@ -210,6 +210,27 @@ struct CrossProcessTests {
         _ = try await shell("pkill -f 'sleep 62' || true")
     }
 
+    @Test("what a process that died while joining left (a mailbox with no record, a record never renamed) is removed once old")
+    func abandonedJoinCleanedUp() async throws {
+        // A space exists once one process joined it.
+        #expect(try await filecoord("status", "--json", "--space", space).status == 0)
+        let dead = try await shell("true & echo $!; wait").outputText.trimmingCharacters(in: .whitespacesAndNewlines)
+        let (old, young) = ("\(dead)-0ld", "\(dead)-y0ung")
+        let fileManager = FileManager.default
+        for process in [old, young] {
+            try fileManager.createDirectory(atPath: space + "/mail/" + process, withIntermediateDirectories: false)
+            #expect(fileManager.createFile(atPath: space + "/procs/." + process, contents: Data("filecoord 1\nkind process\nend\n".utf8)))
+        }
+        let longAgo = Date(timeIntervalSinceNow: -120)
+        try fileManager.setAttributes([.modificationDate: longAgo], ofItemAtPath: space + "/mail/" + old)
+        try fileManager.setAttributes([.modificationDate: longAgo], ofItemAtPath: space + "/procs/." + old)
+        // The next process to join cleans up: the old leftovers go; the young ones may be
+        // a process joining right now, and stay.
+        #expect(try await filecoord("status", "--json", "--space", space).status == 0)
+        #expect(!fileManager.fileExists(atPath: space + "/mail/" + old) && !fileManager.fileExists(atPath: space + "/procs/." + old))
+        #expect(fileManager.fileExists(atPath: space + "/mail/" + young) && fileManager.fileExists(atPath: space + "/procs/." + young))
+    }
+
     @Test("a coordinated read waits for another process's writer; --timeout ends the wait with exit 3")
     func readWaitsForWriter() async throws {
         let file = scratch.write("doc", "content")

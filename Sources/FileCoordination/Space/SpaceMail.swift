@@ -560,19 +560,48 @@ final class SpaceMail: Sendable {
             }
             unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR)
             unlinkat(dirFD, "procs/" + process, 0)
+            unlinkat(dirFD, "procs/." + process, 0)
             files.bumpSequence()
         }
     }
 
+    /// How old a join's leftovers must be before they are removed: joining takes
+    /// microseconds between creating the mailbox and renaming the record into place.
+    static let abandonedJoinAge: Int = 60
+
     /// Cleans up after every dead process in the space (done when joining); they are
-    /// reported by the next ``status(localClaims:timeout:)``.
+    /// reported by the next ``status(localClaims:timeout:)``. Also removes what a process
+    /// that died while joining left: a mailbox with no record, or a record never renamed
+    /// into place (`procs/.<process>`), once older than ``abandonedJoinAge`` seconds and
+    /// its pid is gone.
     func cleanUpDeadProcesses() async throws {
         let (dirFD, me) = (files.directoryFD, me)
-        let processes = try await runOnIOThread { try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") } }
-        for process in processes where !isAlive(process) {
+        let (processes, abandoned) = try await runOnIOThread { () throws -> ([String], [String]) in
+            let records = try Self.list(dirFD, "procs")
+            let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
+            let named = Set(processes)
+            let strays = ((try? Self.list(dirFD, "mail")) ?? []).filter { $0 != me && !named.contains($0) }
+                + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
+            return (processes, Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) })
+        }
+        for process in processes + abandoned where !isAlive(process) {
             await cleanUp(process)
             state.withLock { $0.cleanedUp.append(Self.pid(of: process)) }
         }
+    }
+
+    /// Whether `process` died while joining: its pid is gone, and its mailbox and hidden
+    /// record (whichever exist) are older than ``abandonedJoinAge``. Blocking (`fstatat`).
+    private static func abandonedJoin(_ process: String, dirFD: Int32) -> Bool {
+        let pid = pid(of: process)
+        guard !process.contains("/"), pid > 0, kill(pid, 0) != 0, errno == ESRCH else { return false }
+        let now = time(nil)
+        for name in ["mail/" + process, "procs/." + process] {
+            var info = stat()
+            guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { continue }
+            if now - info.st_mtim.tv_sec < abandonedJoinAge { return false }
+        }
+        return true
     }
 
     /// Removes this process's files; called when it leaves the space.
