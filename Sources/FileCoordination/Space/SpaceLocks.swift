@@ -25,10 +25,11 @@ import Glibc
 ///
 /// A claim first checks that no writer is queued on its item (+2, for a read) or on any
 /// directory containing it (their +2), so a stream of readers cannot starve a writer, nor
-/// a stream of accesses inside a directory its delete, move or replace. Byte 1 of `claims.lock` is the *waiting flag*: a process with a
-/// blocked claim holds it shared. A process that releases anything checks the flag, and if
-/// another process waits it writes one byte at offset 0 of `claims.lock` (the doorbell).
-/// Waiters watch `claims.lock` through inotify: the doorbell's `IN_MODIFY`, and
+/// a stream of accesses inside a directory its delete, move or replace. Byte 1 of
+/// `claims.lock` is the *waiting flag*: a process with a blocked claim holds it shared. A
+/// process that releases anything checks the flag, and if another process waits it
+/// writes one byte at offset 0 of `claims.lock` (the doorbell). Waiters watch
+/// `claims.lock` through inotify: the doorbell's `IN_MODIFY`, and
 /// `IN_CLOSE_WRITE` when any process that had it open exits (a dead holder's locks are
 /// gone). Nothing polls.
 ///

@@ -486,7 +486,7 @@ final class SpaceMail: Sendable {
         await withTaskGroup(of: (String, Answer).self) { group in
             for process in processes {
                 group.addTask { [self] in
-                    guard isAlive(process) else { return (process, .dead) }
+                    guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead) }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
                         race.addTask { try await Task.sleep(for: timeout); return .silent } // ok: a deadline
@@ -547,11 +547,15 @@ final class SpaceMail: Sendable {
         return names
     }
 
-    /// Removes a dead process's record, mailbox and presenters.
-    func cleanUp(_ process: String) async {
-        guard !process.isEmpty, !process.contains("/"), process != me, !isAlive(process) else { return }
+    /// Removes a dead process's record, mailbox and presenters; returns whether it did
+    /// (nothing is removed for a process that is alive). On an I/O thread, the liveness
+    /// check included (it opens the record).
+    @discardableResult
+    func cleanUp(_ process: String) async -> Bool {
+        guard !process.isEmpty, !process.contains("/"), process != me else { return false }
         let (dirFD, files) = (files.directoryFD, files)
-        _ = try? await runOnIOThread {
+        return (try? await runOnIOThread { [self] () -> Bool in
+            guard !isAlive(process) else { return false }
             for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
                 unlinkat(dirFD, "presenters/" + name, 0)
             }
@@ -562,7 +566,8 @@ final class SpaceMail: Sendable {
             unlinkat(dirFD, "procs/" + process, 0)
             unlinkat(dirFD, "procs/." + process, 0)
             files.bumpSequence()
-        }
+            return true
+        }) ?? false
     }
 
     /// How old a join's leftovers must be before they are removed: joining takes
@@ -576,17 +581,16 @@ final class SpaceMail: Sendable {
     /// its pid is gone.
     func cleanUpDeadProcesses() async throws {
         let (dirFD, me) = (files.directoryFD, me)
-        let (processes, abandoned) = try await runOnIOThread { () throws -> ([String], [String]) in
+        let candidates = try await runOnIOThread { () throws -> [String] in
             let records = try Self.list(dirFD, "procs")
             let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
             let named = Set(processes)
             let strays = ((try? Self.list(dirFD, "mail")) ?? []).filter { $0 != me && !named.contains($0) }
                 + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
-            return (processes, Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) })
+            return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
         }
-        for process in processes + abandoned where !isAlive(process) {
-            await cleanUp(process)
-            state.withLock { $0.cleanedUp.append(Self.pid(of: process)) }
+        for process in candidates {
+            if await cleanUp(process) { state.withLock { $0.cleanedUp.append(Self.pid(of: process)) } }
         }
     }
 
