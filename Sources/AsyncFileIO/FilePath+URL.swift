@@ -26,7 +26,7 @@ extension FilePath {
         }
         if !escaped {
             var path = FilePath(encoded)
-            if path.string.count > 1, encoded.hasSuffix("/") { path = FilePath(String(encoded.dropLast())) }
+            if encoded.utf8.last == UInt8(ascii: "/"), encoded.utf8.count > 1 { path = FilePath(String(encoded.dropLast())) }
             self = path
             return
         }

@@ -73,6 +73,7 @@ struct AsyncFileStreamTests {
         // URLs made by Foundation (spaces escaped, directory slash) convert too.
         #expect(try FilePath(fileURL: URL(fileURLWithPath: "/tmp/a b/c")) == "/tmp/a b/c")
         #expect(try FilePath(fileURL: URL(fileURLWithPath: "/tmp/dir", isDirectory: true)) == "/tmp/dir")
+        #expect(try FilePath(fileURL: URL(fileURLWithPath: "/", isDirectory: true)) == "/")
         let newline = directory.file("line\nbreak")
         try await Data("nl".utf8).asyncWrite(to: newline)
         #expect(try await Data(asyncContentsOf: newline) == Data("nl".utf8))
