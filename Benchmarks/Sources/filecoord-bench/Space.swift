@@ -112,6 +112,19 @@ func runSpace(_ paths: [String]) async throws {
         }
         return
     }
+    // FILECOORD_BENCH_WRITE_ONLY=1: only the write latency with a presenter in the child (for profiling).
+    if ProcessInfo.processInfo.environment["FILECOORD_BENCH_WRITE_ONLY"] != nil {
+        let (child, input) = try startChild(space: space, path: item, presenters: 0, claims: 0)
+        _ = try await writeLatencies(200)
+        for _ in 0 ..< rounds {
+            let samples = try await writeLatencies(2000)
+            print(String(format: "write, one presenter in the other process: p50 %6.0f us  p99 %6.0f us",
+                         percentile(samples, 0.5), percentile(samples, 0.99)))
+        }
+        try input.fileHandleForWriting.close()
+        child.waitUntilExit()
+        return
+    }
     print("\nacross processes (one coordination space; the other process is this binary's --child)")
     let alone = try await readCost()
     print(String(format: "  uncontended coordinated read (kernel claims), empty accessor   %7.2f us   goal <= 5 us: %@",

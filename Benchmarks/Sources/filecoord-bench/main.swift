@@ -14,7 +14,8 @@
 // peer, unless FILECOORD_BENCH_NOPEER is set); FILECOORD_BENCH_CONCURRENCY=N (16);
 // FILECOORD_BENCH_UNRELATED=N (space: 10,000); FILECOORD_BENCH_UNCONTENDED_ONLY=1
 // (coordination: the one-task figure only); FILECOORD_BENCH_BATCH_ONLY=1 (space: the
-// coordinated batch in place only). Both of the last two are for profiling.
+// coordinated batch in place only); FILECOORD_BENCH_WRITE_ONLY=1 (space: the write
+// latency only). The last three are for profiling.
 import CPeers
 import Dispatch
 import FileCoordination
