@@ -240,10 +240,22 @@ struct CoordinationRules: Sendable {
 
 /// A path's bytes as a dictionary key, hashed in one call (`FilePath` hashes byte by
 /// byte, which showed up as the largest cost of an uncontended coordination).
+///
+/// The hash is computed once, with the process's seeded `Hasher` (so crafted paths cannot
+/// collide on purpose): a claim's key is looked up, indexed and unindexed, each a hash of
+/// the whole path before.
 struct PathKey: Hashable, Sendable {
     let bytes: [UInt8]
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
-    func hash(into hasher: inout Hasher) {
+    private let hash: Int
+
+    init(_ bytes: [UInt8]) {
+        self.bytes = bytes
+        var hasher = Hasher()
         bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
+        hash = hasher.finalize()
     }
+
+    static func == (a: PathKey, b: PathKey) -> Bool { a.hash == b.hash && a.bytes == b.bytes }
+
+    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
 }
