@@ -105,6 +105,7 @@ func runSpace(_ paths: [String]) async throws {
     if ProcessInfo.processInfo.environment["FILECOORD_BENCH_BATCH_ONLY"] != nil {
         let urls = paths.map { URL(fileURLWithPath: $0) }
         for _ in 0 ..< rounds {
+            warmPageCache(paths)
             let rate = Double(paths.count) / (try await seconds {
                 _ = try await coordinator.readFiles(at: urls, batchOptions: BatchReadOptions(concurrency: concurrency)).forEachFile { _ in }
             })
@@ -134,13 +135,16 @@ func runSpace(_ paths: [String]) async throws {
     var c: [Double] = [], ours: [Double] = [], inPlace: [Double] = []
     let urls = paths.map { URL(fileURLWithPath: $0) }
     for _ in 0 ..< rounds {
+        warmPageCache(paths)
         c.append(Double(paths.count) / (await seconds { _ = cPool(paths) }))
+        warmPageCache(paths)
         ours.append(Double(paths.count) / (try await seconds {
             var tally = Tally()
             for try await result in coordinator.readFiles(at: urls, batchOptions: BatchReadOptions(concurrency: concurrency)) {
                 if case .success(let data) = result.result { tally.add(data) }
             }
         }))
+        warmPageCache(paths)
         inPlace.append(Double(paths.count) / (try await seconds {
             _ = try await coordinator.readFiles(at: urls, batchOptions: BatchReadOptions(concurrency: concurrency))
                 .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
