@@ -114,6 +114,19 @@ struct ReadCommandTests {
         }
     }
 
+    @Test("a coordinated read with too few descriptors for the claim shards says so, naming the shard")
+    func tooFewDescriptorsForShards() async throws {
+        let scratch = Scratch()
+        let script = """
+            cd '\(scratch.path)' && i=0 && while [ $i -lt 200 ]; do printf "$i" > f$i; i=$((i+1)); done && \\
+            ls -d "$PWD"/f* > list && ulimit -n 40 && "$FILECOORD" read --space '\(scratch.path)/space' --json --from-list list
+            """
+        let result = try await shell(script)
+        #expect(result.status == 1)
+        #expect(result.errorText.contains("\(scratch.path)/space/claims/") && result.errorText.contains("one descriptor per claim shard")
+                && result.errorText.contains("EMFILE"), "\(result.errorText)")
+    }
+
     @Test("an unreadable file is EACCES for an unprivileged user",
           .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && getuid() == 0))
     func denied() async throws {

@@ -148,7 +148,11 @@ final class SpaceLocks: Sendable {
                     let code = errno
                     if fd >= 0 { Glibc.close(fd) }
                     for (_, fd) in opened { Glibc.close(fd) }
-                    throw FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
+                    var error = FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
+                    if code == EMFILE {
+                        error.message += "; coordination across processes takes one descriptor per claim shard, up to \(Self.shardCount)"
+                    }
+                    throw error
                 }
                 guard (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else {
                     Glibc.close(fd)
