@@ -127,13 +127,18 @@ final class SpaceLocks: Sendable {
 
     private func shardFD(_ offset: Int64) -> Int32 { shards.withLock { $0[Self.shard(offset)] } }
 
+    /// Whether every shard `plan` touches is open in `shards`.
+    private static func allOpen(_ plan: Plan, in shards: [Int32]) -> Bool {
+        func open(_ offset: Int64) -> Bool { shards[shard(offset)] >= 0 }
+        return plan.queue.allSatisfy { open($0.offset) } && plan.bytes.allSatisfy { open($0.offset) }
+            && plan.checks.allSatisfy(open)
+    }
+
     /// Opens the shards `plan` needs that this process has not opened yet.
     private func openShards(_ plan: Plan) async throws {
         let missing: Set<Int> = shards.withLock { shards in
-            func open(_ offset: Int64) -> Bool { shards[Self.shard(offset)] >= 0 }
             // The common case, every shard already open, allocates nothing.
-            guard !(plan.queue.allSatisfy { open($0.offset) } && plan.bytes.allSatisfy { open($0.offset) }
-                    && plan.checks.allSatisfy(open)) else { return [] }
+            guard !Self.allOpen(plan, in: shards) else { return [] }
             return Set((plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).map(Self.shard).filter { shards[$0] < 0 })
         }
         guard !missing.isEmpty else { return }
@@ -176,14 +181,6 @@ final class SpaceLocks: Sendable {
 
     // MARK: Slots
 
-    /// The first byte of `path`'s slot: a 64-bit FNV-1a hash, finished with a mixer.
-    /// Two paths sharing a slot only over-exclude each other; they never under-exclude.
-    static func slot(_ bytes: some Sequence<UInt8>) -> Int64 {
-        var hash = fnvBasis
-        for byte in bytes { hash = fnvStep(hash, byte) }
-        return slot(finishing: hash)
-    }
-
     private static let fnvBasis: UInt64 = 0xcbf2_9ce4_8422_2325
     private static func fnvStep(_ hash: UInt64, _ byte: UInt8) -> UInt64 { (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
     private static func slot(finishing hash: UInt64) -> Int64 {
@@ -193,8 +190,10 @@ final class SpaceLocks: Sendable {
     }
 
     /// The slot of `bytes` (an absolute, normalized path), and the slots of every
-    /// directory containing it, nearest last: FNV-1a is computed front to back, so one
-    /// pass gives every prefix's hash.
+    /// directory containing it, nearest last. A slot's first byte comes from a 64-bit
+    /// FNV-1a hash finished with a mixer; two paths sharing a slot only over-exclude each
+    /// other, never under-exclude. FNV-1a is computed front to back, so one pass gives
+    /// every prefix's hash.
     static func slots(_ bytes: [UInt8]) -> (item: Int64, ancestors: [Int64]) {
         var hash = fnvBasis
         var ancestors: [Int64] = []
@@ -284,10 +283,7 @@ final class SpaceLocks: Sendable {
     /// Takes the plan's bytes if that needs no waiting and no shard still to open; nil
     /// otherwise (nothing is held then). Never blocks: the non-blocking lock calls only.
     func tryAcquireNow(_ plan: Plan) -> Held? {
-        let ready = shards.withLock { shards in
-            (plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).allSatisfy { shards[Self.shard($0)] >= 0 }
-        }
-        guard ready else { return nil }
+        guard shards.withLock({ Self.allOpen(plan, in: $0) }) else { return nil }
         var queued: [Byte] = []
         if let held = try? attempt(plan, queued: &queued) { return held }
         release(Held(bytes: queued))
@@ -407,7 +403,7 @@ final class SpaceLocks: Sendable {
         if count.total <= 0 && count.kernel == fc_F_RDLCK && !state.suspended && !state.closed {
             // Kept, idle: the shared kernel lock stays for the next task that needs it (an
             // exclusive one is never kept: a process stopped with it would hold off every
-            // reader). At the limit, the byte idle the longest goes instead.
+            // reader). Past the limit, every idle byte goes.
             count.shared = 0
             count.exclusive = 0
             state.counts[byte.offset] = count
