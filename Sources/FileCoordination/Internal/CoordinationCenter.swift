@@ -266,8 +266,7 @@ final class CoordinationCenter: Sendable {
             (state.owners.filter { $0.value == owner }.map(\.key), state.kernelOwners.filter { $0.value == owner }.map(\.key))
         }
         for id in ids {
-            withdraw(id, because: FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
-                                                        message: "the coordinator was cancelled"))
+            withdraw(id, because: FileCoordinationError.coordinatorCancelled())
         }
         // Granted here, waiting for another process: that wait ends with `.cancelled`.
         if let locks = joinedSpace?.locks {

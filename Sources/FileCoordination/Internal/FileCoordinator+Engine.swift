@@ -188,7 +188,7 @@ extension FileCoordinator {
         let (id, waited) = try await acquire([claim], path: path)
         defer { center.release(id) }
         if waited && cancellations.load(ordering: .relaxed) != generation {
-            throw FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
+            throw FileCoordinationError.coordinatorCancelled(path: path)
         }
         var url = request.url
         if waited, let current = center.claims(of: id).first?.path, current != path { url = current.fileURL }
@@ -279,8 +279,7 @@ extension FileCoordinator {
                 for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
                 await runReacquirers(session.reacquirers)
                 if Task.isCancelled { throw CancellationError() }
-                throw FileCoordinationError(code: .cancelled, path: items.first?.path, operation: "coordinate",
-                                            message: "the coordinator was cancelled")
+                throw FileCoordinationError.coordinatorCancelled(path: items.first?.path)
             }
             return session
         } catch {
@@ -564,3 +563,9 @@ extension FileCoordinator {
     }
 }
 
+extension FileCoordinationError {
+    /// A coordination ended by ``FileCoordinator/cancel()``.
+    static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
+        FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
+    }
+}

@@ -307,8 +307,7 @@ final class SpaceLocks: Sendable {
             while true {
                 try Task.checkCancellation()
                 if let token, state.withLock({ $0.cancelled.contains(token) }) {
-                    throw FileCoordinationError(code: .cancelled, path: nil, operation: "coordinate",
-                                                message: "the coordinator was cancelled")
+                    throw FileCoordinationError.coordinatorCancelled()
                 }
                 let generation = state.withLock { $0.generation }
                 if let held = try attempt(plan, queued: &queued) { return held }
