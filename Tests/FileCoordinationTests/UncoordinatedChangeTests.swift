@@ -73,4 +73,22 @@ struct UncoordinatedChangeTests {
             #expect(!log.all.contains { $0.hasPrefix("O:") }, "the writer's own presenter hears nothing of its write")
         }
     }
+
+    @Test("coordinated writes that cause no event leave no suppression behind")
+    func suppressionsEnd() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("doc.txt")
+        let presenter = Recorder("P", url: file, log: log)
+        try await withPresenters([presenter]) {
+            let watch = try #require(CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)))
+            for _ in 0 ..< 50 {
+                try await FileCoordinator().coordinate(writingItemAt: file) { _ in }
+            }
+            #expect(watch.suppressionCount == 0)
+            // A change after them is still heard, once.
+            try Self.shell("printf z >> '\(file.path)'")
+            await log.waitFor("P:didChange", count: 51)
+            #expect(watch.suppressionCount == 0)
+        }
+    }
 }

@@ -18,6 +18,9 @@ final class PresenterWatch: Sendable {
         var watcher: FileWatcher?
         var consumer: Task<Void, Never>?
         var suppressed: [(token: Int, path: FilePath, upTo: UInt64)] = []
+        /// The sequence number of the last event the consumer checked: a suppression
+        /// ending at or before it can match no later event.
+        var checked: UInt64 = 0
         var nextToken = 0
         var stopped = false
     }
@@ -84,11 +87,19 @@ final class PresenterWatch: Sendable {
         let mark = (try? await watcher?.syncMark()) ?? 0
         state.withLock { state in
             if let index = state.suppressed.firstIndex(where: { $0.token == token }) { state.suppressed[index].upTo = mark }
+            // Without this, a write that caused no event (or whose events came before the
+            // last one checked) would stay listed until the next event: forever, for an
+            // item nobody changes outside coordination.
+            state.suppressed.removeAll { $0.upTo <= state.checked }
         }
     }
 
+    /// How many suppressions are listed (tests).
+    var suppressionCount: Int { state.withLock { $0.suppressed.count } }
+
     private func isSuppressed(_ event: FileEvent, sequence: UInt64) -> Bool {
         state.withLock { state in
+            state.checked = sequence
             state.suppressed.removeAll { $0.upTo < sequence }
             return state.suppressed.contains { entry in
                 event.path.starts(with: entry.path) || (event.destination?.starts(with: entry.path) ?? false)
