@@ -330,8 +330,18 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         var batch = [(first, lastSequence)]
         try await Task.sleep(for: settle) // the settle interval is the point: real time
         while let more = takeBuffered() { batch.append(more) }
-        var seen = Set<FileEvent>()
-        settled = batch.filter { seen.insert($0.0).inserted }
+        // One of each event, where it first happened, numbered as its last copy (as in
+        // `emit`: a suppression covering the first copy must not swallow a later one).
+        var position: [FileEvent: Int] = [:]
+        settled = []
+        for (event, sequence) in batch {
+            if let index = position[event] {
+                settled[index].1 = sequence
+            } else {
+                position[event] = settled.count
+                settled.append((event, sequence))
+            }
+        }
         let (event, sequence) = settled.removeFirst()
         lastSequence = sequence
         return event
@@ -428,8 +438,14 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private func emit(_ event: FileEvent) {
         let waiter: CheckedContinuation<Void, Never>? = buffer.withLock { buffer in
             guard !buffer.finished else { return nil }
-            // Consecutive modifications of one item are one event.
-            if event.kind == .modified, buffer.count > 0, buffer.events.last == event { return nil }
+            // Consecutive modifications of one item are one event, numbered as the later
+            // one: it reports a change that may come after a sync point (a suppression
+            // that covers the earlier one must not swallow it).
+            if event.kind == .modified, buffer.count > 0, buffer.events.last == event {
+                buffer.appended += 1
+                buffer.sequences[buffer.sequences.count - 1] = buffer.appended
+                return nil
+            }
             if buffer.count >= bufferLimit {
                 buffer.lost = true
             } else {

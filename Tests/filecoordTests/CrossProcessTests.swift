@@ -137,6 +137,29 @@ struct CrossProcessTests {
         #expect(await presenter.wait().status == 0)
     }
 
+    @Test("another process's coordinated writes are not echoed by the presenter's watch; a change outside coordination is heard",
+          .timeLimit(.minutes(1)))
+    func noEchoAcrossProcesses() async throws {
+        let file = scratch.write("doc", "old")
+        // Settling holds the watch's events back, so the writes' events are still unchecked
+        // when their reacquire arrives (the suppression must reach past them).
+        let (presenter, stream) = try await present(file, "--settle", "200")
+        var lines = stream
+        for round in 0 ..< 3 {
+            let result = try await filecoord("write", file, "--space", space, stdin: Data("new \(round)".utf8))
+            #expect(result.status == 0, "\(result.errorText)")
+        }
+        try await Task.sleep(for: .milliseconds(400)) // ok: the writes' settle interval passes, so an echo would be heard on its own
+        let append = try await shell("printf more >> '\(file)'")
+        #expect(append.status == 0)
+        var heard: [String] = []
+        while heard.filter({ $0 == "didChange" }).count < 4, let line = await lines.next() { heard.append(event(line).event) }
+        let write = ["relinquishToWriter", "save", "didChange", "reacquire"]
+        #expect(heard == write + write + write + ["didChange"])
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
+
     @Test("a presenter that refuses writers fails the writer (exit 1) with its message; the file is untouched")
     func refusal() async throws {
         let file = scratch.write("doc", "old")
