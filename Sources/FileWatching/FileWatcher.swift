@@ -157,6 +157,13 @@ public final class FileWatcher: AsyncSequence, Sendable {
         return tree.appendedCount
     }
 
+    /// The sequence number up to which events read from inotify so far are buffered,
+    /// without a sync. On the watcher thread, while it handles an event, this covers every
+    /// event of this watcher that the kernel queued before that one: the process has one
+    /// inotify queue, read in order.
+    @_spi(FileCoordinationInternal)
+    public var bufferedMark: UInt64 { tree.appendedCount }
+
     /// Stops watching: the watches are removed and the sequence ends.
     public func cancel() {
         tree.stop()

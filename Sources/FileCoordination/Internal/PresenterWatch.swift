@@ -84,7 +84,18 @@ final class PresenterWatch: Sendable {
     /// Syncs the watcher, then keeps dropping the path's events only up to that point.
     func endSuppressing(_ token: Int) async {
         let watcher = state.withLock { $0.watcher }
-        let mark = (try? await watcher?.syncMark()) ?? 0
+        endSuppressing(token, at: (try? await watcher?.syncMark()) ?? 0)
+    }
+
+    /// Ends a suppression, called on the watcher thread while it handles an event that
+    /// the write's own events are known to precede (another process's message sent after
+    /// the write): they are all buffered already, so no sync is needed.
+    func endSuppressingOnWatcherThread(_ token: Int) {
+        let watcher = state.withLock { $0.watcher }
+        endSuppressing(token, at: watcher?.bufferedMark ?? 0)
+    }
+
+    private func endSuppressing(_ token: Int, at mark: UInt64) {
         state.withLock { state in
             if let index = state.suppressed.firstIndex(where: { $0.token == token }) { state.suppressed[index].upTo = mark }
             // Without this, a write that caused no event (or whose events came before the

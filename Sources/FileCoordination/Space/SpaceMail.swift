@@ -78,9 +78,35 @@ final class SpaceMail: Sendable {
             resolve(id, with: .success(message))
         case "status":
             Task.detached { [self] in await answerStatus(message) }
+        case "reacquire":
+            endSuppression(of: message)
+            incoming.yield(message)
         default:
             incoming.yield(message)
         }
+    }
+
+    /// The key under which a request's reacquirer and echo suppression are kept: the
+    /// asking process and the request's number.
+    private static func keptKey(_ message: SpaceMessage, from: String, id: UInt64) -> String {
+        "\(from)/\(message.string("re") ?? "\(id)")"
+    }
+
+    /// A writer in another process sent `reacquire` after its write: the write's own
+    /// inotify events came through this process's one inotify queue before this message,
+    /// so the presenter's watch stops dropping them here, on the watcher thread, without
+    /// the sync (a cookie file and its events) that ending it later would take. A
+    /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
+    /// still running) is ended by ``serve(_:)`` as before.
+    private func endSuppression(of message: SpaceMessage) {
+        guard let from = message.string("from"), let id = message.number("id") else { return }
+        let key = Self.keptKey(message, from: from, id: id)
+        let suppression = state.withLock { state -> (PresenterWatch, Int)? in
+            guard let kept = state.kept[key], let suppression = kept.1 else { return nil }
+            state.kept[key] = (kept.0, nil)
+            return suppression
+        }
+        if let (watch, token) = suppression { watch.endSuppressingOnWatcherThread(token) }
     }
 
     /// The one warning for a file in the space that is not a message of ours.
@@ -360,7 +386,7 @@ final class SpaceMail: Sendable {
 
     private func serve(_ message: SpaceMessage) async {
         guard let from = message.string("from"), let id = message.number("id") else { return }
-        let key = "\(from)/\(message.string("re") ?? "\(id)")"
+        let key = Self.keptKey(message, from: from, id: id)
         let presenter = message.number("presenter").flatMap { number in state.withLock { $0.local[number]?.presenter } }
         let url = message.path("path")?.fileURL
         let pid = Int32(message.string("pid") ?? "") ?? 0
@@ -419,8 +445,9 @@ final class SpaceMail: Sendable {
             await replying { if let url { try await presenter?.accommodatePresentedSubitemDeletion(at: url) } }
         case "reacquire":
             let kept = state.withLock { $0.kept.removeValue(forKey: key) }
-            // Ending the echo suppression waits for the watch to catch up (a sync through
-            // inotify); the next request need not wait behind it.
+            // Usually ended on arrival (`endSuppression(of:)`). Otherwise ending it waits
+            // for the watch to catch up (a sync through inotify); the next request need not
+            // wait behind it.
             if let (watch, token) = kept?.1 { Task { await watch.endSuppressing(token) } }
             if let reacquirer = kept?.0 { await reacquirer() }
         case "did-change":
