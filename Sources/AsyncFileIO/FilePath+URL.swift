@@ -55,20 +55,29 @@ extension FilePath {
     /// percent-escaped, so any name a Linux file can have round-trips exactly through
     /// ``init(fileURL:)``.
     public var fileURL: URL {
-        var text = "file://"
+        // Bytes first, one string at the end: appending to a `String` per byte cost more
+        // than the URL parse itself.
+        var bytes: [UInt8] = []
         withPlatformString { pointer in
-            var index = 0
-            while pointer[index] != 0 {
+            let count = strlen(pointer)
+            bytes.reserveCapacity(7 + count)
+            bytes.append(contentsOf: "file://".utf8)
+            for index in 0 ..< count {
                 let byte = UInt8(bitPattern: pointer[index])
                 if Self.isUnreserved(byte) {
-                    text.unicodeScalars.append(Unicode.Scalar(byte))
+                    bytes.append(byte)
                 } else {
-                    text += "%" + String(byte >> 4, radix: 16, uppercase: true) + String(byte & 0xF, radix: 16, uppercase: true)
+                    bytes.append(UInt8(ascii: "%"))
+                    bytes.append(Self.upperHex(byte >> 4))
+                    bytes.append(Self.upperHex(byte & 0xF))
                 }
-                index += 1
             }
         }
-        return URL(string: text)!
+        return URL(string: String(decoding: bytes, as: UTF8.self))!
+    }
+
+    private static func upperHex(_ nibble: UInt8) -> UInt8 {
+        nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10
     }
 
     private static func isUnreserved(_ byte: UInt8) -> Bool {
