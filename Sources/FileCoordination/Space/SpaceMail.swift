@@ -154,16 +154,20 @@ final class SpaceMail: Sendable {
         message.set("pid", "\(getpid())")
         let bytes = message.encoded()
         let name = "mail/\(target)/\(me)-\(id)"
-        let (dirFD, path) = (files.directoryFD, files.directory.appending("mail").appending(target))
+        let (dirFD, files) = (files.directoryFD, files)
         return {
+            // The path is for the error only: built when one happens.
+            func failure(_ operation: String) -> FileCoordinationError {
+                FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
+            }
             let fd = fc_openat(dirFD, name, O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
             if fd < 0 {
                 if errno == ENOENT { throw SendError.gone }
-                throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path)
+                throw failure("open")
             }
             defer { Glibc.close(fd) }
             let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if written != bytes.count { throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: path) }
+            if written != bytes.count { throw failure("write") }
         }
     }
 

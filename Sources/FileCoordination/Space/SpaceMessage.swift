@@ -38,14 +38,18 @@ struct SpaceMessage: Sendable, Equatable {
     // MARK: Encoding
 
     func encoded() -> [UInt8] {
-        var out = Array("filecoord \(Self.version)\nkind \(kind)\n".utf8)
-        for key in fields.keys.sorted() {
-            out += Array(key.utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(64 + fields.reduce(0) { $0 + $1.key.utf8.count + 2 + $1.value.count })
+        out.append(contentsOf: "filecoord \(Self.version)\nkind ".utf8)
+        out.append(contentsOf: kind.utf8)
+        out.append(UInt8(ascii: "\n"))
+        for (key, value) in fields.sorted(by: { $0.key < $1.key }) {
+            out.append(contentsOf: key.utf8)
             out.append(UInt8(ascii: " "))
-            Self.percentEncode(fields[key]!, into: &out)
+            Self.percentEncode(value, into: &out)
             out.append(UInt8(ascii: "\n"))
         }
-        out += Array("end\n".utf8)
+        out.append(contentsOf: "end\n".utf8)
         return out
     }
 
@@ -79,12 +83,14 @@ struct SpaceMessage: Sendable, Equatable {
     }
 
     static func percentEncode(_ bytes: [UInt8], into out: inout [UInt8]) {
-        let hex = Array("0123456789ABCDEF".utf8)
+        func hex(_ nibble: UInt8) -> UInt8 { nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10 }
         for byte in bytes {
             if byte > 0x20 && byte < 0x7F && byte != UInt8(ascii: "%") {
                 out.append(byte)
             } else {
-                out += [UInt8(ascii: "%"), hex[Int(byte >> 4)], hex[Int(byte & 15)]]
+                out.append(UInt8(ascii: "%"))
+                out.append(hex(byte >> 4))
+                out.append(hex(byte & 15))
             }
         }
     }
