@@ -65,8 +65,9 @@ final class SpaceMail: Sendable {
     func received(_ event: InotifyEvent) {
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
         let outcome = readMessage(dirFD: files.mailboxFD, name: event.name)
-        _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) }
-        let path = files.mailboxPath.appending(String(decoding: event.name, as: UTF8.self))
+        // Removed once the message is handed on: the unlink is off the reply's path.
+        defer { _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) } }
+        var path: FilePath { files.mailboxPath.appending(String(decoding: event.name, as: UTF8.self)) } // for warnings
         let message: SpaceMessage
         switch outcome {
         case .success(let decoded): message = decoded
