@@ -202,3 +202,18 @@ public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> 
 public func submitToIOThread(_ work: @escaping @Sendable () -> Void) {
     IOThreadPool.shared.submit(work)
 }
+
+/// The pool runs tasks too: a task that prefers it (SE-0417) runs its nonisolated code
+/// on the pool's threads, where a blocking system call is allowed, so it can make one
+/// without handing it to another thread and waiting for that thread to wake.
+extension IOThreadPool: TaskExecutor {
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        submit { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
+
+/// The library's I/O threads as a task executor, for tasks of the FileCoordination
+/// module whose work alternates between awaiting and small blocking system calls.
+@_spi(FileCoordinationInternal)
+public var ioThreadTaskExecutor: any TaskExecutor { IOThreadPool.shared }

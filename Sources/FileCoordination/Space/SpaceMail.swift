@@ -52,9 +52,13 @@ final class SpaceMail: Sendable {
     /// Starts serving requests to this process's presenters, one at a time, in the order
     /// they arrived (so a presenter hears `didChange` and its reacquirer after the
     /// relinquish of the same write, and before the next writer's).
+    ///
+    /// The serving task prefers the library's I/O threads: between the presenter's
+    /// callbacks (which run there unless isolated elsewhere) it writes each reply itself,
+    /// with no hand-over to another thread on the way back to the asking process.
     func start() {
         let stream = incomingStream
-        Task.detached { [self] in
+        Task.detached(executorPreference: ioThreadTaskExecutor) { [self] in
             for await message in stream { await serve(message) }
         }
     }
@@ -403,11 +407,9 @@ final class SpaceMail: Sendable {
                 reply.set("result", "error")
                 reply.set("text", Self.describe(error))
             }
-            // Not awaited: the asker sends nothing more about this request before the
-            // reply arrives, so nothing depends on when the write ends, and waiting for it
-            // would cost a wake-up of this task before the next message.
+            // Written here: this task runs on an I/O thread (see `start()`).
             let write = prepare(reply, to: from, id: nextID())
-            submitToIOThread { try? write() }
+            try? write()
         }
         switch message.kind {
         case "relinquish":
