@@ -159,6 +159,19 @@ struct IOThreadPoolTests {
         #expect(name.hasPrefix("filecoord-io"))
     }
 
+    @Test("a task that prefers the pool runs its nonisolated code there, also after it awaits elsewhere")
+    func taskExecutor() async throws {
+        @MainActor func elsewhere() -> String { currentThreadName() }
+        let names = await Task.detached(executorPreference: IOThreadPool.shared) { () -> [String] in
+            let before = currentThreadName()
+            let main = await elsewhere()
+            return [before, main, currentThreadName()]
+        }.value
+        #expect(names[0].hasPrefix("filecoord-io"))
+        #expect(!names[1].hasPrefix("filecoord-io"))
+        #expect(names[2].hasPrefix("filecoord-io"))
+    }
+
     @Test("a job cancelled while queued never runs")
     func cancelQueued() async throws {
         let pool = IOThreadPool(name: "test-pool", maximumThreads: 1)
