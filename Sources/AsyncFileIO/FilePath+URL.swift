@@ -67,17 +67,11 @@ extension FilePath {
                 if Self.isUnreserved(byte) {
                     bytes.append(byte)
                 } else {
-                    bytes.append(UInt8(ascii: "%"))
-                    bytes.append(Self.upperHex(byte >> 4))
-                    bytes.append(Self.upperHex(byte & 0xF))
+                    bytes.appendPercentEscape(byte)
                 }
             }
         }
         return URL(string: String(decoding: bytes, as: UTF8.self))!
-    }
-
-    private static func upperHex(_ nibble: UInt8) -> UInt8 {
-        nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10
     }
 
     private static func isUnreserved(_ byte: UInt8) -> Bool {
@@ -98,5 +92,17 @@ extension FilePath {
         case UInt8(ascii: "A") ... UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
         default: nil
         }
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// Appends `byte` as `%XY` (upper-case hex): the escape of file URLs, and of the
+    /// coordination space's messages.
+    @_spi(FileCoordinationInternal)
+    public mutating func appendPercentEscape(_ byte: UInt8) {
+        func digit(_ nibble: UInt8) -> UInt8 { nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10 }
+        append(UInt8(ascii: "%"))
+        append(digit(byte >> 4))
+        append(digit(byte & 0xF))
     }
 }

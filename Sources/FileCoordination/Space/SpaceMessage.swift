@@ -83,14 +83,11 @@ struct SpaceMessage: Sendable, Equatable {
     }
 
     static func percentEncode(_ bytes: [UInt8], into out: inout [UInt8]) {
-        func hex(_ nibble: UInt8) -> UInt8 { nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10 }
         for byte in bytes {
             if byte > 0x20 && byte < 0x7F && byte != UInt8(ascii: "%") {
                 out.append(byte)
             } else {
-                out.append(UInt8(ascii: "%"))
-                out.append(hex(byte >> 4))
-                out.append(hex(byte & 15))
+                out.appendPercentEscape(byte)
             }
         }
     }
