@@ -104,16 +104,24 @@ public struct FileBatchReader: AsyncSequence, Sendable {
     }
 
     /// Runs `read` (on a worker), and again while it fails for want of a descriptor and
-    /// other workers of the batch still hold files: they will close soon, so the file
-    /// waits for one instead of failing (up to about 1 s).
-    static func waitingForDescriptors<T>(othersActive: () -> Bool,
+    /// another worker of the batch is reading: its file will close soon, so this one
+    /// waits for the descriptor instead of failing (up to about 1 s). `waiting` counts the
+    /// batch's workers doing so, `workers` how many are running: workers that wait hold
+    /// no file, so when every running worker waits, none can free a descriptor (they are
+    /// held elsewhere in the process) and the file fails at once with `EMFILE`.
+    static func waitingForDescriptors<T>(waiting: borrowing Atomic<Int>, workers: () -> Int,
                                          _ read: () -> Result<T, FileCoordinationError>) -> Result<T, FileCoordinationError> {
         var waited = 0
+        var counted = false
+        defer { if counted { waiting.subtract(1, ordering: .relaxed) } }
         while true {
             let result = read()
-            guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000, othersActive() else {
-                return result
+            guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000 else { return result }
+            if !counted {
+                counted = true
+                waiting.add(1, ordering: .relaxed)
             }
+            guard workers() > waiting.load(ordering: .relaxed) else { return result }
             waited += 1
             usleep(500)
         }
@@ -266,6 +274,8 @@ final class BatchStorage: Sendable {
     private let bufferedBytes = Atomic<Int>(0)
     private let cancelled = Atomic<Bool>(false)
     private let consumerWaiting = Atomic<Bool>(false)
+    /// Workers waiting for a descriptor (see ``FileBatchReader/waitingForDescriptors(waiting:workers:_:)``).
+    private let descriptorWaiters = Atomic<Int>(0)
     /// Set once a read took long enough to have waited for a device: from then on the
     /// batch may use up to `concurrency` threads. Until then, reads come from the page
     /// cache and more threads than cores would only take turns.
@@ -417,10 +427,6 @@ final class BatchStorage: Sendable {
         return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
-    private func othersActive() -> Bool {
-        state.withLock { $0.activeWorkers > 1 }
-    }
-
     private func startWorker() {
         switch options.engine {
         case .threadPool:
@@ -465,7 +471,7 @@ final class BatchStorage: Sendable {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
-            let result = FileBatchReader.waitingForDescriptors(othersActive: othersActive) {
+            let result = FileBatchReader.waitingForDescriptors(waiting: descriptorWaiters, workers: { state.withLock { $0.activeWorkers } }) {
                 FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
             }
             return BatchReadResult(index: index, path: path, result: result)
@@ -604,6 +610,8 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     private let body: @Sendable (inout Partial, BatchFileContents) -> Void
     private let next = Atomic<Int>(0)
     private let cancelled = Atomic<Bool>(false)
+    /// Workers waiting for a descriptor.
+    private let descriptorWaiters = Atomic<Int>(0)
     private struct State {
         var running = 0
         var partials: [Partial] = []
@@ -682,7 +690,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         case .invalid(let path, let error):
             body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
         case .path(let path):
-            let result = FileBatchReader.waitingForDescriptors(othersActive: { state.withLock { $0.running - $0.partials.count } > 1 }) {
+            let result = FileBatchReader.waitingForDescriptors(waiting: descriptorWaiters, workers: { state.withLock { $0.running - $0.partials.count } }) {
                 FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
             }
             body(&partial, BatchFileContents(index: index, path: path,

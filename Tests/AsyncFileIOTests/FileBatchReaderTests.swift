@@ -149,6 +149,32 @@ struct FileBatchReaderTests {
         await waitUntil { openDescriptors(under: directory.path) == 0 }
         #expect(openDescriptors(under: directory.path) == 0)
     }
+
+    @Test("workers that all lack a descriptor fail at once instead of waiting for one another",
+          .timeLimit(.minutes(1)))
+    func descriptorsHeldElsewhere() async throws {
+        // Every open fails with EMFILE (the descriptors are held elsewhere in the process,
+        // not by the batch): waiting workers hold none, so nobody can free one. Before,
+        // each worker waited for the other to close a file it never had, ~1 s per file.
+        let waiting = Atomic<Int>(0)
+        let running = Atomic<Int>(2)
+        let tries = Mutex<[Int]>([])
+        DispatchQueue.concurrentPerform(iterations: 2) { _ in
+            var count = 0
+            let result: Result<Int, FileCoordinationError> = FileBatchReader.waitingForDescriptors(
+                waiting: waiting, workers: { running.load(ordering: .relaxed) }
+            ) {
+                count += 1
+                return .failure(FileCoordinationError("open", errno: .tooManyOpenFiles, path: "/f"))
+            }
+            running.subtract(1, ordering: .relaxed)
+            #expect(throws: FileCoordinationError.self) { try result.get() }
+            tries.withLock { $0.append(count) }
+        }
+        let counts = tries.withLock { $0 }
+        #expect(counts.count == 2 && counts.allSatisfy { $0 < 100 }, "tries per worker: \(counts)")
+        #expect(waiting.load(ordering: .relaxed) == 0)
+    }
 }
 
 @Suite("I/O threads")
