@@ -103,30 +103,6 @@ public struct FileBatchReader: AsyncSequence, Sendable {
         }
     }
 
-    /// Runs `read` (on a worker), and again while it fails for want of a descriptor and
-    /// another worker of the batch is reading: its file will close soon, so this one
-    /// waits for the descriptor instead of failing (up to about 1 s). `waiting` counts the
-    /// batch's workers doing so, `workers` how many are running: workers that wait hold
-    /// no file, so when every running worker waits, none can free a descriptor (they are
-    /// held elsewhere in the process) and the file fails at once with `EMFILE`.
-    static func waitingForDescriptors<T>(waiting: borrowing Atomic<Int>, workers: () -> Int,
-                                         _ read: () -> Result<T, FileCoordinationError>) -> Result<T, FileCoordinationError> {
-        var waited = 0
-        var counted = false
-        defer { if counted { waiting.subtract(1, ordering: .relaxed) } }
-        while true {
-            let result = read()
-            guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000 else { return result }
-            if !counted {
-                counted = true
-                waiting.add(1, ordering: .relaxed)
-            }
-            guard workers() > waiting.load(ordering: .relaxed) else { return result }
-            waited += 1
-            usleep(500)
-        }
-    }
-
     /// An input ready to read: its path, or why it has none.
     enum Resolved: Sendable {
         case path(FilePath)
@@ -274,8 +250,7 @@ final class BatchStorage: Sendable {
     private let bufferedBytes = Atomic<Int>(0)
     private let cancelled = Atomic<Bool>(false)
     private let consumerWaiting = Atomic<Bool>(false)
-    /// Workers waiting for a descriptor (see ``FileBatchReader/waitingForDescriptors(waiting:workers:_:)``).
-    private let descriptorWaiters = Atomic<Int>(0)
+    private let descriptors = DescriptorWaits()
     /// Set once a read took long enough to have waited for a device: from then on the
     /// batch may use up to `concurrency` threads. Until then, reads come from the page
     /// cache and more threads than cores would only take turns.
@@ -431,6 +406,7 @@ final class BatchStorage: Sendable {
         switch options.engine {
         case .threadPool:
             IOThreadPool.shared.submit { [self] in
+                descriptors.workerStarted()
                 var finished: [BatchReadResult] = []
                 finished.reserveCapacity(Self.publishEvery)
                 var finishedBytes = 0
@@ -453,6 +429,7 @@ final class BatchStorage: Sendable {
                         finishedBytes = 0
                     }
                 }
+                descriptors.workerEnded()
                 publish(&finished, exiting: true)
             }
         case .dispatchIO:
@@ -471,7 +448,7 @@ final class BatchStorage: Sendable {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
-            let result = FileBatchReader.waitingForDescriptors(waiting: descriptorWaiters, workers: { state.withLock { $0.activeWorkers } }) {
+            let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
             }
             return BatchReadResult(index: index, path: path, result: result)
@@ -610,8 +587,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     private let body: @Sendable (inout Partial, BatchFileContents) -> Void
     private let next = Atomic<Int>(0)
     private let cancelled = Atomic<Bool>(false)
-    /// Workers waiting for a descriptor.
-    private let descriptorWaiters = Atomic<Int>(0)
+    private let descriptors = DescriptorWaits()
     private struct State {
         var running = 0
         var partials: [Partial] = []
@@ -645,6 +621,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     static var gatedChunk: Int { 32 }
 
     private func work() {
+        descriptors.workerStarted()
         let buffer = ReusableBuffer()
         var partial = initial
         let chunk = gate == nil ? 1 : Self.gatedChunk
@@ -675,6 +652,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
                 gate.leave(token)
             }
         }
+        descriptors.workerEnded()
         let done = state.withLock { state -> (CheckedContinuation<[Partial], Never>, [Partial])? in
             state.partials.append(partial)
             guard state.partials.count == state.running, let done = state.done else { return nil }
@@ -690,11 +668,44 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         case .invalid(let path, let error):
             body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
         case .path(let path):
-            let result = FileBatchReader.waitingForDescriptors(waiting: descriptorWaiters, workers: { state.withLock { $0.running - $0.partials.count } }) {
+            let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
             }
             body(&partial, BatchFileContents(index: index, path: path,
                                              bytes: result.map { UnsafeRawBufferPointer(start: buffer.base, count: $0) }))
+        }
+    }
+}
+
+/// How the workers of one batch share descriptors when the process runs out: a worker
+/// whose open fails with `EMFILE` tries again while another worker of the batch may still
+/// close a file, instead of failing (up to about 1 s).
+final class DescriptorWaits: Sendable {
+    /// Workers running (between ``workerStarted()`` and ``workerEnded()``).
+    private let active = Atomic<Int>(0)
+    /// Those of them waiting for a descriptor: they hold none.
+    private let waiting = Atomic<Int>(0)
+
+    /// A worker starts taking files (on its thread, not when it is queued).
+    func workerStarted() { active.add(1, ordering: .relaxed) }
+
+    /// A worker takes no more files.
+    func workerEnded() { active.subtract(1, ordering: .relaxed) }
+
+    /// Runs `read` on a running worker, again while it fails with `EMFILE` and another
+    /// worker is not waiting (it holds a file, or is about to open one and close it).
+    /// When every running worker waits, none can free a descriptor (they are held
+    /// elsewhere in the process): the file fails at once.
+    func read<T>(_ read: () -> Result<T, FileCoordinationError>) -> Result<T, FileCoordinationError> {
+        var waited = 0
+        defer { if waited > 0 { waiting.subtract(1, ordering: .relaxed) } }
+        while true {
+            let result = read()
+            guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000 else { return result }
+            if waited == 0 { waiting.add(1, ordering: .relaxed) }
+            waited += 1
+            guard active.load(ordering: .relaxed) > waiting.load(ordering: .relaxed) else { return result }
+            usleep(500)
         }
     }
 }

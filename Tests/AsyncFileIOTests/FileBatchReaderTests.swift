@@ -156,24 +156,49 @@ struct FileBatchReaderTests {
         // Every open fails with EMFILE (the descriptors are held elsewhere in the process,
         // not by the batch): waiting workers hold none, so nobody can free one. Before,
         // each worker waited for the other to close a file it never had, ~1 s per file.
-        let waiting = Atomic<Int>(0)
-        let running = Atomic<Int>(2)
+        let descriptors = DescriptorWaits()
         let tries = Mutex<[Int]>([])
+        // Two workers (whether or not they run at the same time).
         DispatchQueue.concurrentPerform(iterations: 2) { _ in
+            descriptors.workerStarted()
+            defer { descriptors.workerEnded() }
             var count = 0
-            let result: Result<Int, FileCoordinationError> = FileBatchReader.waitingForDescriptors(
-                waiting: waiting, workers: { running.load(ordering: .relaxed) }
-            ) {
+            let result: Result<Int, FileCoordinationError> = descriptors.read {
                 count += 1
                 return .failure(FileCoordinationError("open", errno: .tooManyOpenFiles, path: "/f"))
             }
-            running.subtract(1, ordering: .relaxed)
             #expect(throws: FileCoordinationError.self) { try result.get() }
             tries.withLock { $0.append(count) }
         }
         let counts = tries.withLock { $0 }
         #expect(counts.count == 2 && counts.allSatisfy { $0 < 100 }, "tries per worker: \(counts)")
-        #expect(waiting.load(ordering: .relaxed) == 0)
+    }
+
+    @Test("a worker without a descriptor waits while another worker reads a file, then succeeds",
+          .timeLimit(.minutes(1)))
+    func descriptorWaitsForReader() async throws {
+        let descriptors = DescriptorWaits()
+        let entered = DispatchSemaphore(value: 0)
+        let finish = DispatchSemaphore(value: 0)
+        descriptors.workerStarted()
+        descriptors.workerStarted()
+        let holder = Thread {
+            _ = descriptors.read { () -> Result<Int, FileCoordinationError> in
+                entered.signal()
+                finish.wait() // holds "its file" until the other worker has failed twice
+                return .success(1)
+            }
+        }
+        holder.start()
+        entered.wait()
+        var tries = 0
+        let result: Result<Int, FileCoordinationError> = descriptors.read {
+            tries += 1
+            if tries == 2 { finish.signal() }
+            return tries < 3 ? .failure(FileCoordinationError("open", errno: .tooManyOpenFiles, path: "/f")) : .success(2)
+        }
+        #expect(try result.get() == 2)
+        #expect(tries == 3)
     }
 }
 
