@@ -48,9 +48,11 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         var partials: [Partial] = []
         var remaining = Array(urls.indices)
         // A plain read (no snapshot, no link to resolve) on the thread-pool engine.
-        if options.isDisjoint(with: [.forUploading, .resolvesSymbolicLink]), batchOptions.engine == .threadPool {
-            try await coordinator.center.prepareSpace()
-            try await coordinator.center.joinedSpace?.locks.openAllShards()
+        // With fewer claim shards open than all (a low descriptor limit), every file goes
+        // through windows sized to fit them.
+        if options.isDisjoint(with: [.forUploading, .resolvesSymbolicLink]), batchOptions.engine == .threadPool,
+           try await everyShardOpen()
+        {
             let gate = ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier)
             // Workers that take claims share the process's claim tables: past two per core
             // they mostly wait for each other (measured: 16 workers read 4x slower than 4;
@@ -62,7 +64,8 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         }
         var start = 0
         while start < remaining.count {
-            let positions = Array(remaining[start ..< Swift.min(remaining.count, start + window)])
+            let count = try await windowCount(remaining[start...].lazy.map { urls[$0] })
+            let positions = Array(remaining[start ..< start + count])
             start += positions.count
             let (session, current) = try await claimWindow(positions.map { urls[$0] })
             do {
@@ -76,6 +79,24 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             await coordinator.finish(session, accessorSucceeded: true)
         }
         return partials
+    }
+
+    /// Joins the space (if the process coordinates across processes) and opens every claim
+    /// shard; false when the process may not keep them all open.
+    private func everyShardOpen() async throws -> Bool {
+        try await coordinator.center.prepareSpace()
+        return try await coordinator.center.joinedSpace?.locks.openAllShards() ?? true
+    }
+
+    /// How many of `urls`, from the first, the next window takes: `window`, or as many as
+    /// one claim can cover when the process may keep only a few claim shards open.
+    fileprivate func windowCount(_ urls: some Collection<URL>) async throws -> Int {
+        let count = Swift.min(window, urls.count)
+        try await coordinator.center.prepareSpace()
+        guard let locks = coordinator.center.joinedSpace?.locks, locks.shardBudget < SpaceLocks.shardCount else { return count }
+        return locks.readsFitting(urls.prefix(count).lazy.map { url in
+            (try? FilePath(fileURL: url)).map { FileCoordinator.normalized($0).platformBytes } ?? []
+        })
     }
 
     /// Takes one read claim for a window of files and messages their presenters; returns
@@ -136,7 +157,8 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         }
 
         private func beginWindow() async throws {
-            let slice = Array(owner.urls[next ..< Swift.min(owner.urls.count, next + owner.window)])
+            let count = try await owner.windowCount(owner.urls[next...])
+            let slice = Array(owner.urls[next ..< next + count])
             base = next
             next += slice.count
             let (session, current) = try await owner.claimWindow(slice)

@@ -10,8 +10,9 @@ struct SpaceLocksTests {
     let sandbox = Sandbox()
     var directory: String { sandbox.url.path }
 
-    /// Runs `body` with a `SpaceLocks` over a fresh space directory, every shard open.
-    func withLocks(_ body: (SpaceLocks) async throws -> Void) async throws {
+    /// Runs `body` with a `SpaceLocks` over a fresh space directory, every shard open
+    /// (with the full budget; with a smaller one, none yet).
+    func withLocks(shardBudget: Int? = nil, _ body: (SpaceLocks) async throws -> Void) async throws {
         try FileManager.default.createDirectory(atPath: directory + "/claims", withIntermediateDirectories: true)
         let lockFD = open(directory + "/claims.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -20,14 +21,18 @@ struct SpaceLocksTests {
             close(directoryFD)
         }
         try #require(lockFD >= 0 && directoryFD >= 0)
-        let locks = SpaceLocks(fd: lockFD, path: FilePath(directory + "/claims.lock"), directoryFD: directoryFD, directory: FilePath(directory))
+        let locks = SpaceLocks(fd: lockFD, path: FilePath(directory + "/claims.lock"), directoryFD: directoryFD,
+                               directory: FilePath(directory), shardBudget: shardBudget ?? SpaceLocks.shardCount)
         defer { locks.close() }
-        try await locks.openAllShards()
+        #expect(try await locks.openAllShards() == (shardBudget == nil))
         try await body(locks)
     }
 
     /// The `index`th slot of shard 0 (every slot of one shard shares its lock list).
-    func slot(_ index: Int64) -> Int64 { 4096 + index * Int64(4 * SpaceLocks.shardCount) }
+    func slot(_ index: Int64) -> Int64 { slot(index, shard: 0) }
+
+    /// The `index`th slot of `shard`.
+    func slot(_ index: Int64, shard: Int64) -> Int64 { 4096 + shard * 4 + index * Int64(4 * SpaceLocks.shardCount) }
 
     /// A read claim's plan for the item at `slot`.
     func reading(_ slot: Int64) -> SpaceLocks.Plan {
@@ -70,6 +75,40 @@ struct SpaceLocksTests {
             #expect(locked(slot(middle), seenFrom: other))
             locks.release(held)
             #expect(locked(slot(middle), seenFrom: other), "given back by its task, it is kept idle")
+        }
+    }
+
+    @Test("under a small shard budget, shards holding nothing close to make room; held bytes stay locked",
+          .timeLimit(.minutes(1)))
+    func shardBudget() async throws {
+        try await withLocks(shardBudget: 8) { locks in
+            let held = try await locks.acquire(reading(slot(0, shard: 0)))
+            // Twenty more shards, each claimed and given back: their bytes stay idle, and
+            // shards close as others open.
+            for shard in 1 ... Int64(20) { locks.release(try await locks.acquire(reading(slot(0, shard: shard)))) }
+            #expect(locks.openShardCount == 8)
+            let seen = (0 ... Int64(20)).map { otherOwner(of: slot(0, shard: $0)) }
+            defer { seen.forEach { close($0) } }
+            #expect(locked(slot(0, shard: 0), seenFrom: seen[0]), "a byte a task holds keeps its shard open")
+            #expect(!locked(slot(0, shard: 1), seenFrom: seen[1]), "an idle byte goes with its shard")
+            #expect(locked(slot(0, shard: 20), seenFrom: seen[20]), "an idle byte in an open shard is kept")
+            #expect(locks.heldCount == 8, "the held byte and one idle byte per other open shard")
+            // One claim spanning twelve shards gets them all at once, beyond the budget.
+            var wide = SpaceLocks.Plan()
+            for shard in 30 ..< Int64(42) {
+                wide.bytes.append(SpaceLocks.Byte(offset: slot(0, shard: shard), exclusive: true))
+            }
+            let all = try await locks.acquire(wide)
+            #expect(locks.openShardCount == 13)
+            let last = otherOwner(of: slot(0, shard: 41))
+            defer { close(last) }
+            #expect(locked(slot(0, shard: 41), seenFrom: last))
+            locks.release(all)
+            // The next shard opened brings the count back within the budget.
+            locks.release(try await locks.acquire(reading(slot(0, shard: 50))))
+            #expect(locks.openShardCount == 8)
+            #expect(locked(slot(0, shard: 0), seenFrom: seen[0]))
+            locks.release(held)
         }
     }
 

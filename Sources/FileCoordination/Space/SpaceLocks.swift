@@ -15,7 +15,9 @@ import Glibc
 /// kernel keeps one linear list of locks per file and walks it on every lock call, so
 /// one file for all claims would make each claim cost more with every claim held anywhere
 /// (measured: 0.9 us per call with none, 11 us with 1,000, 400 us with 10,000); 64 shards
-/// divide that list by 64. A process opens a shard when it first needs it (on an I/O thread).
+/// divide that list by 64. A process opens a shard when it first needs it (on an I/O thread),
+/// and keeps at most ``shardBudget`` open: when the descriptor limit is low, shards in
+/// which it holds nothing are closed to make room (see ``defaultShardBudget()``).
 ///
 /// | byte | meaning | taken by |
 /// |------|---------|----------|
@@ -91,6 +93,9 @@ final class SpaceLocks: Sendable {
         var nextWaiter: UInt64 = 0
         /// Local requests currently waiting (they share the waiting flag).
         var waiting = 0
+        /// The shard files open (-1: not open). Read and changed under this lock only, so
+        /// that a shard is never closed while a lock call is made on it.
+        var shards = [Int32](repeating: -1, count: SpaceLocks.shardCount)
     }
 
     /// At most this many idle bytes are kept: a process that coordinates again on the
@@ -112,20 +117,41 @@ final class SpaceLocks: Sendable {
     private let directoryFD: Int32
     private let directory: FilePath
     private let state = Mutex(State())
-    /// The shard files opened so far (-1: not yet).
-    private let shards = Mutex([Int32](repeating: -1, count: SpaceLocks.shardCount))
+    /// At most this many shard files are kept open, unless one claim needs more.
+    let shardBudget: Int
 
-    init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath) {
+    /// `shardBudget` nil: ``defaultShardBudget()``.
+    init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil) {
         self.fd = fd
         self.path = path
         self.directoryFD = directoryFD
         self.directory = directory
+        self.shardBudget = Swift.max(1, Swift.min(Self.shardCount, shardBudget ?? Self.defaultShardBudget()))
+    }
+
+    /// Every shard (64) when the process may open 160 descriptors or more; below that,
+    /// half of what the limit leaves over 32 (for the process's other files), at least 8.
+    /// Under `ulimit -n 64` that is 16, and a coordinated batch still reads 10,000 files.
+    static func defaultShardBudget() -> Int {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return shardCount }
+        let soft = Int(clamping: limit.rlim_cur)
+        return Swift.min(shardCount, Swift.max(8, (soft - 32) / 2))
     }
 
     /// The shard a slot's bytes live in.
     static func shard(_ offset: Int64) -> Int { Int(((offset - firstSlot) >> 2) & Int64(shardCount - 1)) }
 
-    private func shardFD(_ offset: Int64) -> Int32 { shards.withLock { $0[Self.shard(offset)] } }
+    /// The descriptor of the shard holding `offset` (under the state lock).
+    private static func shardFD(_ offset: Int64, _ state: borrowing State) -> Int32 { state.shards[shard(offset)] }
+
+    /// The shards a plan touches.
+    private static func shards(of plan: Plan) -> Set<Int> {
+        Set((plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).map(shard))
+    }
+
+    /// How many shard files are open (for tests).
+    var openShardCount: Int { state.withLock { $0.shards.count { $0 >= 0 } } }
 
     /// Whether every shard `plan` touches is open in `shards`.
     private static func allOpen(_ plan: Plan, in shards: [Int32]) -> Bool {
@@ -134,49 +160,90 @@ final class SpaceLocks: Sendable {
             && plan.checks.allSatisfy(open)
     }
 
-    /// Opens the shards `plan` needs that this process has not opened yet.
+    /// Opens the shards `plan` needs that this process has not opened yet (on an I/O
+    /// thread), first closing shards it holds nothing in when that many would exceed the
+    /// budget, or when an open fails with `EMFILE`.
     private func openShards(_ plan: Plan) async throws {
-        let missing: Set<Int> = shards.withLock { shards in
-            // The common case, every shard already open, allocates nothing.
-            guard !Self.allOpen(plan, in: shards) else { return [] }
-            return Set((plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).map(Self.shard).filter { shards[$0] < 0 })
-        }
+        // The common case, every shard already open, allocates nothing.
+        guard !state.withLock({ Self.allOpen(plan, in: $0.shards) }) else { return }
+        let needed = Self.shards(of: plan)
+        try await runOnIOThread { [self] in try openShardsNow(needed) }
+    }
+
+    private func openShardsNow(_ needed: Set<Int>) throws {
+        let missing = state.withLock { state in needed.sorted().filter { state.shards[$0] < 0 } }
         guard !missing.isEmpty else { return }
-        let (directoryFD, directory) = (self.directoryFD, self.directory)
-        let opened: [(Int, Int32)] = try await runOnIOThread {
-            var opened: [(Int, Int32)] = []
-            for shard in missing {
-                let name = "claims/" + String(format: "%02x", shard)
-                let fd = fc_openat(directoryFD, name, O_RDWR | O_CREAT | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-                var info = stat()
-                guard fd >= 0, fstat(fd, &info) == 0 else {
-                    let code = errno
-                    if fd >= 0 { Glibc.close(fd) }
-                    for (_, fd) in opened { Glibc.close(fd) }
-                    var error = FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
-                    if code == EMFILE {
-                        error.message += "; coordination across processes takes one descriptor per claim shard, up to \(Self.shardCount)"
-                    }
-                    throw error
+        closeShards(keeping: needed, toFit: missing.count)
+        var opened: [(Int, Int32)] = []
+        var madeRoom = false
+        var index = 0
+        while index < missing.count {
+            let shard = missing[index]
+            let name = "claims/" + String(format: "%02x", shard)
+            let fd = fc_openat(directoryFD, name, O_RDWR | O_CREAT | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+            var info = stat()
+            guard fd >= 0, fstat(fd, &info) == 0 else {
+                let code = errno
+                if fd >= 0 { Glibc.close(fd) }
+                if code == EMFILE, !madeRoom {
+                    // Other files of the process took the room: give up every shard that
+                    // holds nothing, once, and try again.
+                    madeRoom = true
+                    closeShards(keeping: needed, toFit: Self.shardCount)
+                    continue
                 }
-                guard (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else {
-                    Glibc.close(fd)
-                    for (_, fd) in opened { Glibc.close(fd) }
-                    throw FileCoordinationError(code: .insecureSpace, path: directory.appending(name), operation: "open",
-                                                message: "refused: it is not a regular file of this user")
+                for (_, fd) in opened { Glibc.close(fd) }
+                var error = FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
+                if code == EMFILE {
+                    error.message += "; this claim needs \(needed.count) claim shards open at once, one descriptor each"
                 }
-                opened.append((shard, fd))
+                throw error
             }
-            return opened
+            guard (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else {
+                Glibc.close(fd)
+                for (_, fd) in opened { Glibc.close(fd) }
+                throw FileCoordinationError(code: .insecureSpace, path: directory.appending(name), operation: "open",
+                                            message: "refused: it is not a regular file of this user")
+            }
+            opened.append((shard, fd))
+            index += 1
         }
-        let extra: [Int32] = shards.withLock { shards in
+        let extra: [Int32] = state.withLock { state in
             opened.compactMap { shard, fd in
-                if shards[shard] >= 0 { return fd } // opened meanwhile by another task
-                shards[shard] = fd
+                if state.shards[shard] >= 0 { return fd } // opened meanwhile by another task
+                state.shards[shard] = fd
                 return nil
             }
         }
         for fd in extra { Glibc.close(fd) }
+    }
+
+    /// Closes open shards in which no task of this process holds a byte, and that are not
+    /// in `needed`, until `adding` more fit within the budget. Their idle bytes go with
+    /// them (closing the file releases its locks). Shards without idle bytes go first.
+    private func closeShards(keeping needed: Set<Int>, toFit adding: Int) {
+        let closing: [Int32] = state.withLock { state in
+            let open = state.shards.indices.filter { state.shards[$0] >= 0 }
+            var excess = open.count + adding - shardBudget
+            guard excess > 0 else { return [] }
+            var inUse = Set<Int>()
+            var idle: [Int: [Int64]] = [:]
+            for (offset, count) in state.counts where count.kernel != fc_F_UNLCK {
+                if count.total > 0 { inUse.insert(Self.shard(offset)) } else { idle[Self.shard(offset), default: []].append(offset) }
+            }
+            let candidates = open.filter { !inUse.contains($0) && !needed.contains($0) }
+                .sorted { (idle[$0]?.count ?? 0) < (idle[$1]?.count ?? 0) }
+            var closing: [Int32] = []
+            for shard in candidates where excess > 0 {
+                for offset in idle[shard] ?? [] { state.counts[offset] = nil }
+                state.idle -= idle[shard]?.count ?? 0
+                closing.append(state.shards[shard])
+                state.shards[shard] = -1
+                excess -= 1
+            }
+            return closing
+        }
+        for fd in closing { Glibc.close(fd) }
     }
 
     // MARK: Slots
@@ -273,19 +340,38 @@ final class SpaceLocks: Sendable {
 
     // MARK: Acquire and release
 
-    /// Opens every shard (on an I/O thread), so that ``tryAcquireNow(_:)`` can serve any path.
-    func openAllShards() async throws {
+    /// Opens every shard (on an I/O thread), so that ``tryAcquireNow(_:)`` can serve any
+    /// path; false, opening nothing, when the budget is smaller.
+    func openAllShards() async throws -> Bool {
+        guard shardBudget >= Self.shardCount else { return false }
         var all = Plan()
         all.checks = (0 ..< Int64(Self.shardCount)).map { Self.firstSlot + $0 * 4 }
         try await openShards(all)
+        return true
+    }
+
+    /// How many of `paths` (normalized, absolute), from the first, one read claim can
+    /// cover with the shards it may keep open: all of them with the full budget, else as
+    /// many as fit (at least one).
+    func readsFitting(_ paths: some Sequence<[UInt8]>) -> Int {
+        var used: UInt64 = 0 // one bit per shard
+        var fitting = 0
+        for path in paths {
+            let (item, ancestors) = Self.slots(path)
+            var next = used | 1 << Self.shard(item)
+            for ancestor in ancestors { next |= 1 << Self.shard(ancestor) }
+            if next.nonzeroBitCount > shardBudget, fitting > 0 { break }
+            used = next
+            fitting += 1
+        }
+        return fitting
     }
 
     /// Takes the plan's bytes if that needs no waiting and no shard still to open; nil
     /// otherwise (nothing is held then). Never blocks: the non-blocking lock calls only.
     func tryAcquireNow(_ plan: Plan) -> Held? {
-        guard shards.withLock({ Self.allOpen(plan, in: $0) }) else { return nil }
         var queued: [Byte] = []
-        if let held = try? attempt(plan, queued: &queued) { return held }
+        if case .held(let held)? = try? attempt(plan, queued: &queued) { return held }
         release(Held(bytes: queued))
         return nil
     }
@@ -310,7 +396,14 @@ final class SpaceLocks: Sendable {
                     throw FileCoordinationError.coordinatorCancelled()
                 }
                 let generation = state.withLock { $0.generation }
-                if let held = try attempt(plan, queued: &queued) { return held }
+                switch try attempt(plan, queued: &queued) {
+                case .held(let held): return held
+                case .shardClosed:
+                    // Closed by another task to make room since they were opened.
+                    try await openShards(plan)
+                    continue
+                case .conflict: break
+                }
                 if !flagged {
                     // Raise the flag, then try again before sleeping: a release between the
                     // first attempt and the flag would not have rung. The doorbell asks
@@ -328,12 +421,21 @@ final class SpaceLocks: Sendable {
         }
     }
 
+    /// What one try gave.
+    private enum Attempt {
+        case held(Held)
+        /// Another process holds something in the way.
+        case conflict
+        /// A shard of the plan is not open (nothing was taken).
+        case shardClosed
+    }
+
     /// One try: the queue bytes (kept across tries), then the rest all-or-nothing.
-    /// Returns nil when something is held elsewhere.
-    private func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Held? {
+    private func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Attempt {
         try state.withLock { state in
+            guard Self.allOpen(plan, in: state.shards) else { return .shardClosed }
             for byte in plan.queue.dropFirst(queued.count) {
-                guard try take(byte, in: &state) else { return nil }
+                guard try take(byte, in: &state) else { return .conflict }
                 queued.append(byte)
             }
             var flagChecked = false
@@ -353,18 +455,18 @@ final class SpaceLocks: Sendable {
                     if flag == fc_F_UNLCK { break }
                 }
                 var conflicting: Int16 = fc_F_UNLCK
-                guard fc_ofd_getlock(shardFD(check), fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
-                if conflicting != fc_F_UNLCK { return nil }
+                guard fc_ofd_getlock(Self.shardFD(check, state), fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
+                if conflicting != fc_F_UNLCK { return .conflict }
             }
             var taken: [Byte] = []
             for byte in plan.bytes {
                 guard try take(byte, in: &state) else {
                     for byte in taken.reversed() { give(byte, in: &state) }
-                    return nil
+                    return .conflict
                 }
                 taken.append(byte)
             }
-            return Held(bytes: queued + taken)
+            return .held(Held(bytes: queued + taken))
         }
     }
 
@@ -380,7 +482,7 @@ final class SpaceLocks: Sendable {
         let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
         let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
         if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
-            if fc_ofd_lock(shardFD(byte.offset), needed, byte.offset, 1, 0) != 0 {
+            if fc_ofd_lock(Self.shardFD(byte.offset, state), needed, byte.offset, 1, 0) != 0 {
                 let error = errno
                 if error == EAGAIN || error == EACCES { return false }
                 throw lockError("F_OFD_SETLK", error)
@@ -412,11 +514,11 @@ final class SpaceLocks: Sendable {
         }
         if count.total <= 0 {
             state.counts[byte.offset] = nil
-            _ = fc_ofd_lock(shardFD(byte.offset), fc_F_UNLCK, byte.offset, 1, 0)
+            _ = fc_ofd_lock(Self.shardFD(byte.offset, state), fc_F_UNLCK, byte.offset, 1, 0)
             return true
         }
         if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
-            _ = fc_ofd_lock(shardFD(byte.offset), fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
+            _ = fc_ofd_lock(Self.shardFD(byte.offset, state), fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
             count.kernel = fc_F_RDLCK
             state.counts[byte.offset] = count
             return true
@@ -452,7 +554,7 @@ final class SpaceLocks: Sendable {
                     state.counts[last] = nil
                     index += 1
                 }
-                _ = fc_ofd_lock(shardFD(first), fc_F_UNLCK, first, last - first + 1, 0)
+                _ = fc_ofd_lock(Self.shardFD(first, state), fc_F_UNLCK, first, last - first + 1, 0)
             }
         }
         state.idle = 0
@@ -498,9 +600,9 @@ final class SpaceLocks: Sendable {
     func close() {
         state.withLock { $0.closed = true }
         if dropIdle(suspend: false) { ringDoorbell() }
-        let open: [Int32] = shards.withLock { shards in
-            defer { shards = [Int32](repeating: -1, count: Self.shardCount) }
-            return shards.filter { $0 >= 0 }
+        let open: [Int32] = state.withLock { state in
+            defer { state.shards = [Int32](repeating: -1, count: Self.shardCount) }
+            return state.shards.filter { $0 >= 0 }
         }
         for fd in open { Glibc.close(fd) }
     }
