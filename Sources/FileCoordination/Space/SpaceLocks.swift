@@ -75,17 +75,26 @@ final class SpaceLocks: Sendable {
         var total: Int { shared + exclusive }
     }
 
-    private struct State {
+    /// One shard file and the bytes this process holds in it. Each shard has its own lock,
+    /// held across the lock calls on its file: workers claiming files in different shards
+    /// make their calls in parallel (with one lock for all, a batch's workers queued for it).
+    private struct ShardState {
+        /// The open shard file (-1: not open). A shard is closed only under its lock, and
+        /// only when no task holds a byte in it.
+        var fd: Int32 = -1
         /// Bytes held in the kernel: counted for the tasks using them, or idle (kept after
         /// their last task let go, for the next one; see ``idleLimit``).
         var counts: [Int64: Count] = [:]
         /// How many of `counts` are idle.
         var idle = 0
-        /// Set when another process may be waiting (the doorbell rang): idle bytes are
-        /// given back and no new ones are kept until a release finds nobody waiting.
-        var suspended = false
-        /// The process left the space: nothing is kept any more.
-        var closed = false
+    }
+
+    private final class Shard: Sendable {
+        let state = Mutex(ShardState())
+    }
+
+    /// What waiting claims share.
+    private struct State {
         /// Waiting acquisitions whose coordinator was cancelled (their tokens).
         var cancelled: Set<UInt64> = []
         var generation: UInt64 = 0
@@ -93,9 +102,6 @@ final class SpaceLocks: Sendable {
         var nextWaiter: UInt64 = 0
         /// Local requests currently waiting (they share the waiting flag).
         var waiting = 0
-        /// The shard files open (-1: not open). Read and changed under this lock only, so
-        /// that a shard is never closed while a lock call is made on it.
-        var shards = [Int32](repeating: -1, count: SpaceLocks.shardCount)
     }
 
     /// At most this many idle bytes are kept: a process that coordinates again on the
@@ -117,6 +123,16 @@ final class SpaceLocks: Sendable {
     private let directoryFD: Int32
     private let directory: FilePath
     private let state = Mutex(State())
+    private let shards = (0 ..< SpaceLocks.shardCount).map { _ in Shard() }
+    /// One bit per open shard (a hint for the fast path; each shard's lock decides).
+    private let openMask = Atomic<UInt64>(0)
+    /// Idle bytes in all shards.
+    private let idleTotal = Atomic<Int>(0)
+    /// Set when another process may be waiting (the doorbell rang): idle bytes are given
+    /// back and no new ones are kept until a release finds nobody waiting.
+    private let suspended = Atomic<Bool>(false)
+    /// The process left the space: nothing is kept any more.
+    private let closed = Atomic<Bool>(false)
     /// At most this many shard files are kept open, unless one claim needs more.
     let shardBudget: Int
 
@@ -142,36 +158,29 @@ final class SpaceLocks: Sendable {
     /// The shard a slot's bytes live in.
     static func shard(_ offset: Int64) -> Int { Int(((offset - firstSlot) >> 2) & Int64(shardCount - 1)) }
 
-    /// The descriptor of the shard holding `offset` (under the state lock).
-    private static func shardFD(_ offset: Int64, _ state: borrowing State) -> Int32 { state.shards[shard(offset)] }
-
-    /// The shards a plan touches.
-    private static func shards(of plan: Plan) -> Set<Int> {
-        Set((plan.queue.map(\.offset) + plan.bytes.map(\.offset) + plan.checks).map(shard))
+    /// The shards a plan touches, one bit each.
+    private static func mask(of plan: Plan) -> UInt64 {
+        var mask: UInt64 = 0
+        for byte in plan.queue { mask |= 1 << shard(byte.offset) }
+        for byte in plan.bytes { mask |= 1 << shard(byte.offset) }
+        for check in plan.checks { mask |= 1 << shard(check) }
+        return mask
     }
 
     /// How many shard files are open (for tests).
-    var openShardCount: Int { state.withLock { $0.shards.count { $0 >= 0 } } }
-
-    /// Whether every shard `plan` touches is open in `shards`.
-    private static func allOpen(_ plan: Plan, in shards: [Int32]) -> Bool {
-        func open(_ offset: Int64) -> Bool { shards[shard(offset)] >= 0 }
-        return plan.queue.allSatisfy { open($0.offset) } && plan.bytes.allSatisfy { open($0.offset) }
-            && plan.checks.allSatisfy(open)
-    }
+    var openShardCount: Int { openMask.load(ordering: .relaxed).nonzeroBitCount }
 
     /// Opens the shards `plan` needs that this process has not opened yet (on an I/O
     /// thread), first closing shards it holds nothing in when that many would exceed the
     /// budget, or when an open fails with `EMFILE`.
     private func openShards(_ plan: Plan) async throws {
-        // The common case, every shard already open, allocates nothing.
-        guard !state.withLock({ Self.allOpen(plan, in: $0.shards) }) else { return }
-        let needed = Self.shards(of: plan)
+        let needed = Self.mask(of: plan)
+        guard openMask.load(ordering: .acquiring) & needed != needed else { return }
         try await runOnIOThread { [self] in try openShardsNow(needed) }
     }
 
-    private func openShardsNow(_ needed: Set<Int>) throws {
-        let missing = state.withLock { state in needed.sorted().filter { state.shards[$0] < 0 } }
+    private func openShardsNow(_ needed: UInt64) throws {
+        let missing = (0 ..< Self.shardCount).filter { needed & 1 << $0 != 0 && shards[$0].state.withLock { $0.fd < 0 } }
         guard !missing.isEmpty else { return }
         closeShards(keeping: needed, toFit: missing.count)
         var opened: [(Int, Int32)] = []
@@ -195,7 +204,7 @@ final class SpaceLocks: Sendable {
                 for (_, fd) in opened { Glibc.close(fd) }
                 var error = FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
                 if code == EMFILE {
-                    error.message += "; this claim needs \(needed.count) claim shards open at once, one descriptor each"
+                    error.message += "; this claim needs \(needed.nonzeroBitCount) claim shards open at once, one descriptor each"
                 }
                 throw error
             }
@@ -208,42 +217,38 @@ final class SpaceLocks: Sendable {
             opened.append((shard, fd))
             index += 1
         }
-        let extra: [Int32] = state.withLock { state in
-            opened.compactMap { shard, fd in
-                if state.shards[shard] >= 0 { return fd } // opened meanwhile by another task
-                state.shards[shard] = fd
-                return nil
+        for (shard, fd) in opened {
+            let stored = shards[shard].state.withLock { state in
+                guard state.fd < 0 else { return false } // opened meanwhile by another task
+                state.fd = fd
+                return true
             }
+            if stored { openMask.bitwiseOr(1 << shard, ordering: .releasing) } else { Glibc.close(fd) }
         }
-        for fd in extra { Glibc.close(fd) }
     }
 
     /// Closes open shards in which no task of this process holds a byte, and that are not
     /// in `needed`, until `adding` more fit within the budget. Their idle bytes go with
     /// them (closing the file releases its locks). Shards without idle bytes go first.
-    private func closeShards(keeping needed: Set<Int>, toFit adding: Int) {
-        let closing: [Int32] = state.withLock { state in
-            let open = state.shards.indices.filter { state.shards[$0] >= 0 }
-            var excess = open.count + adding - shardBudget
-            guard excess > 0 else { return [] }
-            var inUse = Set<Int>()
-            var idle: [Int: [Int64]] = [:]
-            for (offset, count) in state.counts where count.kernel != fc_F_UNLCK {
-                if count.total > 0 { inUse.insert(Self.shard(offset)) } else { idle[Self.shard(offset), default: []].append(offset) }
-            }
-            let candidates = open.filter { !inUse.contains($0) && !needed.contains($0) }
-                .sorted { (idle[$0]?.count ?? 0) < (idle[$1]?.count ?? 0) }
-            var closing: [Int32] = []
-            for shard in candidates where excess > 0 {
-                for offset in idle[shard] ?? [] { state.counts[offset] = nil }
-                state.idle -= idle[shard]?.count ?? 0
-                closing.append(state.shards[shard])
-                state.shards[shard] = -1
+    private func closeShards(keeping needed: UInt64, toFit adding: Int) {
+        var excess = openShardCount + adding - shardBudget
+        for pass in 0 ..< 2 where excess > 0 {
+            for index in 0 ..< Self.shardCount where excess > 0 && needed & 1 << index == 0 {
+                let closing: Int32? = shards[index].state.withLock { state in
+                    guard state.fd >= 0, pass == 1 || state.idle == 0,
+                          !state.counts.values.contains(where: { $0.total > 0 }) else { return nil }
+                    defer {
+                        idleTotal.subtract(state.idle, ordering: .relaxed)
+                        state = ShardState()
+                    }
+                    return state.fd
+                }
+                guard let closing else { continue }
+                openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
+                Glibc.close(closing)
                 excess -= 1
             }
-            return closing
         }
-        for fd in closing { Glibc.close(fd) }
     }
 
     // MARK: Slots
@@ -426,160 +431,197 @@ final class SpaceLocks: Sendable {
         case held(Held)
         /// Another process holds something in the way.
         case conflict
-        /// A shard of the plan is not open (nothing was taken).
+        /// A shard of the plan is not open.
         case shardClosed
     }
 
-    /// One try: the queue bytes (kept across tries), then the rest all-or-nothing.
+    /// What taking one byte gave.
+    private enum Take {
+        case taken, conflict, shardClosed
+    }
+
+    /// One try: the queue bytes (kept across tries), then the rest all-or-nothing. Each
+    /// byte is taken under its shard's lock; bytes taken before a refusal are given back.
     private func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Attempt {
-        try state.withLock { state in
-            guard Self.allOpen(plan, in: state.shards) else { return .shardClosed }
-            for byte in plan.queue.dropFirst(queued.count) {
-                guard try take(byte, in: &state) else { return .conflict }
-                queued.append(byte)
+        for byte in plan.queue.dropFirst(queued.count) {
+            switch try take(byte) {
+            case .taken: queued.append(byte)
+            case .conflict: return .conflict
+            case .shardClosed: return .shardClosed
             }
-            var flagChecked = false
-            for check in plan.checks where state.counts[check]?.kernel != fc_F_WRLCK {
-                // The item (or, for a directory, its inside byte) is already held in the
-                // kernel by this process (idle, or by another task) and no doorbell has rung
-                // since: no writer can be queued behind it without having rung, so the
-                // check would find nothing.
-                if !state.suspended, Self.holds(state, check - 2) || Self.holds(state, check - 1) { continue }
-                // A writer that has to wait raises the waiting flag before it sleeps: while
-                // no other process holds it, no writer waits anywhere and no queue byte
-                // needs a look (one call for a whole batch instead of one per file).
-                if !flagChecked {
-                    flagChecked = true
-                    var flag: Int16 = fc_F_UNLCK
-                    guard fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &flag) == 0 else { throw lockError("F_OFD_GETLK") }
-                    if flag == fc_F_UNLCK { break }
-                }
-                var conflicting: Int16 = fc_F_UNLCK
-                guard fc_ofd_getlock(Self.shardFD(check, state), fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
-                if conflicting != fc_F_UNLCK { return .conflict }
+        }
+        var writerWaits: Bool?
+        for check in plan.checks {
+            switch try self.check(check, writerWaits: &writerWaits) {
+            case .taken: break
+            case .conflict: return .conflict
+            case .shardClosed: return .shardClosed
             }
-            var taken: [Byte] = []
-            for byte in plan.bytes {
-                guard try take(byte, in: &state) else {
-                    for byte in taken.reversed() { give(byte, in: &state) }
-                    return .conflict
-                }
-                taken.append(byte)
+            if writerWaits == false { break } // no queue byte needs a look
+        }
+        var taken: [Byte] = []
+        taken.reserveCapacity(plan.bytes.count)
+        for byte in plan.bytes {
+            let outcome = try take(byte)
+            guard case .taken = outcome else {
+                for byte in taken.reversed() { _ = give(byte) }
+                return outcome == .conflict ? .conflict : .shardClosed
             }
-            return .held(Held(bytes: queued + taken))
+            taken.append(byte)
+        }
+        return .held(Held(bytes: queued + taken))
+    }
+
+    /// Whether the writers' queue byte `check` is free of other processes' writers
+    /// (`.taken`: it is). `writerWaits` is whether another process's writer waits
+    /// anywhere, once looked at.
+    private func check(_ check: Int64, writerWaits: inout Bool?) throws -> Take {
+        try shards[Self.shard(check)].state.withLock { state in
+            guard state.fd >= 0 else { return .shardClosed }
+            // This process queues there itself.
+            if state.counts[check]?.kernel == fc_F_WRLCK { return .taken }
+            // The item (or, for a directory, its inside byte) is already held in the kernel
+            // by this process (idle, or by another task) and no doorbell has rung since: no
+            // writer can be queued behind it without having rung, so the check would find
+            // nothing.
+            if !suspended.load(ordering: .relaxed), Self.holds(state, check - 2) || Self.holds(state, check - 1) { return .taken }
+            // A writer that has to wait raises the waiting flag before it sleeps: while no
+            // other process holds it, no writer waits anywhere and no queue byte needs a
+            // look (one call for a whole batch instead of one per file).
+            if writerWaits == nil {
+                var flag: Int16 = fc_F_UNLCK
+                guard fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &flag) == 0 else { throw lockError("F_OFD_GETLK") }
+                writerWaits = flag != fc_F_UNLCK
+            }
+            guard writerWaits == true else { return .taken }
+            var conflicting: Int16 = fc_F_UNLCK
+            guard fc_ofd_getlock(state.fd, fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
+            return conflicting == fc_F_UNLCK ? .taken : .conflict
         }
     }
 
     /// Whether this process holds `offset` in the kernel.
-    private static func holds(_ state: State, _ offset: Int64) -> Bool {
+    private static func holds(_ state: borrowing ShardState, _ offset: Int64) -> Bool {
         (state.counts[offset]?.kernel ?? fc_F_UNLCK) != fc_F_UNLCK
     }
 
     /// Counts `byte` for this process, asking the kernel only when the process does not
-    /// hold it strongly enough already. False when another process holds it.
-    private func take(_ byte: Byte, in state: inout State) throws -> Bool {
-        var count = state.counts[byte.offset] ?? Count()
-        let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
-        let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
-        if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
-            if fc_ofd_lock(Self.shardFD(byte.offset, state), needed, byte.offset, 1, 0) != 0 {
-                let error = errno
-                if error == EAGAIN || error == EACCES { return false }
-                throw lockError("F_OFD_SETLK", error)
+    /// hold it strongly enough already.
+    private func take(_ byte: Byte) throws -> Take {
+        try shards[Self.shard(byte.offset)].state.withLock { state in
+            guard state.fd >= 0 else { return .shardClosed }
+            var count = state.counts[byte.offset] ?? Count()
+            let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
+            let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
+            if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
+                if fc_ofd_lock(state.fd, needed, byte.offset, 1, 0) != 0 {
+                    let error = errno
+                    if error == EAGAIN || error == EACCES { return .conflict }
+                    throw lockError("F_OFD_SETLK", error)
+                }
+                count.kernel = needed
             }
-            count.kernel = needed
+            if wasIdle { // an idle byte taken again
+                state.idle -= 1
+                idleTotal.subtract(1, ordering: .relaxed)
+            }
+            if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
+            state.counts[byte.offset] = count
+            return .taken
         }
-        if wasIdle { state.idle -= 1 } // an idle byte taken again
-        if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
-        state.counts[byte.offset] = count
-        return true
     }
 
     /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
     /// whether the kernel lock changed.
-    @discardableResult
-    private func give(_ byte: Byte, in state: inout State) -> Bool {
-        guard var count = state.counts[byte.offset] else { return false }
-        if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
-        if count.total <= 0 && count.kernel == fc_F_RDLCK && !state.suspended && !state.closed {
-            // Kept, idle: the shared kernel lock stays for the next task that needs it (an
-            // exclusive one is never kept: a process stopped with it would hold off every
-            // reader). Past the limit, every idle byte goes.
-            count.shared = 0
-            count.exclusive = 0
+    private func give(_ byte: Byte) -> Bool {
+        shards[Self.shard(byte.offset)].state.withLock { state in
+            guard var count = state.counts[byte.offset] else { return false }
+            if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
+            if count.total <= 0 && count.kernel == fc_F_RDLCK && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed) {
+                // Kept, idle: the shared kernel lock stays for the next task that needs it
+                // (an exclusive one is never kept: a process stopped with it would hold off
+                // every reader). Past the limit, every idle byte goes (``release(_:)``).
+                count.shared = 0
+                count.exclusive = 0
+                state.counts[byte.offset] = count
+                state.idle += 1
+                idleTotal.add(1, ordering: .relaxed)
+                return false
+            }
+            if count.total <= 0 {
+                state.counts[byte.offset] = nil
+                _ = fc_ofd_lock(state.fd, fc_F_UNLCK, byte.offset, 1, 0)
+                return true
+            }
+            if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
+                _ = fc_ofd_lock(state.fd, fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
+                count.kernel = fc_F_RDLCK
+                state.counts[byte.offset] = count
+                return true
+            }
             state.counts[byte.offset] = count
-            state.idle += 1
-            if state.idle > Self.idleLimit { dropIdleBytes(&state) }
             return false
         }
-        if count.total <= 0 {
-            state.counts[byte.offset] = nil
-            _ = fc_ofd_lock(Self.shardFD(byte.offset, state), fc_F_UNLCK, byte.offset, 1, 0)
-            return true
-        }
-        if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
-            _ = fc_ofd_lock(Self.shardFD(byte.offset, state), fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
-            count.kernel = fc_F_RDLCK
-            state.counts[byte.offset] = count
-            return true
-        }
-        state.counts[byte.offset] = count
-        return false
     }
 
     /// Gives back every idle byte: in each shard, sorted by offset, each run of idle
     /// bytes not interrupted by a byte a task holds is one unlock call. Returns whether
     /// there was any.
     @discardableResult
-    private func dropIdleBytes(_ state: inout State) -> Bool {
-        guard state.idle > 0 else { return false }
-        // Per shard, every byte held: its offset shifted left once, the low bit set for
-        // an idle one (offsets are below 2^62), so that a plain integer sort orders them.
-        var held = [[Int64]](repeating: [], count: Self.shardCount)
-        for (offset, count) in state.counts where count.kernel != fc_F_UNLCK {
-            held[Self.shard(offset)].append(offset << 1 | (count.total == 0 ? 1 : 0))
-        }
-        for var bytes in held where bytes.contains(where: { $0 & 1 == 1 }) {
-            bytes.sort()
-            var index = 0
-            while index < bytes.count {
-                guard bytes[index] & 1 == 1 else {
-                    index += 1
-                    continue
+    private func dropIdleBytes() -> Bool {
+        var any = false
+        for shard in shards {
+            let dropped = shard.state.withLock { state -> Int in
+                guard state.idle > 0 else { return 0 }
+                // Every byte held: its offset shifted left once, the low bit set for an
+                // idle one (offsets are below 2^62), so that a plain integer sort orders them.
+                var bytes = state.counts.compactMap { offset, count in
+                    count.kernel != fc_F_UNLCK ? offset << 1 | (count.total == 0 ? 1 : 0) : nil
                 }
-                let first = bytes[index] >> 1
-                var last = first
-                while index < bytes.count, bytes[index] & 1 == 1 {
-                    last = bytes[index] >> 1
-                    state.counts[last] = nil
-                    index += 1
+                bytes.sort()
+                var index = 0
+                while index < bytes.count {
+                    guard bytes[index] & 1 == 1 else {
+                        index += 1
+                        continue
+                    }
+                    let first = bytes[index] >> 1
+                    var last = first
+                    while index < bytes.count, bytes[index] & 1 == 1 {
+                        last = bytes[index] >> 1
+                        state.counts[last] = nil
+                        index += 1
+                    }
+                    _ = fc_ofd_lock(state.fd, fc_F_UNLCK, first, last - first + 1, 0)
                 }
-                _ = fc_ofd_lock(Self.shardFD(first, state), fc_F_UNLCK, first, last - first + 1, 0)
+                defer { state.idle = 0 }
+                return state.idle
+            }
+            if dropped > 0 {
+                idleTotal.subtract(dropped, ordering: .relaxed)
+                any = true
             }
         }
-        state.idle = 0
-        return true
+        return any
     }
 
     /// Gives the bytes back; wakes this process's waiters, and rings the doorbell when
     /// another process waits.
     func release(_ held: Held) {
         guard !held.bytes.isEmpty else { return }
-        let (changed, waiters) = state.withLock { state in
-            var changed = false
-            for byte in held.bytes.reversed() where give(byte, in: &state) { changed = true }
-            guard changed else { return (false, [UnsafeContinuation<Void, any Error>]()) }
-            return (true, Self.takeWaiters(&state))
-        }
-        for waiter in waiters { waiter.resume() }
+        var changed = false
+        for byte in held.bytes.reversed() where give(byte) { changed = true }
+        if idleTotal.load(ordering: .relaxed) > Self.idleLimit { dropIdleBytes() }
         guard changed else { return }
+        let waiters = state.withLock { Self.takeWaiters(&$0) }
+        for waiter in waiters { waiter.resume() }
         var conflicting: Int16 = fc_F_UNLCK
         if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0 {
             if conflicting != fc_F_UNLCK {
                 ringDoorbell()
             } else {
                 // Nobody waits any more: idle bytes may be kept again.
-                state.withLock { $0.suspended = false }
+                suspended.store(false, ordering: .relaxed)
             }
         }
     }
@@ -589,22 +631,23 @@ final class SpaceLocks: Sendable {
     /// nobody waiting.
     @discardableResult
     func dropIdle(suspend: Bool) -> Bool {
-        state.withLock { state in
-            if suspend { state.suspended = true }
-            return dropIdleBytes(&state)
-        }
+        if suspend { suspended.store(true, ordering: .relaxed) }
+        return dropIdleBytes()
     }
 
     /// The process leaves the space: idle bytes go, none are kept from now on, and the
     /// shard files are closed (a process that joins and leaves spaces keeps no descriptor).
     func close() {
-        state.withLock { $0.closed = true }
+        closed.store(true, ordering: .relaxed)
         if dropIdle(suspend: false) { ringDoorbell() }
-        let open: [Int32] = state.withLock { state in
-            defer { state.shards = [Int32](repeating: -1, count: Self.shardCount) }
-            return state.shards.filter { $0 >= 0 }
+        for shard in shards {
+            let fd = shard.state.withLock { state in
+                defer { state = ShardState() }
+                return state.fd
+            }
+            if fd >= 0 { Glibc.close(fd) }
         }
-        for fd in open { Glibc.close(fd) }
+        openMask.store(0, ordering: .relaxed)
     }
 
     /// Wakes every process waiting on the space's claims.
@@ -676,7 +719,7 @@ final class SpaceLocks: Sendable {
     }
 
     /// Bytes this process holds in the kernel (for tests and `status`).
-    var heldCount: Int { state.withLock { $0.counts.count } }
+    var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.counts.count } } }
 
     private func lockError(_ operation: String, _ code: Int32 = errno) -> FileCoordinationError {
         FileCoordinationError(code: .io, path: path, operation: operation, errno: Errno(rawValue: code),
