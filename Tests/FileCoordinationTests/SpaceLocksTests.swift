@@ -112,6 +112,18 @@ struct SpaceLocksTests {
         }
     }
 
+    @Test("a batch's plan is the union of its files' own plans (files in one directory reuse its hashes)")
+    func batchPlan() {
+        let paths = ["/data/a", "/data/b", "/data/sub/c", "/data/d", "/e", "/f", "/data/sub/g", "/data/subx/h",
+                     "/data/su", "/data/sub/g/i", "/data/sub/j"]
+        let claims = paths.map { CoordinationRules.Claim(path: FilePath($0), access: .reading) }
+        let batch = SpaceLocks.plan(for: claims)
+        let alone = claims.map { SpaceLocks.plan(for: [$0]) }
+        #expect(batch.bytes.map(\.offset) == Set(alone.flatMap { $0.bytes.map(\.offset) }).sorted())
+        #expect(batch.checks == Set(alone.flatMap(\.checks)).sorted())
+        #expect(batch.bytes.allSatisfy { !$0.exclusive } && batch.queue.isEmpty)
+    }
+
     @Test("a reader tests writers' queue bytes only while another process waits (its waiting flag is raised)")
     func queueTestFollowsTheWaitingFlag() async throws {
         try await withLocks { locks in

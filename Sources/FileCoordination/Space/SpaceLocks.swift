@@ -267,14 +267,37 @@ final class SpaceLocks: Sendable {
     /// other, never under-exclude. FNV-1a is computed front to back, so one pass gives
     /// every prefix's hash.
     static func slots(_ bytes: [UInt8]) -> (item: Int64, ancestors: [Int64]) {
+        let slots = slotsAndDirectory(bytes)
+        return (slots.item, slots.ancestors)
+    }
+
+    /// ``slots(_:)``, with the length of the containing directory's path (the last
+    /// separator's index; 0 for a file in the root) and the hash state after it.
+    private static func slotsAndDirectory(_ bytes: [UInt8]) -> (item: Int64, ancestors: [Int64], directory: Int, hash: UInt64) {
         var hash = fnvBasis
         var ancestors: [Int64] = []
+        var directory = (length: 0, hash: fnvBasis)
         for (index, byte) in bytes.enumerated() {
-            if byte == UInt8(ascii: "/"), index > 0 { ancestors.append(slot(finishing: hash)) }
+            if byte == UInt8(ascii: "/"), index > 0 {
+                ancestors.append(slot(finishing: hash))
+                directory = (index, hash)
+            }
             hash = fnvStep(hash, byte)
             if index == 0, byte == UInt8(ascii: "/"), bytes.count > 1 { ancestors.append(slot(finishing: hash)) } // the root, "/"
         }
-        return (slot(finishing: hash), ancestors)
+        return (slot(finishing: hash), ancestors, directory.length, directory.hash)
+    }
+
+    /// Whether `bytes` names an item directly inside the directory whose path is the first
+    /// `length` bytes of `other` (`length` > 0).
+    private static func isDirectlyInside(_ bytes: [UInt8], _ other: [UInt8], length: Int) -> Bool {
+        guard bytes.count > length + 1, bytes[length] == UInt8(ascii: "/") else { return false }
+        return bytes.withUnsafeBufferPointer { path in
+            other.withUnsafeBufferPointer { directory in
+                memcmp(path.baseAddress!, directory.baseAddress!, length) == 0
+                    && memchr(path.baseAddress! + length + 1, Int32(UInt8(ascii: "/")), path.count - length - 1) == nil
+            }
+        }
     }
 
     /// The last one-claim plan made, for a process that coordinates on one item again and again.
@@ -293,9 +316,28 @@ final class SpaceLocks: Sendable {
     static func plan(for claims: [CoordinationRules.Claim]) -> Plan {
         var plan = Plan()
         var inside: [Int64] = []
-        var previousAncestors: [Int64] = []
+        // The previous claim's directory: its bytes (the first `length` of that claim's),
+        // the hash state after them and the slots of the directories they name. A batch's
+        // files share theirs, which are then neither hashed nor compared again.
+        var directory: (bytes: [UInt8], length: Int, hash: UInt64, ancestors: [Int64])?
         for claim in claims {
-            let (slot, ancestors) = slots(claim.key.bytes)
+            let bytes = claim.key.bytes
+            let slot: Int64
+            if let known = directory, known.length > 0, Self.isDirectlyInside(bytes, known.bytes, length: known.length) {
+                var hash = known.hash
+                for index in known.length ..< bytes.count { hash = fnvStep(hash, bytes[index]) }
+                slot = Self.slot(finishing: hash)
+            } else {
+                let slots = slotsAndDirectory(bytes)
+                slot = slots.item
+                // The "inside" byte of every containing directory, and its writers' queue
+                // byte to test (a delete, move or replace of the directory may be queued).
+                if slots.ancestors != directory?.ancestors {
+                    inside += slots.ancestors.map { $0 + 1 }
+                    plan.checks += slots.ancestors.map { $0 + 2 }
+                }
+                directory = (bytes, slots.directory, slots.hash, slots.ancestors)
+            }
             switch (claim.access, claim.scope) {
             case (.reading, _):
                 plan.checks.append(slot + 2)
@@ -308,14 +350,6 @@ final class SpaceLocks: Sendable {
                 plan.bytes.append(Byte(offset: slot, exclusive: true))
                 plan.bytes.append(Byte(offset: slot + 1, exclusive: true))
             }
-            // The "inside" byte of every containing directory, and its writers' queue byte
-            // to test (a delete, move or replace of the directory may be queued), once for
-            // a run of files in the same directory, as a batch's are.
-            if ancestors != previousAncestors {
-                inside += ancestors.map { $0 + 1 }
-                plan.checks += ancestors.map { $0 + 2 }
-            }
-            previousAncestors = ancestors
         }
         plan.bytes += inside.map { Byte(offset: $0, exclusive: false) }
         // One claim's bytes are distinct (its item's bytes and its directories' "inside"
