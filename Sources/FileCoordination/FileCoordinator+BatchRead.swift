@@ -16,7 +16,18 @@ extension FileCoordinator {
         at urls: [URL], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
         window: Int = 256
     ) -> CoordinatedFileReads {
-        CoordinatedFileReads(coordinator: self, urls: urls, options: options, batchOptions: batchOptions,
+        CoordinatedFileReads(coordinator: self, files: .urls(urls), options: options, batchOptions: batchOptions,
+                             window: max(1, window))
+    }
+
+    /// ``readFiles(at:options:batchOptions:window:)`` for file-system paths (a relative
+    /// one is taken against the current directory). Read in place, the files go from
+    /// path to claim to `open` without a URL in between.
+    public func readFiles(
+        at paths: [FilePath], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
+        window: Int = 256
+    ) -> CoordinatedFileReads {
+        CoordinatedFileReads(coordinator: self, files: .paths(paths), options: options, batchOptions: batchOptions,
                              window: max(1, window))
     }
 }
@@ -25,8 +36,14 @@ extension FileCoordinator {
 public struct CoordinatedFileReads: AsyncSequence, Sendable {
     public typealias Element = BatchReadResult
 
+    /// The files, as given.
+    enum Files: Sendable {
+        case urls([URL])
+        case paths([FilePath])
+    }
+
     let coordinator: FileCoordinator
-    let urls: [URL]
+    let files: Files
     let options: FileCoordinator.ReadingOptions
     let batchOptions: BatchReadOptions
     let window: Int
@@ -46,7 +63,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         perWorker initial: Partial, _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
     ) async throws -> [Partial] {
         var partials: [Partial] = []
-        var remaining = Array(urls.indices)
+        var remaining = Array(0 ..< count)
         // A plain read (no snapshot, no link to resolve) on the thread-pool engine.
         // With fewer claim shards open than all (a low descriptor limit), every file goes
         // through windows sized to fit them.
@@ -59,15 +76,19 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             // with claims for 32 files at a time, 3 per core were 20% slower than 2).
             var workers = batchOptions
             workers.concurrency = Swift.min(workers.concurrency, 2 * ProcessInfo.processInfo.activeProcessorCount)
-            partials = try await FileBatchReader(urls: urls, options: workers).forEachFile(perWorker: initial, gate: gate, body)
+            let batch = switch files {
+            case .urls(let urls): FileBatchReader(urls: urls, options: workers)
+            case .paths(let paths): FileBatchReader(paths: paths, options: workers)
+            }
+            partials = try await batch.forEachFile(perWorker: initial, gate: gate, body)
             remaining = gate.skipped.sorted()
         }
         var start = 0
         while start < remaining.count {
-            let count = try await windowCount(remaining[start...].lazy.map { urls[$0] })
+            let count = try await windowCount(remaining[start...].lazy.map(url))
             let positions = Array(remaining[start ..< start + count])
             start += positions.count
-            let (session, current) = try await claimWindow(positions.map { urls[$0] })
+            let (session, current) = try await claimWindow(positions.map(url))
             do {
                 partials += try await FileBatchReader(urls: current, options: batchOptions).forEachFile(perWorker: initial) { partial, file in
                     body(&partial, BatchFileContents(index: positions[file.index], path: file.path, bytes: file.bytes))
@@ -79,6 +100,23 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             await coordinator.finish(session, accessorSucceeded: true)
         }
         return partials
+    }
+
+    /// How many files there are.
+    var count: Int {
+        switch files {
+        case .urls(let urls): urls.count
+        case .paths(let paths): paths.count
+        }
+    }
+
+    /// The `index`th file's URL (a path's is made when asked: the windows ask, the workers
+    /// reading in place do not).
+    fileprivate func url(_ index: Int) -> URL {
+        switch files {
+        case .urls(let urls): urls[index]
+        case .paths(let paths): paths[index].fileURL
+        }
     }
 
     /// Joins the space (if the process coordinates across processes) and opens every claim
@@ -151,14 +189,14 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     }
                 }
                 await endWindow()
-                guard next < owner.urls.count else { return nil }
+                guard next < owner.count else { return nil }
                 try await beginWindow()
             }
         }
 
         private func beginWindow() async throws {
-            let count = try await owner.windowCount(owner.urls[next...])
-            let slice = Array(owner.urls[next ..< next + count])
+            let count = try await owner.windowCount((next ..< owner.count).lazy.map(owner.url))
+            let slice = (next ..< next + count).map(owner.url)
             base = next
             next += slice.count
             let (session, current) = try await owner.claimWindow(slice)

@@ -80,7 +80,7 @@ struct Read: AsyncParsableCommand {
         }
         let results: any AsyncSequence<BatchReadResult, any Error>
         if let coordinator {
-            results = coordinator.readFiles(at: list.map(\.fileURL), batchOptions: options)
+            results = coordinator.readFiles(at: list, batchOptions: options)
         } else {
             results = FileBatchReader(paths: list, options: options)
         }
@@ -114,7 +114,7 @@ struct Read: AsyncParsableCommand {
         let start = clock.now
         let partials: [Tally]
         if let coordinator {
-            partials = try await coordinator.readFiles(at: list.map(\.fileURL), batchOptions: options)
+            partials = try await coordinator.readFiles(at: list, batchOptions: options)
                 .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
         } else {
             partials = try await FileBatchReader(paths: list, options: options).forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }

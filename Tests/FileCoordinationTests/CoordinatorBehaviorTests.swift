@@ -302,8 +302,9 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
-    @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination")
-    func batchReadInPlace() async throws {
+    @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination",
+          arguments: [false, true])
+    func batchReadInPlace(byPath: Bool) async throws {
         let box = Sandbox(), log = EventLog()
         var urls = (0 ..< 200).map { box.file("f\($0)", "\($0)") }
         urls.insert(box.url.appendingPathComponent("missing"), at: 50)
@@ -321,7 +322,7 @@ struct CoordinatorBehaviorTests {
         let delivered = Locked(0)
         let total = urls.count
         let partials = try await withPresenters([Recorder("P", url: presented, log: log)]) {
-            try await FileCoordinator().readFiles(at: urls, window: 64).forEachFile(perWorker: [Int: String]()) { seen, file in
+            try await reads(urls, byPath: byPath).forEachFile(perWorker: [Int: String]()) { seen, file in
                 switch file.bytes {
                 case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
                 case .failure(let error): seen[file.index] = "\(error.code)"
@@ -341,6 +342,17 @@ struct CoordinatorBehaviorTests {
         #expect(seen[10] == "written")
         // The presenter was asked, as for any coordinated read.
         #expect(log.all.filter { $0.hasPrefix("P:") } == ["P:relinquishToReader", "P:save", "P:reacquire"])
+    }
+
+    /// The coordinated batch over `urls`, or over their paths (the held and the presented
+    /// file's relative to the current directory, through `..`: claims name normalized paths).
+    func reads(_ urls: [URL], byPath: Bool) -> CoordinatedFileReads {
+        guard byPath else { return FileCoordinator().readFiles(at: urls, window: 64) }
+        let up = String(repeating: "../", count: FilePath(FileManager.default.currentDirectoryPath).components.count)
+        let paths = urls.enumerated().map { index, url in
+            [10, 20].contains(index) ? FilePath(up + url.path.dropFirst()) : FilePath(url.path)
+        }
+        return FileCoordinator().readFiles(at: paths, window: 64)
     }
 
     @Test("stress: many tasks, multi-item intents, random cancellation; no deadlock, no overlap, every claim released",
