@@ -130,7 +130,15 @@ public struct FileBatchReader: AsyncSequence, Sendable {
 
     /// Starts nothing yet: reading begins with the iterator's first `next()`.
     public func makeAsyncIterator() -> Iterator {
-        Iterator(storage: BatchStorage(inputs: inputs, options: options))
+        Iterator(storage: BatchStorage(inputs: inputs, options: options, gate: nil))
+    }
+
+    /// An iterator whose workers ask `gate` before each file (the thread-pool engine
+    /// only). A file the gate refuses is not read: its result is a failure with code
+    /// ``FileCoordinationError/Code/cancelled``, which the gate's owner replaces.
+    @_spi(FileCoordinationInternal)
+    public func makeAsyncIterator(gate: any InPlaceGate) -> Iterator {
+        Iterator(storage: BatchStorage(inputs: inputs, options: options, gate: gate))
     }
 
     /// Delivers results; dropping it cancels the files not yet read.
@@ -251,6 +259,11 @@ final class BatchStorage: Sendable {
     private let cancelled = Atomic<Bool>(false)
     private let consumerWaiting = Atomic<Bool>(false)
     private let descriptors = DescriptorWaits()
+    private let gate: (any InPlaceGate)?
+    /// How many consecutive files a worker claims at once: with a gate, a group that the
+    /// gate is asked about together (as the in-place batch does; a claim per file had
+    /// the workers contend for the claim tables).
+    private let chunk: Int
     /// Set once a read took long enough to have waited for a device: from then on the
     /// batch may use up to `concurrency` threads. Until then, reads come from the page
     /// cache and more threads than cores would only take turns.
@@ -258,16 +271,18 @@ final class BatchStorage: Sendable {
     private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     private let state: Mutex<State>
 
-    init(inputs: [FileBatchReader.Input], options: BatchReadOptions) {
+    init(inputs: [FileBatchReader.Input], options: BatchReadOptions, gate: (any InPlaceGate)?) {
         self.inputs = inputs
         self.options = options
+        self.gate = options.engine == .threadPool ? gate : nil
+        chunk = self.gate == nil ? 1 : 32
         concurrency = max(1, options.concurrency)
         // Room for every worker's private group plus as much again in the shared ring,
         // so that workers pause for a slow consumer, not for each other. (Smaller
         // windows, meant to keep buffers in the CPU caches, measured no better.)
         window = max(2 * concurrency * Self.publishEvery, 64)
         let slots = options.order == .given
-            ? [BatchReadResult?](repeating: nil, count: window + concurrency)
+            ? [BatchReadResult?](repeating: nil, count: window + concurrency * chunk)
             : []
         state = Mutex(State(slots: slots))
     }
@@ -352,15 +367,15 @@ final class BatchStorage: Sendable {
         return 0
     }
 
-    /// Claims the next index, or nil when the worker should stop: the batch is done or
-    /// cancelled, or reading is too far ahead of the consumer.
-    private func claim() -> Int? {
+    /// Claims the next `chunk` indices, or nil when the worker should stop: the batch is
+    /// done or cancelled, or reading is too far ahead of the consumer.
+    private func claim() -> Range<Int>? {
         guard !cancelled.load(ordering: .relaxed),
               bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
               nextIndex.load(ordering: .relaxed) - handed.load(ordering: .acquiring) < window
         else { return nil }
-        let index = nextIndex.wrappingAdd(1, ordering: .relaxed).oldValue
-        return index < inputs.count ? index : nil
+        let start = nextIndex.wrappingAdd(chunk, ordering: .relaxed).oldValue
+        return start < inputs.count ? start ..< Swift.min(start + chunk, inputs.count) : nil
     }
 
     /// Publishes a worker's finished results; with `exiting`, also retires the worker.
@@ -411,23 +426,34 @@ final class BatchStorage: Sendable {
                 finished.reserveCapacity(Self.publishEvery)
                 var finishedBytes = 0
                 var oldest: UInt64 = 0
-                while let index = claim() {
-                    let started = Self.now()
-                    let result = readBlocking(index)
-                    if finished.isEmpty { oldest = started }
-                    if Self.now() - started > 200_000 && !blocking.load(ordering: .relaxed) {
-                        blocking.store(true, ordering: .relaxed)
+                while let indices = claim() {
+                    let group = indices.map { (index: $0, input: inputs[$0].resolved) }
+                    // With a gate: one question for the group, else one per file.
+                    var token: UInt64?
+                    if let gate, group.count > 1 {
+                        token = gate.enter(group.compactMap { file in
+                            if case .path(let path) = file.input { (file.index, path) } else { nil }
+                        })
                     }
-                    finishedBytes += Self.size(of: result)
-                    finished.append(result)
-                    // Publishing takes the lock and may wake the consumer: do it for a group
-                    // of results, for a large one, or when the consumer has waited a while.
-                    if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
-                        || (consumerWaiting.load(ordering: .relaxed) && Self.now() - oldest >= 100_000)
-                    {
-                        publish(&finished, exiting: false)
-                        finishedBytes = 0
+                    for file in group {
+                        let started = Self.now()
+                        let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil)
+                        if finished.isEmpty { oldest = started }
+                        if Self.now() - started > 200_000 && !blocking.load(ordering: .relaxed) {
+                            blocking.store(true, ordering: .relaxed)
+                        }
+                        finishedBytes += Self.size(of: result)
+                        finished.append(result)
+                        // Publishing takes the lock and may wake the consumer: do it for a group
+                        // of results, for a large one, or when the consumer has waited a while.
+                        if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
+                            || (consumerWaiting.load(ordering: .relaxed) && Self.now() - oldest >= 100_000)
+                        {
+                            publish(&finished, exiting: false)
+                            finishedBytes = 0
+                        }
                     }
+                    if let token { gate?.leave(token) }
                 }
                 descriptors.workerEnded()
                 publish(&finished, exiting: true)
@@ -435,22 +461,32 @@ final class BatchStorage: Sendable {
         case .dispatchIO:
             Task { [self] in
                 var finished: [BatchReadResult] = []
-                while let index = claim() {
-                    finished.append(await readWithDispatch(index))
+                while let indices = claim() {
+                    for index in indices { finished.append(await readWithDispatch(index)) }
                     publish(&finished, exiting: false)
                 }
                 publish(&finished, exiting: true)
             }
         }
     }
-    private func readBlocking(_ index: Int) -> BatchReadResult {
-        switch inputs[index].resolved {
+    /// Reads one file; with `askingGate`, only if the gate lets it through alone.
+    private func readBlocking(_ index: Int, _ input: FileBatchReader.Resolved, askingGate: Bool) -> BatchReadResult {
+        switch input {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
+            var token: UInt64?
+            if askingGate, let gate {
+                token = gate.enter([(index, path)])
+                guard token != nil else {
+                    return BatchReadResult(index: index, path: path, result: .failure(FileCoordinationError(
+                        code: .cancelled, path: path, operation: "read", message: "left to the full coordination")))
+                }
+            }
             let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
             }
+            if let token { gate?.leave(token) }
             return BatchReadResult(index: index, path: path, result: result)
         }
     }

@@ -7,11 +7,13 @@ extension FileCoordinator {
     /// Reads many files in parallel, each under a coordinated read intent, and delivers
     /// each one's content or error in the order given.
     ///
-    /// Files are taken in windows: one read claim covers a window's files together, its
-    /// presenters are messaged once, the window is read through ``FileBatchReader``, and
-    /// the claim is released as soon as the consumer moves past the window. A writer
-    /// waits for at most one window. A file that fails is reported in its result; the
-    /// others are still read.
+    /// With no presenter registered in any process, one ``FileBatchReader`` reads the
+    /// files and its workers claim each one while they read it (a file they cannot claim
+    /// at once gets the full coordination). Otherwise files are taken in windows of
+    /// `window`: one read claim covers a window's files together, its presenters are
+    /// messaged once, and the claim is released as soon as the consumer moves past the
+    /// window; a writer waits for at most one window. A file that fails is reported in
+    /// its result; the others are still read.
     public func readFiles(
         at urls: [URL], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
         window: Int = 256
@@ -67,20 +69,14 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         // A plain read (no snapshot, no link to resolve) on the thread-pool engine.
         // With fewer claim shards open than all (a low descriptor limit), every file goes
         // through windows sized to fit them.
-        if options.isDisjoint(with: [.forUploading, .resolvesSymbolicLink]), batchOptions.engine == .threadPool,
-           try await everyShardOpen()
-        {
+        if readsOnWorkers, try await everyShardOpen() {
             let gate = ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier)
             // Workers that take claims share the process's claim tables: past two per core
             // they mostly wait for each other (measured: 16 workers read 4x slower than 4;
             // with claims for 32 files at a time, 3 per core were 20% slower than 2).
             var workers = batchOptions
             workers.concurrency = Swift.min(workers.concurrency, 2 * ProcessInfo.processInfo.activeProcessorCount)
-            let batch = switch files {
-            case .urls(let urls): FileBatchReader(urls: urls, options: workers)
-            case .paths(let paths): FileBatchReader(paths: paths, options: workers)
-            }
-            partials = try await batch.forEachFile(perWorker: initial, gate: gate, body)
+            partials = try await batch(workers).forEachFile(perWorker: initial, gate: gate, body)
             remaining = gate.skipped.sorted()
         }
         var start = 0
@@ -100,6 +96,20 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             await coordinator.finish(session, accessorSucceeded: true)
         }
         return partials
+    }
+
+    /// Whether the workers may take the claims: a plain read (no snapshot, no link to
+    /// resolve) on the thread-pool engine.
+    private var readsOnWorkers: Bool {
+        options.isDisjoint(with: [.forUploading, .resolvesSymbolicLink]) && batchOptions.engine == .threadPool
+    }
+
+    /// The uncoordinated batch over the files.
+    private func batch(_ options: BatchReadOptions) -> FileBatchReader {
+        switch files {
+        case .urls(let urls): FileBatchReader(urls: urls, options: options)
+        case .paths(let paths): FileBatchReader(paths: paths, options: options)
+        }
     }
 
     /// How many files there are.
@@ -153,14 +163,24 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         _ = try await forEachFile(perWorker: ()) { _, file in body(file) }
     }
 
-    /// An iterator; the first window's claim is taken by its first `next()`.
+    /// An iterator; reading starts with its first `next()`.
     public func makeAsyncIterator() -> Iterator {
         Iterator(owner: self)
     }
 
-    /// Takes a window's claim when the consumer reaches it, gives it back when it moves on.
+    /// Delivers each file's result in the order given.
+    ///
+    /// When no presenter is registered in any process and the read is a plain one, one
+    /// batch reads every file and its workers take the claims, a file at a time, as they
+    /// read (a file they cannot claim at once goes through the full coordination when the
+    /// consumer reaches it). Otherwise the files go in windows: one claim covers a
+    /// window's files, its presenters are messaged once, and the claim is given back as
+    /// soon as the consumer moves past the window.
     public final class Iterator: AsyncIteratorProtocol {
         private let owner: CoordinatedFileReads
+        private var started = false
+        /// Set when the workers take the claims.
+        private var gate: ClaimGate?
         private var next = 0
         private var base = 0
         private var session: CoordinationSession?
@@ -177,6 +197,15 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 
         /// The next file's result, in the order given; nil at the end.
         public func next() async throws -> BatchReadResult? {
+            if !started {
+                started = true
+                if owner.readsOnWorkers, try await owner.everyShardOpen(), !owner.coordinator.center.hasPresenters {
+                    let gate = ClaimGate(center: owner.coordinator.center, purpose: owner.coordinator.purposeIdentifier)
+                    self.gate = gate
+                    inner = owner.batch(owner.batchOptions).makeAsyncIterator(gate: gate)
+                }
+            }
+            if let gate { return try await nextClaimedOnWorkers(gate) }
             while true {
                 if let inner {
                     do {
@@ -192,6 +221,24 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 guard next < owner.count else { return nil }
                 try await beginWindow()
             }
+        }
+
+        private func nextClaimedOnWorkers(_ gate: ClaimGate) async throws -> BatchReadResult? {
+            guard let result = try await inner?.next() else { return nil }
+            guard case .failure = result.result, gate.takeSkipped(result.index) else { return result }
+            // The worker could not claim it at once (a conflicting claim, or a presenter
+            // registered since): the full coordination, for this file alone.
+            let (session, current) = try await owner.claimWindow([owner.url(result.index)])
+            let read: BatchReadResult?
+            do {
+                read = try await FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator().next()
+            } catch {
+                await owner.coordinator.finish(session, accessorSucceeded: true)
+                throw error
+            }
+            await owner.coordinator.finish(session, accessorSucceeded: true)
+            guard let read else { return nil }
+            return BatchReadResult(index: result.index, path: read.path, result: read.result)
         }
 
         private func beginWindow() async throws {
@@ -227,6 +274,15 @@ private final class ClaimGate: InPlaceGate {
     }
 
     var skipped: [Int] { skippedIndices.withLock { $0 } }
+
+    /// Whether the file at `index` was skipped (it is then no longer noted).
+    func takeSkipped(_ index: Int) -> Bool {
+        skippedIndices.withLock { skipped in
+            guard let position = skipped.firstIndex(of: index) else { return false }
+            skipped.remove(at: position)
+            return true
+        }
+    }
 
     func enter(_ files: [(index: Int, path: FilePath)]) -> UInt64? {
         var claims: [CoordinationRules.Claim] = []

@@ -277,12 +277,18 @@ struct CoordinatorBehaviorTests {
         #expect(names.trimmingCharacters(in: .whitespacesAndNewlines) == "one.txt sub/ sub/two.txt")
     }
 
-    @Test("coordinated batch read: results in order, bad files alone, and a writer gets in between windows")
-    func batchRead() async throws {
+    @Test("coordinated batch read: results in order, bad files alone, and a writer gets in between windows",
+          arguments: [false, true])
+    func batchRead(presenterElsewhere: Bool) async throws {
         let center = CoordinationCenter(), box = Sandbox()
         var urls = (0 ..< 300).map { box.file("f\($0)", "\($0)") }
         urls.insert(box.url.appendingPathComponent("missing"), at: 150)
         let coordinator = privateCoordinator(center)
+        // A presenter anywhere makes the batch go in windows (claims taken by the consumer).
+        let other = box.file("other", "o")
+        let presenter = Recorder("P", url: other, log: EventLog())
+        if presenterElsewhere { center.addPresenter(presenter, at: FilePath(other.path)) }
+        defer { if presenterElsewhere { center.removePresenterLocally(presenter) } }
         var index = 0
         var failures = 0
         for try await result in coordinator.readFiles(at: urls, window: 64) {
@@ -299,6 +305,44 @@ struct CoordinatorBehaviorTests {
         }
         #expect(index == urls.count)
         #expect(failures == 1)
+        #expect(center.counts == (0, 0))
+    }
+
+    @Test("coordinated batch sequence with no presenters: workers claim as they read; a file a writer holds waits for it alone",
+          .timeLimit(.minutes(1)))
+    func batchSequenceClaimsOnWorkers() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let urls = (0 ..< 300).map { box.file("f\($0)", "\($0)") }
+        let writerInside = Gate(), release = Gate()
+        let writer = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: urls[10]) { url in
+                writerInside.open()
+                await release.wait()
+                try await Data("written".utf8).asyncWrite(to: url)
+            }
+        }
+        await writerInside.wait()
+        let delivered = Locked(0)
+        let reader = Task {
+            var seen: [String] = []
+            for try await result in privateCoordinator(center).readFiles(at: urls, window: 64) {
+                #expect(result.index == seen.count)
+                seen.append(String(decoding: try result.result.get(), as: UTF8.self))
+                delivered.withLock { $0 += 1 }
+            }
+            return seen
+        }
+        // File 10's own claim waits for the writer (the workers' claims never wait), once
+        // the files before it are delivered (a window's claim would have held them back).
+        while center.counts.waiting == 0 { try await Task.sleep(for: .milliseconds(1)) }
+        #expect(center.counts.waiting == 1, "file 10's claim waits for the writer's")
+        #expect(delivered.withLock { $0 } == 10)
+        release.open()
+        try await writer.value
+        let seen = try await reader.value
+        #expect(seen.count == urls.count)
+        #expect(seen[10] == "written")
+        for index in seen.indices where index != 10 { #expect(seen[index] == "\(index)") }
         #expect(center.counts == (0, 0))
     }
 
