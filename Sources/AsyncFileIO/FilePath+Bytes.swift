@@ -13,8 +13,21 @@ extension FilePath {
     /// A path from its bytes (which must not contain NUL), names that are not UTF-8 included.
     @_spi(FileCoordinationInternal)
     public init(platformBytes bytes: some Collection<UInt8>) {
-        let chars = bytes.map { CChar(bitPattern: $0) } + [0]
-        self = chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+        if let path = bytes.withContiguousStorageIfAvailable({ FilePath(platformBuffer: UnsafeRawBufferPointer($0)) }) {
+            self = path
+        } else {
+            self = Array(bytes).withUnsafeBytes { FilePath(platformBuffer: $0) }
+        }
+    }
+
+    /// A path from the bytes in `buffer` (which must not contain NUL), copied once.
+    @_spi(FileCoordinationInternal)
+    public init(platformBuffer buffer: UnsafeRawBufferPointer) {
+        self = withUnsafeTemporaryAllocation(of: CChar.self, capacity: buffer.count + 1) { chars in
+            if let base = buffer.baseAddress { memcpy(chars.baseAddress!, base, buffer.count) }
+            chars[buffer.count] = 0
+            return FilePath(platformString: chars.baseAddress!)
+        }
     }
 
     /// Whether the normalized absolute path `inner` is `outer` or inside it: a byte prefix

@@ -181,7 +181,19 @@ struct Read: AsyncParsableCommand {
                 throw Status.failed
             }
         }
-        return data.split(separator: separator, omittingEmptySubsequences: true).map { FilePath(platformBytes: $0) }
+        // One pass over the bytes: each line (or NUL-separated name) becomes a path, empty
+        // ones are skipped. (Splitting `Data` into slices cost more than reading the files.)
+        return data.withUnsafeBytes { raw -> [FilePath] in
+            var paths: [FilePath] = []
+            var start = 0
+            while start < raw.count {
+                let end = memchr(raw.baseAddress! + start, Int32(separator), raw.count - start)
+                    .map { UnsafeRawPointer($0) - raw.baseAddress! } ?? raw.count
+                if end > start { paths.append(FilePath(platformBuffer: UnsafeRawBufferPointer(rebasing: raw[start ..< end]))) }
+                start = end + 1
+            }
+            return paths
+        }
     }
 }
 
