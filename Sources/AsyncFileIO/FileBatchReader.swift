@@ -262,8 +262,11 @@ final class BatchStorage: Sendable {
     private let gate: (any InPlaceGate)?
     /// How many consecutive files a worker claims at once: with a gate, a group that the
     /// gate is asked about together (as the in-place batch does; a claim per file had
-    /// the workers contend for the claim tables).
+    /// the workers contend for the claim tables), while groups of the largest file read
+    /// so far fit in `maximumBufferedBytes` (back-pressure is checked per claim).
     private let chunk: Int
+    /// The largest file read so far (bytes).
+    private let largestFile = Atomic<Int>(0)
     /// Set once a read took long enough to have waited for a device: from then on the
     /// batch may use up to `concurrency` threads. Until then, reads come from the page
     /// cache and more threads than cores would only take turns.
@@ -374,8 +377,13 @@ final class BatchStorage: Sendable {
               bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
               nextIndex.load(ordering: .relaxed) - handed.load(ordering: .acquiring) < window
         else { return nil }
-        let start = nextIndex.wrappingAdd(chunk, ordering: .relaxed).oldValue
-        return start < inputs.count ? start ..< Swift.min(start + chunk, inputs.count) : nil
+        var size = 1
+        if chunk > 1 {
+            let largest = largestFile.load(ordering: .relaxed)
+            if largest > 0, largest * chunk * concurrency <= options.maximumBufferedBytes { size = chunk }
+        }
+        let start = nextIndex.wrappingAdd(size, ordering: .relaxed).oldValue
+        return start < inputs.count ? start ..< Swift.min(start + size, inputs.count) : nil
     }
 
     /// Publishes a worker's finished results; with `exiting`, also retires the worker.
@@ -428,12 +436,13 @@ final class BatchStorage: Sendable {
                 var oldest: UInt64 = 0
                 while let indices = claim() {
                     let group = indices.map { (index: $0, input: inputs[$0].resolved) }
-                    // With a gate: one question for the group, else one per file.
+                    // With a gate: one question for a group of several files, else one per file.
                     var token: UInt64?
                     if let gate, group.count > 1 {
-                        token = gate.enter(group.compactMap { file in
+                        let paths = group.compactMap { file -> (Int, FilePath)? in
                             if case .path(let path) = file.input { (file.index, path) } else { nil }
-                        })
+                        }
+                        if paths.count > 1 { token = gate.enter(paths) }
                     }
                     for file in group {
                         let started = Self.now()
@@ -442,7 +451,9 @@ final class BatchStorage: Sendable {
                         if Self.now() - started > 200_000 && !blocking.load(ordering: .relaxed) {
                             blocking.store(true, ordering: .relaxed)
                         }
-                        finishedBytes += Self.size(of: result)
+                        let size = Self.size(of: result)
+                        if chunk > 1 { largestFile.max(size) }
+                        finishedBytes += size
                         finished.append(result)
                         // Publishing takes the lock and may wake the consumer: do it for a group
                         // of results, for a large one, or when the consumer has waited a while.
@@ -673,7 +684,9 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             let paths = group.compactMap { file -> (Int, FilePath)? in
                 if case .path(let path) = file.input { return (file.index, path) } else { return nil }
             }
-            if let token = gate.enter(paths) {
+            // One question for a group of several files; a lone file is asked alone below
+            // (the gate notes a lone file it refuses as skipped).
+            if paths.count > 1, let token = gate.enter(paths) {
                 for file in group { read(file.index, file.input, into: buffer, &partial) }
                 gate.leave(token)
                 continue
@@ -742,6 +755,18 @@ final class DescriptorWaits: Sendable {
             waited += 1
             guard active.load(ordering: .relaxed) > waiting.load(ordering: .relaxed) else { return result }
             usleep(500)
+        }
+    }
+}
+
+extension Atomic where Value == Int {
+    /// Raises the value to `candidate` if it is larger.
+    func max(_ candidate: Int) {
+        var current = load(ordering: .relaxed)
+        while candidate > current {
+            let (exchanged, original) = compareExchange(expected: current, desired: candidate, ordering: .relaxed)
+            if exchanged { return }
+            current = original
         }
     }
 }

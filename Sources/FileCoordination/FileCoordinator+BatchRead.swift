@@ -7,13 +7,14 @@ extension FileCoordinator {
     /// Reads many files in parallel, each under a coordinated read intent, and delivers
     /// each one's content or error in the order given.
     ///
-    /// With no presenter registered in any process, one ``FileBatchReader`` reads the
-    /// files and its workers claim each one while they read it (a file they cannot claim
-    /// at once gets the full coordination). Otherwise files are taken in windows of
-    /// `window`: one read claim covers a window's files together, its presenters are
-    /// messaged once, and the claim is released as soon as the consumer moves past the
-    /// window; a writer waits for at most one window. A file that fails is reported in
-    /// its result; the others are still read.
+    /// One ``FileBatchReader`` reads the files, and its workers claim groups of them
+    /// while they read them, when nothing stands in the way. The files they cannot claim
+    /// at once (a presenter is concerned, or a conflicting claim is held) get the full
+    /// coordination when the consumer reaches them, up to `window` at a time: one read
+    /// claim covers them together, and their presenters are messaged once. (Snapshots,
+    /// links to resolve and the DispatchIO engine take every file that way, in windows
+    /// whose claim lasts until the consumer moves past them.) A file that fails is
+    /// reported in its result; the others are still read.
     public func readFiles(
         at urls: [URL], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
         window: Int = 256
@@ -170,17 +171,19 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 
     /// Delivers each file's result in the order given.
     ///
-    /// When no presenter is registered in any process and the read is a plain one, one
-    /// batch reads every file and its workers take the claims, a file at a time, as they
-    /// read (a file they cannot claim at once goes through the full coordination when the
-    /// consumer reaches it). Otherwise the files go in windows: one claim covers a
-    /// window's files, its presenters are messaged once, and the claim is given back as
-    /// soon as the consumer moves past the window.
+    /// For a plain read, one batch reads every file and its workers take the claims as
+    /// they read; the files they skip are claimed and read together, up to a window at a
+    /// time, when the consumer reaches the first of them. Otherwise the files go in
+    /// windows: one claim covers a window's files, its presenters are messaged once, and
+    /// the claim is given back as soon as the consumer moves past the window.
     public final class Iterator: AsyncIteratorProtocol {
         private let owner: CoordinatedFileReads
         private var started = false
         /// Set when the workers take the claims.
         private var gate: ClaimGate?
+        /// Files the workers skipped, read through the full coordination ahead of the
+        /// consumer, by index.
+        private var fullyCoordinated: [Int: BatchReadResult] = [:]
         private var next = 0
         private var base = 0
         private var session: CoordinationSession?
@@ -199,7 +202,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         public func next() async throws -> BatchReadResult? {
             if !started {
                 started = true
-                if owner.readsOnWorkers, try await owner.everyShardOpen(), !owner.coordinator.center.hasPresenters {
+                if owner.readsOnWorkers, try await owner.everyShardOpen() {
                     let gate = ClaimGate(center: owner.coordinator.center, purpose: owner.coordinator.purposeIdentifier)
                     self.gate = gate
                     inner = owner.batch(owner.batchOptions).makeAsyncIterator(gate: gate)
@@ -225,20 +228,24 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 
         private func nextClaimedOnWorkers(_ gate: ClaimGate) async throws -> BatchReadResult? {
             guard let result = try await inner?.next() else { return nil }
-            guard case .failure = result.result, gate.takeSkipped(result.index) else { return result }
-            // The worker could not claim it at once (a conflicting claim, or a presenter
-            // registered since): the full coordination, for this file alone.
-            let (session, current) = try await owner.claimWindow([owner.url(result.index)])
-            let read: BatchReadResult?
+            guard case .failure = result.result else { return result }
+            if let read = fullyCoordinated.removeValue(forKey: result.index) { return read }
+            guard gate.takeSkipped(result.index) else { return result }
+            // The workers could not claim it at once: the full coordination, for it and the
+            // files after it they skipped so far (one claim, presenters messaged once).
+            let indices = [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
+            let (session, current) = try await owner.claimWindow(indices.map(owner.url))
             do {
-                read = try await FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator().next()
+                for try await read in FileBatchReader(urls: current, options: owner.batchOptions) {
+                    let index = indices[read.index]
+                    fullyCoordinated[index] = BatchReadResult(index: index, path: read.path, result: read.result)
+                }
             } catch {
                 await owner.coordinator.finish(session, accessorSucceeded: true)
                 throw error
             }
             await owner.coordinator.finish(session, accessorSucceeded: true)
-            guard let read else { return nil }
-            return BatchReadResult(index: result.index, path: read.path, result: read.result)
+            return fullyCoordinated.removeValue(forKey: result.index)
         }
 
         private func beginWindow() async throws {
@@ -274,6 +281,17 @@ private final class ClaimGate: InPlaceGate {
     }
 
     var skipped: [Int] { skippedIndices.withLock { $0 } }
+
+    /// The files skipped after `index` so far, in order, up to `limit` (they are then no
+    /// longer noted).
+    func takeSkipped(after index: Int, limit: Int) -> [Int] {
+        skippedIndices.withLock { skipped in
+            let taken = Array(skipped.filter { $0 > index }.sorted().prefix(limit))
+            let set = Set(taken)
+            skipped.removeAll { set.contains($0) }
+            return taken
+        }
+    }
 
     /// Whether the file at `index` was skipped (it is then no longer noted).
     func takeSkipped(_ index: Int) -> Bool {

@@ -279,16 +279,16 @@ struct CoordinatorBehaviorTests {
 
     @Test("coordinated batch read: results in order, bad files alone, and a writer gets in between windows",
           arguments: [false, true])
-    func batchRead(presenterElsewhere: Bool) async throws {
-        let center = CoordinationCenter(), box = Sandbox()
+    func batchRead(presentedDirectory: Bool) async throws {
+        let center = CoordinationCenter(), box = Sandbox(), log = EventLog()
         var urls = (0 ..< 300).map { box.file("f\($0)", "\($0)") }
         urls.insert(box.url.appendingPathComponent("missing"), at: 150)
         let coordinator = privateCoordinator(center)
-        // A presenter anywhere makes the batch go in windows (claims taken by the consumer).
-        let other = box.file("other", "o")
-        let presenter = Recorder("P", url: other, log: EventLog())
-        if presenterElsewhere { center.addPresenter(presenter, at: FilePath(other.path)) }
-        defer { if presenterElsewhere { center.removePresenterLocally(presenter) } }
+        // A presenter of the directory concerns every file: the workers skip them all, and
+        // they are claimed, and the presenter asked, a window at a time.
+        let presenter = Recorder("P", url: box.url, log: log)
+        if presentedDirectory { center.addPresenter(presenter, at: FilePath(box.url.path)) }
+        defer { if presentedDirectory { center.removePresenterLocally(presenter) } }
         var index = 0
         var failures = 0
         for try await result in coordinator.readFiles(at: urls, window: 64) {
@@ -306,6 +306,9 @@ struct CoordinatorBehaviorTests {
         #expect(index == urls.count)
         #expect(failures == 1)
         #expect(center.counts == (0, 0))
+        // Asked once per window of up to 64 files, not once per file.
+        let asked = log.all.filter { $0 == "P:relinquishToReader" }.count
+        #expect(presentedDirectory ? (5 ... 60).contains(asked) : asked == 0, "\(asked) requests")
     }
 
     @Test("coordinated batch sequence with no presenters: workers claim as they read; a file a writer holds waits for it alone",

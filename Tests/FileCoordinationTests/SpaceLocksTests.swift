@@ -112,6 +112,45 @@ struct SpaceLocksTests {
         }
     }
 
+    @Test("tasks claiming in many shards at once under a small budget: every held byte stays locked while shards close around it",
+          .timeLimit(.minutes(1)))
+    func shardBudgetUnderConcurrency() async throws {
+        try await withLocks(shardBudget: 8) { locks in
+            // One observer descriptor per shard (another owner, as another process would be).
+            let observers = (0 ..< 40).map { open(directory + "/claims/" + String(format: "%02x", $0), O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+            try #require(observers.allSatisfy { $0 >= 0 })
+            defer { observers.forEach { close($0) } }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for task in 0 ..< 8 {
+                    group.addTask {
+                        var generator = SystemRandomNumberGenerator()
+                        for round in 0 ..< 150 {
+                            let shard = Int64(UInt64.random(in: 0 ..< 40, using: &generator))
+                            let offset = slot(Int64(task * 1000 + round), shard: shard)
+                            let held = try await locks.acquire(reading(offset))
+                            // Held: another owner cannot write-lock the byte.
+                            #expect(locked(offset, seenFrom: observers[Int(shard)]))
+                            await Task.yield()
+                            #expect(locked(offset, seenFrom: observers[Int(shard)]))
+                            locks.release(held)
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            // Only idle bytes are left, in open shards, and no more shards than the budget
+            // plus what claims in flight needed.
+            #expect(locks.openShardCount <= 8 + 8)
+            locks.close()
+            #expect(locks.heldCount == 0)
+            for (shard, observer) in observers.enumerated() {
+                var conflicting: Int16 = fc_F_UNLCK
+                #expect(fc_ofd_getlock(observer, fc_F_WRLCK, 4096, Int64(4 * SpaceLocks.shardCount) * 10_000, &conflicting) == 0)
+                #expect(conflicting == fc_F_UNLCK, "shard \(shard) still locked after close")
+            }
+        }
+    }
+
     @Test("a batch's plan is the union of its files' own plans (files in one directory reuse its hashes)")
     func batchPlan() {
         let paths = ["/data/a", "/data/b", "/data/sub/c", "/data/d", "/e", "/f", "/data/sub/g", "/data/subx/h",

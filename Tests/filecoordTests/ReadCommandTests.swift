@@ -114,7 +114,7 @@ struct ReadCommandTests {
         }
     }
 
-    @Test("coordinated reads under ulimit -n 64 (10,000 files) and -n 40: claim shards make room for the files",
+    @Test("coordinated reads under ulimit -n 64 (3,000 files) and -n 40: claim shards make room for the files",
           .timeLimit(.minutes(1)))
     func coordinatedFewDescriptors() async throws {
         let scratch = Scratch()
@@ -122,7 +122,7 @@ struct ReadCommandTests {
         // at -n 64, 8 at -n 40), closing those it holds nothing in, and claims windows
         // of files that fit in them.
         let script = """
-            cd '\(scratch.path)' && mkdir d && i=0 && while [ $i -lt 10000 ]; do printf "$i" > d/$i; i=$((i+1)); done && \\
+            cd '\(scratch.path)' && mkdir d && i=0 && while [ $i -lt 3000 ]; do printf "$i" > d/$i; i=$((i+1)); done && \\
             ls -d "$PWD"/d/* > list && head -300 list > short && \\
             ( ulimit -n 64 && "$FILECOORD" read --space '\(scratch.path)/space' --json --from-list list ) && \\
             ( ulimit -n 40 && "$FILECOORD" read --space '\(scratch.path)/space' --json --from-list short )
@@ -131,7 +131,7 @@ struct ReadCommandTests {
         #expect(result.status == 0, "\(result.errorText)")
         let lines = String(decoding: result.stdout, as: UTF8.self).split(whereSeparator: \.isNewline)
         try #require(lines.count == 2, "\(result.errorText)")
-        for (line, files) in zip(lines, [10_000, 300]) {
+        for (line, files) in zip(lines, [3_000, 300]) {
             let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
             #expect(object["files"] as? Int == files)
             #expect(object["failed"] as? Int == 0)

@@ -87,6 +87,9 @@ final class SpaceLocks: Sendable {
         var counts: [Int64: Count] = [:]
         /// How many of `counts` are idle.
         var idle = 0
+        /// Acquisitions that opened (or found) this shard and have not finished: it is
+        /// not closed under them, so two claims cannot keep closing each other's shards.
+        var pins = 0
     }
 
     private final class Shard: Sendable {
@@ -124,7 +127,8 @@ final class SpaceLocks: Sendable {
     private let directory: FilePath
     private let state = Mutex(State())
     private let shards = (0 ..< SpaceLocks.shardCount).map { _ in Shard() }
-    /// One bit per open shard (a hint for the fast path; each shard's lock decides).
+    /// One bit per open shard, changed under the shard's lock with its `fd` (a hint for
+    /// the fast path; each shard's lock decides).
     private let openMask = Atomic<UInt64>(0)
     /// Idle bytes in all shards.
     private let idleTotal = Atomic<Int>(0)
@@ -180,6 +184,10 @@ final class SpaceLocks: Sendable {
     }
 
     private func openShardsNow(_ needed: UInt64) throws {
+        guard !closed.load(ordering: .relaxed) else {
+            throw FileCoordinationError(code: .closed, path: directory, operation: "open",
+                                        message: "this process left the coordination space")
+        }
         let missing = (0 ..< Self.shardCount).filter { needed & 1 << $0 != 0 && shards[$0].state.withLock { $0.fd < 0 } }
         guard !missing.isEmpty else { return }
         closeShards(keeping: needed, toFit: missing.count)
@@ -221,30 +229,32 @@ final class SpaceLocks: Sendable {
             let stored = shards[shard].state.withLock { state in
                 guard state.fd < 0 else { return false } // opened meanwhile by another task
                 state.fd = fd
+                openMask.bitwiseOr(1 << shard, ordering: .releasing)
                 return true
             }
-            if stored { openMask.bitwiseOr(1 << shard, ordering: .releasing) } else { Glibc.close(fd) }
+            if !stored { Glibc.close(fd) }
         }
     }
 
-    /// Closes open shards in which no task of this process holds a byte, and that are not
-    /// in `needed`, until `adding` more fit within the budget. Their idle bytes go with
+    /// Closes open shards in which no task of this process holds a byte, that no
+    /// acquisition has pinned and that are not in `needed`, until `adding` more fit
+    /// within the budget. Their idle bytes go with
     /// them (closing the file releases its locks). Shards without idle bytes go first.
     private func closeShards(keeping needed: UInt64, toFit adding: Int) {
         var excess = openShardCount + adding - shardBudget
         for pass in 0 ..< 2 where excess > 0 {
             for index in 0 ..< Self.shardCount where excess > 0 && needed & 1 << index == 0 {
                 let closing: Int32? = shards[index].state.withLock { state in
-                    guard state.fd >= 0, pass == 1 || state.idle == 0,
+                    guard state.fd >= 0, state.pins == 0, pass == 1 || state.idle == 0,
                           !state.counts.values.contains(where: { $0.total > 0 }) else { return nil }
                     defer {
                         idleTotal.subtract(state.idle, ordering: .relaxed)
                         state = ShardState()
+                        openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
                     }
                     return state.fd
                 }
                 guard let closing else { continue }
-                openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
                 Glibc.close(closing)
                 excess -= 1
             }
@@ -421,6 +431,11 @@ final class SpaceLocks: Sendable {
     /// `token` names the wait for ``cancel(token:)``, which ends it with
     /// ``FileCoordinationError/Code/cancelled``.
     func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
+        // Pinned, the plan's shards stay open from here to the end (a shard it needs is
+        // never closed to make room for another claim).
+        let needed = Self.mask(of: plan)
+        pin(needed, by: 1)
+        defer { pin(needed, by: -1) }
         try await openShards(plan)
         var queued: [Byte] = []
         var flagged = false
@@ -438,7 +453,7 @@ final class SpaceLocks: Sendable {
                 switch try attempt(plan, queued: &queued) {
                 case .held(let held): return held
                 case .shardClosed:
-                    // Closed by another task to make room since they were opened.
+                    // Closed before this acquisition pinned it: open it again.
                     try await openShards(plan)
                     continue
                 case .conflict: break
@@ -457,6 +472,13 @@ final class SpaceLocks: Sendable {
         } catch {
             release(Held(bytes: queued))
             throw error
+        }
+    }
+
+    /// Counts (or uncounts) an acquisition's use of the shards in `mask`.
+    private func pin(_ mask: UInt64, by change: Int) {
+        for index in 0 ..< Self.shardCount where mask & 1 << index != 0 {
+            shards[index].state.withLock { $0.pins += change }
         }
     }
 
@@ -496,7 +518,13 @@ final class SpaceLocks: Sendable {
         var taken: [Byte] = []
         taken.reserveCapacity(plan.bytes.count)
         for byte in plan.bytes {
-            let outcome = try take(byte)
+            let outcome: Take
+            do {
+                outcome = try take(byte)
+            } catch {
+                for byte in taken.reversed() { _ = give(byte) }
+                throw error
+            }
             guard case .taken = outcome else {
                 for byte in taken.reversed() { _ = give(byte) }
                 return outcome == .conflict ? .conflict : .shardClosed
@@ -674,14 +702,16 @@ final class SpaceLocks: Sendable {
     func close() {
         closed.store(true, ordering: .relaxed)
         if dropIdle(suspend: false) { ringDoorbell() }
-        for shard in shards {
+        for (index, shard) in shards.enumerated() {
             let fd = shard.state.withLock { state in
-                defer { state = ShardState() }
+                defer {
+                    state = ShardState(pins: state.pins)
+                    openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
+                }
                 return state.fd
             }
             if fd >= 0 { Glibc.close(fd) }
         }
-        openMask.store(0, ordering: .relaxed)
     }
 
     /// Wakes every process waiting on the space's claims.
