@@ -444,7 +444,21 @@ final class BatchStorage: Sendable {
                         }
                         if paths.count > 1 { token = gate.enter(paths) }
                     }
-                    for file in group {
+                    for (position, file) in group.enumerated() {
+                        // A group is read to its end under its claim, except past the
+                        // buffer limit (a jump from small files to large ones): the rest of
+                        // it is left to the gate's owner, which reads it as the consumer
+                        // gets there.
+                        if let gate, position > 0,
+                           bufferedBytes.load(ordering: .relaxed) + finishedBytes >= options.maximumBufferedBytes
+                        {
+                            for rest in group[position...] {
+                                gate.skip(rest.index)
+                                finished.append(BatchReadResult(index: rest.index, path: Self.path(of: rest.input),
+                                                                result: .failure(Self.leftToGate(Self.path(of: rest.input)))))
+                            }
+                            break
+                        }
                         let started = Self.now()
                         let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil)
                         if finished.isEmpty { oldest = started }
@@ -480,6 +494,17 @@ final class BatchStorage: Sendable {
             }
         }
     }
+    /// The placeholder result of a file left to the gate's owner (which replaces it).
+    private static func leftToGate(_ path: FilePath) -> FileCoordinationError {
+        FileCoordinationError(code: .cancelled, path: path, operation: "read", message: "left to the full coordination")
+    }
+
+    private static func path(of input: FileBatchReader.Resolved) -> FilePath {
+        switch input {
+        case .path(let path), .invalid(let path, _): path
+        }
+    }
+
     /// Reads one file; with `askingGate`, only if the gate lets it through alone.
     private func readBlocking(_ index: Int, _ input: FileBatchReader.Resolved, askingGate: Bool) -> BatchReadResult {
         switch input {
@@ -489,10 +514,7 @@ final class BatchStorage: Sendable {
             var token: UInt64?
             if askingGate, let gate {
                 token = gate.enter([(index, path)])
-                guard token != nil else {
-                    return BatchReadResult(index: index, path: path, result: .failure(FileCoordinationError(
-                        code: .cancelled, path: path, operation: "read", message: "left to the full coordination")))
-                }
+                guard token != nil else { return BatchReadResult(index: index, path: path, result: .failure(Self.leftToGate(path))) }
             }
             let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
@@ -551,6 +573,9 @@ public protocol InPlaceGate: Sendable {
     func enter(_ files: [(index: Int, path: FilePath)]) -> UInt64?
     /// After the body returned for every file of the group `enter` let through.
     func leave(_ token: UInt64)
+    /// A file the batch leaves unread, for the gate's owner to deal with (as a file
+    /// `enter` refused alone).
+    func skip(_ index: Int)
 }
 
 extension FileBatchReader {

@@ -181,9 +181,20 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         private var started = false
         /// Set when the workers take the claims.
         private var gate: ClaimGate?
-        /// Files the workers skipped, read through the full coordination ahead of the
-        /// consumer, by index.
-        private var fullyCoordinated: [Int: BatchReadResult] = [:]
+        /// Files the workers skipped, being read through the full coordination: their
+        /// indices, the claim covering them, the read, and results read ahead of their
+        /// turn (only when the batch delivers in completion order).
+        private var skipped: SkippedWindow?
+        /// The iteration threw: it is over.
+        private var failed = false
+
+        private struct SkippedWindow {
+            var indices: [Int]
+            var left: Int
+            let session: CoordinationSession
+            let reads: FileBatchReader.Iterator
+            var early: [Int: BatchReadResult] = [:]
+        }
         private var next = 0
         private var base = 0
         private var session: CoordinationSession?
@@ -195,7 +206,9 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 
         deinit {
             // Abandoned mid-window: the claim must still go.
-            if let session { Task { [owner] in await owner.coordinator.finish(session, accessorSucceeded: true) } }
+            for session in [session, skipped?.session].compactMap({ $0 }) {
+                Task { [owner] in await owner.coordinator.finish(session, accessorSucceeded: true) }
+            }
         }
 
         /// The next file's result, in the order given; nil at the end.
@@ -227,25 +240,66 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         }
 
         private func nextClaimedOnWorkers(_ gate: ClaimGate) async throws -> BatchReadResult? {
-            guard let result = try await inner?.next() else { return nil }
-            guard case .failure = result.result else { return result }
-            if let read = fullyCoordinated.removeValue(forKey: result.index) { return read }
-            guard gate.takeSkipped(result.index) else { return result }
-            // The workers could not claim it at once: the full coordination, for it and the
-            // files after it they skipped so far (one claim, presenters messaged once).
-            let indices = [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
-            let (session, current) = try await owner.claimWindow(indices.map(owner.url))
+            guard !failed else { return nil }
             do {
-                for try await read in FileBatchReader(urls: current, options: owner.batchOptions) {
-                    let index = indices[read.index]
-                    fullyCoordinated[index] = BatchReadResult(index: index, path: read.path, result: read.result)
-                }
+                guard let result = try await inner?.next() else { return nil }
+                guard case .failure = result.result else { return result }
+                if skipped?.indices.contains(result.index) == true { return try await readSkipped(result.index) }
+                guard gate.takeSkipped(result.index) else { return result }
+                // The workers could not claim it at once: the full coordination, for it and
+                // the files after it they skipped so far (one claim, presenters asked once).
+                // One window at a time: another skipped file met meanwhile (possible only in
+                // completion order) gets a window of its own.
+                let indices = skipped == nil
+                    ? [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
+                    : [result.index]
+                let (session, current) = try await owner.claimWindow(indices.map(owner.url))
+                let window = SkippedWindow(indices: indices, left: indices.count, session: session,
+                                           reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
+                guard skipped == nil else { return try await readAlone(window, result.index) }
+                skipped = window
+                return try await readSkipped(result.index)
             } catch {
-                await owner.coordinator.finish(session, accessorSucceeded: true)
+                failed = true
+                if let window = skipped {
+                    skipped = nil
+                    await owner.coordinator.finish(window.session, accessorSucceeded: true)
+                }
                 throw error
             }
-            await owner.coordinator.finish(session, accessorSucceeded: true)
-            return fullyCoordinated.removeValue(forKey: result.index)
+        }
+
+        /// The result of the skipped file at `index` from the current window (read as the
+        /// consumer gets there); the window's claim goes with its last file.
+        private func readSkipped(_ index: Int) async throws -> BatchReadResult {
+            guard var window = skipped else { preconditionFailure("no window of skipped files") }
+            var found = window.early.removeValue(forKey: index)
+            while found == nil, let read = try await window.reads.next() {
+                let result = BatchReadResult(index: window.indices[read.index], path: read.path, result: read.result)
+                if result.index == index { found = result } else { window.early[result.index] = result }
+            }
+            window.left -= 1
+            skipped = window
+            if window.left == 0 {
+                skipped = nil
+                await owner.coordinator.finish(window.session, accessorSucceeded: true)
+            }
+            guard let found else { preconditionFailure("a skipped file's window ended without it") }
+            return found
+        }
+
+        /// A window of one skipped file, read and released at once.
+        private func readAlone(_ window: SkippedWindow, _ index: Int) async throws -> BatchReadResult {
+            let read: BatchReadResult?
+            do {
+                read = try await window.reads.next()
+            } catch {
+                await owner.coordinator.finish(window.session, accessorSucceeded: true)
+                throw error
+            }
+            await owner.coordinator.finish(window.session, accessorSucceeded: true)
+            guard let read else { preconditionFailure("a skipped file's window ended without it") }
+            return BatchReadResult(index: index, path: read.path, result: read.result)
         }
 
         private func beginWindow() async throws {
@@ -320,5 +374,9 @@ private final class ClaimGate: InPlaceGate {
 
     func leave(_ token: UInt64) {
         center.release(CoordinationRules.RequestID(raw: token))
+    }
+
+    func skip(_ index: Int) {
+        skippedIndices.withLock { $0.append(index) }
     }
 }

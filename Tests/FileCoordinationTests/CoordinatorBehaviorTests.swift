@@ -349,6 +349,32 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
+    @Test("coordinated batch sequence from small files to large ones under a small buffer limit: every file once, in order",
+          .timeLimit(.minutes(1)))
+    func batchSequenceSizeJump() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        // Small files first (the workers claim groups of 32), then 1 MiB ones: a group that
+        // crosses the 2 MiB limit leaves the rest of its files to the consumer.
+        var expected: [Int] = []
+        var urls: [URL] = []
+        for index in 0 ..< 160 {
+            let size = index < 100 ? 10 : 1 << 20
+            expected.append(size)
+            urls.append(box.url.appendingPathComponent("f\(index)"))
+            try Data(repeating: UInt8(index % 251), count: size).write(to: urls[index])
+        }
+        let options = BatchReadOptions(concurrency: 4, maximumBufferedBytes: 2 << 20)
+        var index = 0
+        for try await result in privateCoordinator(center).readFiles(at: urls, batchOptions: options, window: 16) {
+            #expect(result.index == index)
+            let data = try result.result.get()
+            #expect(data.count == expected[index] && data.allSatisfy { $0 == UInt8(index % 251) }, "file \(index)")
+            index += 1
+        }
+        #expect(index == urls.count)
+        #expect(center.counts == (0, 0))
+    }
+
     @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination",
           arguments: [false, true])
     func batchReadInPlace(byPath: Bool) async throws {

@@ -227,7 +227,9 @@ final class SpaceLocks: Sendable {
         }
         for (shard, fd) in opened {
             let stored = shards[shard].state.withLock { state in
-                guard state.fd < 0 else { return false } // opened meanwhile by another task
+                // Opened meanwhile by another task, or the process left the space (`close`
+                // sets `closed` before it goes through the shards).
+                guard state.fd < 0, !closed.load(ordering: .relaxed) else { return false }
                 state.fd = fd
                 openMask.bitwiseOr(1 << shard, ordering: .releasing)
                 return true
