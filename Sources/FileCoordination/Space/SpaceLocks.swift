@@ -433,11 +433,13 @@ final class SpaceLocks: Sendable {
     /// `token` names the wait for ``cancel(token:)``, which ends it with
     /// ``FileCoordinationError/Code/cancelled``.
     func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
-        // Pinned, the plan's shards stay open from here to the end (a shard it needs is
-        // never closed to make room for another claim).
+        // Pinned, the plan's shards stay open from their opening to the attempt (a shard
+        // it needs is not closed to make room for another claim meanwhile); not while it
+        // sleeps, so that waiters do not keep shards open past the budget.
         let needed = Self.mask(of: plan)
+        var pinned = true
         pin(needed, by: 1)
-        defer { pin(needed, by: -1) }
+        defer { if pinned { pin(needed, by: -1) } }
         try await openShards(plan)
         var queued: [Byte] = []
         var flagged = false
@@ -455,7 +457,7 @@ final class SpaceLocks: Sendable {
                 switch try attempt(plan, queued: &queued) {
                 case .held(let held): return held
                 case .shardClosed:
-                    // Closed before this acquisition pinned it: open it again.
+                    // Closed before this acquisition pinned it (again): open it again.
                     try await openShards(plan)
                     continue
                 case .conflict: break
@@ -469,7 +471,12 @@ final class SpaceLocks: Sendable {
                     ringDoorbell()
                     continue
                 }
+                pin(needed, by: -1)
+                pinned = false
                 try await waitForChange(after: generation)
+                pin(needed, by: 1)
+                pinned = true
+                try await openShards(plan)
             }
         } catch {
             release(Held(bytes: queued))
