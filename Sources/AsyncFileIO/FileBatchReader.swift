@@ -88,6 +88,20 @@ public struct FileBatchReader: AsyncSequence, Sendable {
         /// Converted to a path by the worker that reads it (in parallel, not up front).
         case url(URL)
 
+        /// A path as bytes (no `FilePath` made for a URL), or the reason there is none.
+        var platformResolved: PlatformResolved {
+            switch self {
+            case .path(let path): return .path(PlatformPath(path))
+            case .invalid(let path, let error): return .invalid(path, error)
+            case .url(let url):
+                do throws(FileCoordinationError) {
+                    return .path(try PlatformPath(fileURL: url))
+                } catch {
+                    return .invalid(FilePath(url.absoluteString), error)
+                }
+            }
+        }
+
         /// A path, or the reason there is none.
         var resolved: Resolved {
             switch self {
@@ -101,6 +115,13 @@ public struct FileBatchReader: AsyncSequence, Sendable {
                 }
             }
         }
+    }
+
+    /// An input ready to read in place: its path (as bytes, when it came as a URL), or
+    /// why it has none.
+    enum PlatformResolved: Sendable {
+        case path(PlatformPath)
+        case invalid(FilePath, FileCoordinationError)
     }
 
     /// An input ready to read: its path, or why it has none.
@@ -439,8 +460,8 @@ final class BatchStorage: Sendable {
                     // With a gate: one question for a group of several files, else one per file.
                     var token: UInt64?
                     if let gate, group.count > 1 {
-                        let paths = group.compactMap { file -> (Int, FilePath)? in
-                            if case .path(let path) = file.input { (file.index, path) } else { nil }
+                        let paths = group.compactMap { file -> (Int, PlatformPath)? in
+                            if case .path(let path) = file.input { (file.index, PlatformPath(path)) } else { nil }
                         }
                         if paths.count > 1 { token = gate.enter(paths) }
                     }
@@ -513,7 +534,7 @@ final class BatchStorage: Sendable {
         case .path(let path):
             var token: UInt64?
             if askingGate, let gate {
-                token = gate.enter([(index, path)])
+                token = gate.enter([(index, PlatformPath(path))])
                 guard token != nil else { return BatchReadResult(index: index, path: path, result: .failure(Self.leftToGate(path))) }
             }
             let result = descriptors.read {
@@ -549,15 +570,23 @@ final class BatchStorage: Sendable {
 public struct BatchFileContents {
     /// The file's position in the input list.
     public let index: Int
-    /// The file, as given.
-    public let path: FilePath
+    /// The file, as given (made when asked for: a file given as a URL is read without one).
+    public var path: FilePath { platformPath.filePath }
+    /// The file's path as the kernel took it.
+    @_spi(FileCoordinationInternal)
+    public let platformPath: PlatformPath
     /// The whole content, or why it could not be read.
     public let bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>
 
     @_spi(FileCoordinationInternal)
     public init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+        self.init(index: index, platformPath: PlatformPath(path), bytes: bytes)
+    }
+
+    @_spi(FileCoordinationInternal)
+    public init(index: Int, platformPath: PlatformPath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.index = index
-        self.path = path
+        self.platformPath = platformPath
         self.bytes = bytes
     }
 }
@@ -570,7 +599,7 @@ public protocol InPlaceGate: Sendable {
     /// of them may be read now. Nil for a group of several: each is then asked alone. Nil
     /// for one file: it is skipped (neither read nor handed to the body; the gate's owner
     /// deals with it) and noted by the gate.
-    func enter(_ files: [(index: Int, path: FilePath)]) -> UInt64?
+    func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64?
     /// After the body returned for every file of the group `enter` let through.
     func leave(_ token: UInt64)
     /// A file the batch leaves unread, for the gate's owner to deal with (as a file
@@ -702,11 +731,11 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             guard start < inputs.count else { break }
             let indices = start ..< Swift.min(start + chunk, inputs.count)
             guard let gate else {
-                for index in indices { read(index, inputs[index].resolved, into: buffer, &partial) }
+                for index in indices { read(index, inputs[index].platformResolved, into: buffer, &partial) }
                 continue
             }
-            let group = indices.map { (index: $0, input: inputs[$0].resolved) }
-            let paths = group.compactMap { file -> (Int, FilePath)? in
+            let group = indices.map { (index: $0, input: inputs[$0].platformResolved) }
+            let paths = group.compactMap { file -> (Int, PlatformPath)? in
                 if case .path(let path) = file.input { return (file.index, path) } else { return nil }
             }
             // One question for a group of several files; a lone file is asked alone below
@@ -737,7 +766,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
     }
 
     /// Reads one file (`input` resolved) into the worker's buffer and hands it to the body.
-    private func read(_ index: Int, _ input: FileBatchReader.Resolved, into buffer: ReusableBuffer, _ partial: inout Partial) {
+    private func read(_ index: Int, _ input: FileBatchReader.PlatformResolved, into buffer: ReusableBuffer, _ partial: inout Partial) {
         switch input {
         case .invalid(let path, let error):
             body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
@@ -745,7 +774,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
             }
-            body(&partial, BatchFileContents(index: index, path: path,
+            body(&partial, BatchFileContents(index: index, platformPath: path,
                                              bytes: result.map { UnsafeRawBufferPointer(start: buffer.base, count: $0) }))
         }
     }

@@ -13,42 +13,7 @@ extension FilePath {
     /// - Throws: ``FileCoordinationError`` with code ``FileCoordinationError/Code/notFileURL``
     ///   for any other URL.
     public init(fileURL url: URL) throws(FileCoordinationError) {
-        guard url.isFileURL else {
-            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
-                                        message: "\(url.absoluteString) is not a file URL")
-        }
-        let encoded = url.baseURL == nil ? url.path(percentEncoded: true) : url.absoluteURL.path(percentEncoded: true)
-        // The common case, nothing escaped: the string is the path.
-        var escaped = true
-        var encodedCopy = encoded
-        encodedCopy.withUTF8 { bytes in
-            escaped = bytes.isEmpty || memchr(bytes.baseAddress!, Int32(UInt8(ascii: "%")), bytes.count) != nil
-        }
-        if !escaped {
-            var path = FilePath(encoded)
-            if encoded.utf8.last == UInt8(ascii: "/"), encoded.utf8.count > 1 { path = FilePath(String(encoded.dropLast())) }
-            self = path
-            return
-        }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(encoded.utf8.count)
-        var iterator = encoded.utf8.makeIterator()
-        while let byte = iterator.next() {
-            if byte == UInt8(ascii: "%"), let high = iterator.next().flatMap(Self.hexValue),
-               let low = iterator.next().flatMap(Self.hexValue)
-            {
-                bytes.append(high << 4 | low)
-            } else {
-                bytes.append(byte)
-            }
-        }
-        guard !bytes.isEmpty, !bytes.contains(0) else {
-            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
-                                        message: "\(url.absoluteString) has no usable file-system path")
-        }
-        // Foundation keeps a trailing slash for directory URLs; a path does not need it.
-        if bytes.count > 1, bytes.last == UInt8(ascii: "/") { bytes.removeLast() }
-        self = FilePath(platformBytes: bytes)
+        self = try PlatformPath(fileURL: url).filePath
     }
 
     /// A `file:` URL for this path. Every byte outside the unreserved set is
@@ -85,7 +50,7 @@ extension FilePath {
         }
     }
 
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
+    fileprivate static func hexValue(_ byte: UInt8) -> UInt8? {
         switch byte {
         case UInt8(ascii: "0") ... UInt8(ascii: "9"): byte - UInt8(ascii: "0")
         case UInt8(ascii: "a") ... UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
@@ -104,5 +69,77 @@ extension Array where Element == UInt8 {
         append(UInt8(ascii: "%"))
         append(digit(byte >> 4))
         append(digit(byte & 0xF))
+    }
+}
+
+/// A path as the kernel takes it: its bytes and a terminating NUL. The batch's workers
+/// open files through one without making a `FilePath` (swift-system normalizes the
+/// separators of every new one, byte by byte: a few percent of a batch of small files);
+/// ``filePath`` makes one when it is asked for.
+@_spi(FileCoordinationInternal)
+public struct PlatformPath: Sendable {
+    private enum Storage: Sendable {
+        case path(FilePath)
+        /// NUL-terminated.
+        case bytes([CChar])
+    }
+
+    private let storage: Storage
+
+    public init(_ path: FilePath) {
+        storage = .path(path)
+    }
+
+    /// The path of a `file:` URL, as ``FilePath/init(fileURL:)`` decodes it (the
+    /// separators as the URL has them: the kernel takes `a//b` as `a/b`).
+    public init(fileURL url: URL) throws(FileCoordinationError) {
+        guard url.isFileURL else {
+            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
+                                        message: "\(url.absoluteString) is not a file URL")
+        }
+        let encoded = url.baseURL == nil ? url.path(percentEncoded: true) : url.absoluteURL.path(percentEncoded: true)
+        var chars: [CChar] = []
+        chars.reserveCapacity(encoded.utf8.count + 1)
+        var contiguous = encoded
+        let copied = contiguous.withUTF8 { bytes in
+            // The common case, nothing escaped: the bytes are the path's, copied at once.
+            guard let base = bytes.baseAddress, memchr(base, Int32(UInt8(ascii: "%")), bytes.count) == nil else { return false }
+            chars.append(contentsOf: UnsafeRawBufferPointer(bytes).bindMemory(to: CChar.self))
+            return true
+        }
+        var iterator = encoded.utf8.makeIterator()
+        while !copied, let byte = iterator.next() {
+            if byte == UInt8(ascii: "%"), let high = iterator.next().flatMap(FilePath.hexValue),
+               let low = iterator.next().flatMap(FilePath.hexValue)
+            {
+                chars.append(CChar(bitPattern: high << 4 | low))
+            } else {
+                chars.append(CChar(bitPattern: byte))
+            }
+        }
+        guard !chars.isEmpty, !chars.contains(0) else {
+            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
+                                        message: "\(url.absoluteString) has no usable file-system path")
+        }
+        // Foundation keeps a trailing slash for directory URLs; a path does not need it.
+        if chars.count > 1, chars.last == CChar(bitPattern: UInt8(ascii: "/")) { chars.removeLast() }
+        chars.append(0)
+        storage = .bytes(chars)
+    }
+
+    /// The path as a `FilePath` (made now when it was given as bytes).
+    public var filePath: FilePath {
+        switch storage {
+        case .path(let path): path
+        case .bytes(let chars): chars.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
+        }
+    }
+
+    /// Calls `body` with the NUL-terminated path.
+    public func withCString<Result>(_ body: (UnsafePointer<CChar>) throws -> Result) rethrows -> Result {
+        switch storage {
+        case .path(let path): try path.withPlatformString(body)
+        case .bytes(let chars): try chars.withUnsafeBufferPointer { try body($0.baseAddress!) }
+        }
     }
 }

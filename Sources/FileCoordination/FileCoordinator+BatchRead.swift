@@ -88,7 +88,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             let (session, current) = try await claimWindow(positions.map(url))
             do {
                 partials += try await FileBatchReader(urls: current, options: batchOptions).forEachFile(perWorker: initial) { partial, file in
-                    body(&partial, BatchFileContents(index: positions[file.index], path: file.path, bytes: file.bytes))
+                    body(&partial, BatchFileContents(index: positions[file.index], platformPath: file.platformPath, bytes: file.bytes))
                 }
             } catch {
                 await coordinator.finish(session, accessorSucceeded: true)
@@ -356,16 +356,15 @@ private final class ClaimGate: InPlaceGate {
         }
     }
 
-    func enter(_ files: [(index: Int, path: FilePath)]) -> UInt64? {
+    func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? {
         var claims: [CoordinationRules.Claim] = []
         claims.reserveCapacity(files.count)
         for (_, given) in files {
             // The claim names the normalized path (its key is its bytes); a file a
             // presenter is concerned by is left to the full coordination.
-            let path = FileCoordinator.normalized(given)
-            let key = PathKey(path.platformBytes)
+            let key = PathKey(FileCoordinator.normalizedBytes(given))
             guard !center.hasPresenters(concerning: key) else { break }
-            claims.append(CoordinationRules.Claim(path: path, key: key, access: .reading))
+            claims.append(CoordinationRules.Claim(key: key, access: .reading))
         }
         if claims.count == files.count, let id = center.tryAcquireNow(claims, purpose: purpose) { return id.raw }
         if files.count == 1 { skippedIndices.withLock { $0.append(files[0].index) } }

@@ -313,21 +313,35 @@ public final class FileCoordinator: Sendable {
     /// Whether a path has `.` or `..` components or doubled separators (normalizing
     /// costs more than this scan, and almost no path needs it).
     private static func needsNormalizing(_ path: FilePath) -> Bool {
-        path.withPlatformString { pointer in
-            var previous: CChar = 0
-            var index = 0
-            while pointer[index] != 0 {
-                let char = pointer[index]
-                if char == 0x2F /* / */ && previous == 0x2F { return true }
-                if char == 0x2E /* . */ && (previous == 0x2F || previous == 0x2E) {
-                    let next = pointer[index + 1]
-                    if next == 0 || next == 0x2F || (previous == 0x2E && index >= 2 && pointer[index - 2] == 0x2F) { return true }
-                    if next == 0x2E && (pointer[index + 2] == 0 || pointer[index + 2] == 0x2F) { return true }
-                }
-                previous = char
-                index += 1
+        path.withPlatformString { needsNormalizing($0) }
+    }
+
+    /// ``needsNormalizing(_:)-(FilePath)`` for a NUL-terminated path; a trailing separator
+    /// (which a `FilePath` never has) needs it too.
+    private static func needsNormalizing(_ pointer: UnsafePointer<CChar>) -> Bool {
+        var previous: CChar = 0
+        var index = 0
+        while pointer[index] != 0 {
+            let char = pointer[index]
+            if char == 0x2F /* / */ && previous == 0x2F { return true }
+            if char == 0x2E /* . */ && (previous == 0x2F || previous == 0x2E) {
+                let next = pointer[index + 1]
+                if next == 0 || next == 0x2F || (previous == 0x2E && index >= 2 && pointer[index - 2] == 0x2F) { return true }
+                if next == 0x2E && (pointer[index + 2] == 0 || pointer[index + 2] == 0x2F) { return true }
             }
-            return false
+            previous = char
+            index += 1
         }
+        return previous == 0x2F && index > 1
+    }
+
+    /// The bytes of `path` made absolute and normalized: its own bytes when they already
+    /// are (no `FilePath` is made then), else through ``normalized(_:)``.
+    static func normalizedBytes(_ path: PlatformPath) -> [UInt8] {
+        let own: [UInt8]? = path.withCString { pointer in
+            guard pointer[0] == 0x2F, !needsNormalizing(pointer) else { return nil }
+            return Array(UnsafeRawBufferPointer(start: pointer, count: strlen(pointer)))
+        }
+        return own ?? normalized(path.filePath).platformBytes
     }
 }

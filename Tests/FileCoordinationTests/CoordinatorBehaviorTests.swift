@@ -409,10 +409,17 @@ struct CoordinatorBehaviorTests {
         #expect(log.all.filter { $0.hasPrefix("P:") } == ["P:relinquishToReader", "P:save", "P:reacquire"])
     }
 
-    /// The coordinated batch over `urls`, or over their paths (the held and the presented
-    /// file's relative to the current directory, through `..`: claims name normalized paths).
+    /// The coordinated batch over `urls` (the held and the presented file's through a
+    /// `.` component), or over their paths (those two relative to the current directory,
+    /// through `..`): claims must name normalized paths.
     func reads(_ urls: [URL], byPath: Bool) -> CoordinatedFileReads {
-        guard byPath else { return FileCoordinator().readFiles(at: urls, window: 64) }
+        guard byPath else {
+            let dotted = urls.enumerated().map { index, url in
+                [10, 20].contains(index) ? URL(fileURLWithPath: url.deletingLastPathComponent().path + "/./" + url.lastPathComponent) : url
+            }
+            #expect(dotted[10].path.contains("/./"))
+            return FileCoordinator().readFiles(at: dotted, window: 64)
+        }
         let up = String(repeating: "../", count: FilePath(FileManager.default.currentDirectoryPath).components.count)
         let paths = urls.enumerated().map { index, url in
             [10, 20].contains(index) ? FilePath(up + url.path.dropFirst()) : FilePath(url.path)

@@ -22,13 +22,19 @@ enum FileOperations {
     /// a regular file or a character device. The open uses `O_NONBLOCK` so that a FIFO
     /// with no writer is reported instead of hanging the thread.
     static func openForReading(_ path: FilePath) -> Result<OpenedFile, FileCoordinationError> {
-        let opened = path.withPlatformString {
+        openForReading(PlatformPath(path))
+    }
+
+    /// ``openForReading(_:)-(FilePath)`` for a path given as bytes (its `FilePath` is made
+    /// only for an error).
+    static func openForReading(_ path: PlatformPath) -> Result<OpenedFile, FileCoordinationError> {
+        let opened = path.withCString {
             Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY)
         }
         let fd: Int32
         switch opened {
         case .success(let descriptor): fd = descriptor
-        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path))
+        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path.filePath))
         }
         switch validate(fd: fd, path: path, forWriting: false) {
         case .success(let file): return .success(file)
@@ -51,7 +57,7 @@ enum FileOperations {
             return .failure(unsupported(path, "is a FIFO"))
         case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path))
         }
-        switch validate(fd: fd, path: path, forWriting: true) {
+        switch validate(fd: fd, path: PlatformPath(path), forWriting: true) {
         case .success(let file): return .success(file)
         case .failure(let error):
             _ = Syscall.close(fd)
@@ -59,13 +65,15 @@ enum FileOperations {
         }
     }
 
-    private static func validate(fd: Int32, path: FilePath, forWriting: Bool) -> Result<OpenedFile, FileCoordinationError> {
+    private static func validate(fd: Int32, path platformPath: PlatformPath, forWriting: Bool) -> Result<OpenedFile, FileCoordinationError> {
         let info: stat
         switch Syscall.fstat(fd) {
         case .success(let value): info = value
-        case .failure(let errno): return .failure(FileCoordinationError("fstat", errno: errno, path: path))
+        case .failure(let errno): return .failure(FileCoordinationError("fstat", errno: errno, path: platformPath.filePath))
         }
         let type = FileType(mode: info.st_mode)
+        if type == .regular { return .success(OpenedFile(fd: fd, type: type, size: Int64(info.st_size))) }
+        let path = platformPath.filePath
         switch type {
         case .regular:
             break
@@ -404,11 +412,11 @@ extension FileOperations {
     /// open + read + close, into `buffer`: returns how many bytes it holds. A regular file
     /// is read up to its size at open time (as ``readAll(_:path:maximumSize:)`` does), other
     /// files to their end; any step's failure names `path`.
-    static func readWholeFile(_ path: FilePath, maximumSize: Int, into buffer: ReusableBuffer) -> Result<Int, FileCoordinationError> {
+    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, into buffer: ReusableBuffer) -> Result<Int, FileCoordinationError> {
         openForReading(path).flatMap { file in
             var result: Result<Int, FileCoordinationError>
             if file.type == .regular && file.size > Int64(maximumSize) {
-                result = .failure(tooLarge(path, limit: maximumSize))
+                result = .failure(tooLarge(path.filePath, limit: maximumSize))
             } else {
                 let sized = file.type == .regular && file.size > 0
                 buffer.reserve(sized ? Int(file.size) : 16 * 1024)
@@ -425,15 +433,15 @@ extension FileOperations {
                         result = .success(got)
                     case .success(let n):
                         got += n
-                        if got > maximumSize { result = .failure(tooLarge(path, limit: maximumSize)) } else { continue }
+                        if got > maximumSize { result = .failure(tooLarge(path.filePath, limit: maximumSize)) } else { continue }
                     case .failure(let errno):
-                        result = .failure(FileCoordinationError("read", errno: errno, path: path))
+                        result = .failure(FileCoordinationError("read", errno: errno, path: path.filePath))
                     }
                     break
                 }
             }
             if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
-                return .failure(FileCoordinationError("close", errno: errno, path: path))
+                return .failure(FileCoordinationError("close", errno: errno, path: path.filePath))
             }
             return result
         }

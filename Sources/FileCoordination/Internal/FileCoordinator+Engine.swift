@@ -183,7 +183,7 @@ extension FileCoordinator {
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
         let (path, key) = try itemPath(request.url)
-        let claim = CoordinationRules.Claim(path: path, key: key, access: { if case .writing = request { .writing } else { .reading } }())
+        let claim = CoordinationRules.Claim(key: key, access: { if case .writing = request { .writing } else { .reading } }())
         let generation = cancellations.load(ordering: .relaxed)
         let (id, waited) = try await acquire([claim], path: path)
         defer { center.release(id) }

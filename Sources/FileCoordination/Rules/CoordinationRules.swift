@@ -31,21 +31,22 @@ struct CoordinationRules: Sendable {
 
     /// One item a request needs.
     struct Claim: Sendable, Hashable {
+        /// The claimed path (made from its bytes when asked: moves and `status` ask).
         var path: FilePath {
-            didSet { key = PathKey(path.platformBytes) }
+            get { FilePath(platformBytes: key.bytes) }
+            set { key = PathKey(newValue.platformBytes) }
         }
         var access: Access
         var scope: Scope
-        /// The path's bytes, made once: conflicts and the index compare these.
+        /// The path's bytes: conflicts and the index compare these.
         private(set) var key: PathKey
 
         init(path: FilePath, access: Access, scope: Scope = .item) {
-            self.init(path: path, key: PathKey(path.platformBytes), access: access, scope: scope)
+            self.init(key: PathKey(path.platformBytes), access: access, scope: scope)
         }
 
-        /// A claim whose caller already has the path's bytes (`key` must be them).
-        init(path: FilePath, key: PathKey, access: Access, scope: Scope = .item) {
-            self.path = path
+        /// A claim on the normalized, absolute path with these bytes.
+        init(key: PathKey, access: Access, scope: Scope = .item) {
             self.key = key
             self.access = access
             self.scope = scope
