@@ -9,8 +9,12 @@ import Glibc
 public struct BatchReadResult: Sendable {
     /// The file's position in the list the batch was made from.
     public let index: Int
-    /// The file's path, with the exact bytes it was given with.
-    public let path: FilePath
+    /// The file's path, with the exact bytes it was given with (made when asked for: a
+    /// batch given URLs reads without one).
+    public var path: FilePath { platformPath.filePath }
+    /// The file's path as the kernel took it.
+    @_spi(FileCoordinationInternal)
+    public let platformPath: PlatformPath
     /// The file's whole content, or why it could not be read.
     public let result: Result<Data, FileCoordinationError>
 
@@ -22,8 +26,13 @@ public struct BatchReadResult: Sendable {
 
     /// A result (for sequences that renumber or wrap batch results).
     public init(index: Int, path: FilePath, result: Result<Data, FileCoordinationError>) {
+        self.init(index: index, platformPath: PlatformPath(path), result: result)
+    }
+
+    @_spi(FileCoordinationInternal)
+    public init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
         self.index = index
-        self.path = path
+        self.platformPath = platformPath
         self.result = result
     }
 }
@@ -456,12 +465,12 @@ final class BatchStorage: Sendable {
                 var finishedBytes = 0
                 var oldest: UInt64 = 0
                 while let indices = claim() {
-                    let group = indices.map { (index: $0, input: inputs[$0].resolved) }
+                    let group = indices.map { (index: $0, input: inputs[$0].platformResolved) }
                     // With a gate: one question for a group of several files, else one per file.
                     var token: UInt64?
                     if let gate, group.count > 1 {
                         let paths = group.compactMap { file -> (Int, PlatformPath)? in
-                            if case .path(let path) = file.input { (file.index, PlatformPath(path)) } else { nil }
+                            if case .path(let path) = file.input { (file.index, path) } else { nil }
                         }
                         if paths.count > 1 { token = gate.enter(paths) }
                     }
@@ -475,8 +484,8 @@ final class BatchStorage: Sendable {
                         {
                             for rest in group[position...] {
                                 gate.skip(rest.index)
-                                finished.append(BatchReadResult(index: rest.index, path: Self.path(of: rest.input),
-                                                                result: .failure(Self.leftToGate(Self.path(of: rest.input)))))
+                                let path = Self.path(of: rest.input)
+                                finished.append(BatchReadResult(index: rest.index, path: path, result: .failure(Self.leftToGate(path))))
                             }
                             break
                         }
@@ -520,28 +529,31 @@ final class BatchStorage: Sendable {
         FileCoordinationError(code: .cancelled, path: path, operation: "read", message: "left to the full coordination")
     }
 
-    private static func path(of input: FileBatchReader.Resolved) -> FilePath {
+    private static func path(of input: FileBatchReader.PlatformResolved) -> FilePath {
         switch input {
-        case .path(let path), .invalid(let path, _): path
+        case .path(let path): path.filePath
+        case .invalid(let path, _): path
         }
     }
 
     /// Reads one file; with `askingGate`, only if the gate lets it through alone.
-    private func readBlocking(_ index: Int, _ input: FileBatchReader.Resolved, askingGate: Bool) -> BatchReadResult {
+    private func readBlocking(_ index: Int, _ input: FileBatchReader.PlatformResolved, askingGate: Bool) -> BatchReadResult {
         switch input {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
         case .path(let path):
             var token: UInt64?
             if askingGate, let gate {
-                token = gate.enter([(index, PlatformPath(path))])
-                guard token != nil else { return BatchReadResult(index: index, path: path, result: .failure(Self.leftToGate(path))) }
+                token = gate.enter([(index, path)])
+                guard token != nil else {
+                    return BatchReadResult(index: index, path: path.filePath, result: .failure(Self.leftToGate(path.filePath)))
+                }
             }
             let result = descriptors.read {
                 FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
             }
             if let token { gate?.leave(token) }
-            return BatchReadResult(index: index, path: path, result: result)
+            return BatchReadResult(index: index, platformPath: path, result: result)
         }
     }
 

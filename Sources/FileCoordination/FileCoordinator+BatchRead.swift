@@ -226,7 +226,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 if let inner {
                     do {
                         if let result = try await inner.next() {
-                            return BatchReadResult(index: base + result.index, path: result.path, result: result.result)
+                            return BatchReadResult(index: base + result.index, platformPath: result.platformPath, result: result.result)
                         }
                     } catch {
                         await endWindow()
@@ -275,7 +275,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             guard var window = skipped else { preconditionFailure("no window of skipped files") }
             var found = window.early.removeValue(forKey: index)
             while found == nil, let read = try await window.reads.next() {
-                let result = BatchReadResult(index: window.indices[read.index], path: read.path, result: read.result)
+                let result = BatchReadResult(index: window.indices[read.index], platformPath: read.platformPath, result: read.result)
                 if result.index == index { found = result } else { window.early[result.index] = result }
             }
             window.left -= 1
@@ -299,7 +299,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             }
             await owner.coordinator.finish(window.session, accessorSucceeded: true)
             guard let read else { preconditionFailure("a skipped file's window ended without it") }
-            return BatchReadResult(index: index, path: read.path, result: read.result)
+            return BatchReadResult(index: index, platformPath: read.platformPath, result: read.result)
         }
 
         private func beginWindow() async throws {

@@ -180,7 +180,7 @@ enum FileOperations {
     /// Reads an opened file from its start to its end. A regular file with a known size
     /// is read in one allocation of exactly that size (the size it had when opened);
     /// devices and size-less pseudo-files are read until end of file.
-    static func readAll(_ file: OpenedFile, path: FilePath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
+    static func readAll(_ file: OpenedFile, path: FilePath?, maximumSize: Int) -> Result<Data, FileCoordinationError> {
         if file.type == .regular && file.size > 0 {
             guard file.size <= Int64(maximumSize) else { return .failure(tooLarge(path, limit: maximumSize)) }
             return read(fd: file.fd, path: path, offset: nil, count: Int(file.size))
@@ -190,12 +190,22 @@ enum FileOperations {
 
     /// open + read + close, reporting any step's failure against `path`.
     static func readWholeFile(_ path: FilePath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
+        readWholeFile(PlatformPath(path), maximumSize: maximumSize)
+    }
+
+    /// ``readWholeFile(_:maximumSize:)-(FilePath,_)`` for a path given as bytes: its
+    /// `FilePath` is made only for an error.
+    static func readWholeFile(_ path: PlatformPath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
         openForReading(path).flatMap { file in
-            let result = readAll(file, path: path, maximumSize: maximumSize)
+            var result = readAll(file, path: nil, maximumSize: maximumSize)
             if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
-                return .failure(FileCoordinationError("close", errno: errno, path: path))
+                result = .failure(FileCoordinationError("close", errno: errno, path: nil))
             }
-            return result
+            return result.mapError { error in
+                var error = error
+                error.path = path.filePath
+                return error
+            }
         }
     }
 
