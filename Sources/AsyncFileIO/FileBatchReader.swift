@@ -113,15 +113,9 @@ public struct FileBatchReader: AsyncSequence, Sendable {
 
         /// A path, or the reason there is none.
         var resolved: Resolved {
-            switch self {
-            case .path(let path): return .path(path)
-            case .invalid(let path, let error): return .invalid(path, error)
-            case .url(let url):
-                do throws(FileCoordinationError) {
-                    return .path(try FilePath(fileURL: url))
-                } catch {
-                    return .invalid(FilePath(url.absoluteString), error)
-                }
+            switch platformResolved {
+            case .path(let path): .path(path.filePath)
+            case .invalid(let path, let error): .invalid(path, error)
             }
         }
     }
