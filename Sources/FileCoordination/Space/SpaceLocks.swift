@@ -174,11 +174,10 @@ final class SpaceLocks: Sendable {
     /// How many shard files are open (for tests).
     var openShardCount: Int { openMask.load(ordering: .relaxed).nonzeroBitCount }
 
-    /// Opens the shards `plan` needs that this process has not opened yet (on an I/O
-    /// thread), first closing shards it holds nothing in when that many would exceed the
-    /// budget, or when an open fails with `EMFILE`.
-    private func openShards(_ plan: Plan) async throws {
-        let needed = Self.mask(of: plan)
+    /// Opens the shards in `needed` (one bit each) that this process has not opened yet
+    /// (on an I/O thread), first closing shards it holds nothing in when that many would
+    /// exceed the budget, or when an open fails with `EMFILE`.
+    private func openShards(_ needed: UInt64) async throws {
         guard openMask.load(ordering: .acquiring) & needed != needed else { return }
         try await runOnIOThread { [self] in try openShardsNow(needed) }
     }
@@ -395,9 +394,7 @@ final class SpaceLocks: Sendable {
     /// path; false, opening nothing, when the budget is smaller.
     func openAllShards() async throws -> Bool {
         guard shardBudget >= Self.shardCount else { return false }
-        var all = Plan()
-        all.checks = (0 ..< Int64(Self.shardCount)).map { Self.firstSlot + $0 * 4 }
-        try await openShards(all)
+        try await openShards(UInt64.max) // every shard (there are 64)
         return true
     }
 
@@ -440,7 +437,7 @@ final class SpaceLocks: Sendable {
         var pinned = true
         pin(needed, by: 1)
         defer { if pinned { pin(needed, by: -1) } }
-        try await openShards(plan)
+        try await openShards(needed)
         var queued: [Byte] = []
         var flagged = false
         defer {
@@ -458,7 +455,7 @@ final class SpaceLocks: Sendable {
                 case .held(let held): return held
                 case .shardClosed:
                     // Closed before this acquisition pinned it (again): open it again.
-                    try await openShards(plan)
+                    try await openShards(needed)
                     continue
                 case .conflict: break
                 }
@@ -476,7 +473,7 @@ final class SpaceLocks: Sendable {
                 try await waitForChange(after: generation)
                 pin(needed, by: 1)
                 pinned = true
-                try await openShards(plan)
+                try await openShards(needed)
             }
         } catch {
             release(Held(bytes: queued))
@@ -526,20 +523,15 @@ final class SpaceLocks: Sendable {
         }
         var taken: [Byte] = []
         taken.reserveCapacity(plan.bytes.count)
+        // All or nothing: on a refusal, or a lock call that throws, what was taken goes back.
+        var complete = false
+        defer { if !complete { for byte in taken.reversed() { _ = give(byte) } } }
         for byte in plan.bytes {
-            let outcome: Take
-            do {
-                outcome = try take(byte)
-            } catch {
-                for byte in taken.reversed() { _ = give(byte) }
-                throw error
-            }
-            guard case .taken = outcome else {
-                for byte in taken.reversed() { _ = give(byte) }
-                return outcome == .conflict ? .conflict : .shardClosed
-            }
+            let outcome = try take(byte)
+            guard case .taken = outcome else { return outcome == .conflict ? .conflict : .shardClosed }
             taken.append(byte)
         }
+        complete = true
         return .held(Held(bytes: queued + taken))
     }
 
