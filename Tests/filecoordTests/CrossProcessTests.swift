@@ -204,6 +204,40 @@ struct CrossProcessTests {
         #expect(ended.stderr.contains("ignored a file in the coordination space"), "\(ended.stderr)")
     }
 
+    @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(1)))
+    func spareMessageFiles() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
+        let box = space + "/mail/" + mail
+        let fifo = scratch.path + "/go"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // One writer ends normally (after its did-change and reacquire), one is killed while
+        // it holds the claim: both leave a message file made ahead in the presenter's mailbox.
+        let graceful = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; read x < '\(fifo)'"])
+        var gracefulLines = graceful.lines.makeAsyncIterator()
+        #expect(await gracefulLines.next() == "held")
+        #expect(event(try #require(await lines.next())).event == "relinquishToWriter")
+        _ = try await shell("echo go > '\(fifo)'")
+        #expect(await graceful.wait().status == 0)
+        let killed = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; exec sleep 61 >/dev/null 2>&1"])
+        var killedLines = killed.lines.makeAsyncIterator()
+        #expect(await killedLines.next() == "held")
+        killed.signal(SIGKILL)
+        _ = await killed.wait()
+        _ = try await shell("pkill -f 'sleep 61' || true")
+        // The presenter reads its mailbox in order: once it has answered `status`, it has
+        // seen both writers' files closed.
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        let left = try FileManager.default.contentsOfDirectory(atPath: box)
+        #expect(!left.contains { $0.hasPrefix("\(graceful.pid)-") || $0.hasPrefix("\(killed.pid)-") }, "\(left)")
+        presenter.signal(SIGTERM)
+        let ended = await presenter.wait()
+        #expect(ended.status == 0)
+        #expect(!ended.stderr.contains("ignored a file"), "\(ended.stderr)")
+    }
+
     @Test("status lists live claims and presenters with their pids, and cleans up after a killed presenter")
     func status() async throws {
         let file = scratch.write("doc", "x")

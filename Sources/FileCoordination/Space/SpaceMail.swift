@@ -41,6 +41,7 @@ final class SpaceMail: Sendable {
 
     private let state = Mutex(State())
     private let deadlines = ReplyDeadlines()
+    private let spares = SpareMessageFiles()
     private let incoming: AsyncStream<SpaceMessage>.Continuation
     private let incomingStream: AsyncStream<SpaceMessage>
 
@@ -75,6 +76,7 @@ final class SpaceMail: Sendable {
         let message: SpaceMessage
         switch outcome {
         case .success(let decoded): message = decoded
+        case .failure(.empty): return
         case .failure(let reason): return Self.ignored(path, reason.rawValue)
         }
         switch message.kind {
@@ -134,6 +136,7 @@ final class SpaceMail: Sendable {
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else { return .failure(.notAMessage) }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
+        guard info.st_size > 0 else { return .failure(.empty) }
         var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
         let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
         guard count >= 0 else { return .failure(.notAMessage) }
@@ -151,28 +154,37 @@ final class SpaceMail: Sendable {
         try await runOnIOThread(write)
     }
 
-    /// The blocking write of one message (create, write, close), to run on an I/O thread.
+    /// The blocking write of one message (write, close), to run on an I/O thread. The file
+    /// is the spare made for `target` after the previous message (see ``SpareMessageFiles``),
+    /// else created here; a spare for the next message is made once this one is out.
     private func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
         var message = message
         message.set("from", me)
         message.set("id", "\(id)")
         message.set("pid", "\(getpid())")
         let bytes = message.encoded()
-        let name = "mail/\(target)/\(me)-\(id)"
         let (dirFD, files) = (files.directoryFD, files)
-        return {
+        return { [self] in
             // The path is for the error only: built when one happens.
             func failure(_ operation: String) -> FileCoordinationError {
                 FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
             }
-            let fd = fc_openat(dirFD, name, O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+            var fd = spares.take(for: target) ?? -1
             if fd < 0 {
-                if errno == ENOENT { throw SendError.gone }
-                throw failure("open")
+                fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+                if fd < 0 {
+                    if errno == ENOENT { throw SendError.gone }
+                    throw failure("open")
+                }
             }
-            defer { Glibc.close(fd) }
             let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if written != bytes.count { throw failure("write") }
+            if written != bytes.count {
+                let error = failure("write")
+                Glibc.close(fd)
+                throw error
+            }
+            Glibc.close(fd)
+            spares.make(for: target, dirFD: dirFD, name: "mail/\(target)/\(me)-\(nextID())")
         }
     }
 
@@ -647,6 +659,7 @@ final class SpaceMail: Sendable {
         let (dirFD, files, me) = (files.directoryFD, files, me)
         let numbers = state.withLock { Array($0.local.keys) }
         incoming.finish()
+        spares.closeAll()
         _ = try? await runOnIOThread {
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
             for name in (try? Self.list(dirFD, "mail/" + me)) ?? [] { unlinkat(dirFD, "mail/\(me)/\(name)", 0) }

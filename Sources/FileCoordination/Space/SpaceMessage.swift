@@ -80,6 +80,8 @@ struct SpaceMessage: Sendable, Equatable {
         case unsupportedVersion = "written for another protocol version"
         case notAMessage = "not a filecoord message"
         case badField = "a field is malformed"
+        /// An empty message file: a spare its sender closed unused, removed without a warning.
+        case empty = "empty"
     }
 
     static func percentEncode(_ bytes: [UInt8], into out: inout [UInt8]) {
