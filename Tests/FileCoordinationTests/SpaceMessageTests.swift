@@ -14,6 +14,21 @@ struct SpaceMessageTests {
         #expect(text == "filecoord 1\nkind relinquish\naccess write\npath /tmp/a%20b/50%25\nend\n")
     }
 
+    @Test("fields set in any order, replaced or removed, are encoded once each, sorted; a file's order does not matter")
+    func fieldOrder() {
+        var message = SpaceMessage(kind: "reply")
+        for key in ["re", "b", "result", "a", "text", "c"] { message.set(key, key.uppercased()) }
+        message.set("b", "again")
+        message["text"] = nil
+        message.set("z", "last")
+        let text = String(decoding: message.encoded(), as: UTF8.self)
+        #expect(text == "filecoord 1\nkind reply\na A\nb again\nc C\nre RE\nresult RESULT\nz last\nend\n")
+        let shuffled = "filecoord 1\nkind reply\nz last\nre RE\na A\nresult RESULT\nc C\nb again\nend\n"
+        #expect(SpaceMessage.decode(Array(shuffled.utf8)) == .success(message))
+        let bulk = SpaceMessage(kind: "reply", fields: message.fields.reversed())
+        #expect(bulk == message)
+    }
+
     @Test("any bytes survive a round trip; truncated and foreign files are told apart")
     func roundTrip() {
         var message = SpaceMessage(kind: "did-move")

@@ -494,18 +494,19 @@ final class SpaceMail: Sendable {
 
     private func answerStatus(_ query: SpaceMessage) async {
         guard let from = query.string("from"), let id = query.number("id") else { return }
-        var reply = SpaceMessage(kind: "status-reply")
-        reply.set("re", "\(id)")
+        // Built as a list and sorted once: a process may hold thousands of claims.
+        var fields = [SpaceMessage.Field(key: "re", value: Array("\(id)".utf8))]
         let claims = CoordinationCenter.shared.statusClaims()
         for (index, claim) in claims.held.enumerated() {
-            reply["claim.\(index)"] = Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes
+            fields.append(.init(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
         }
         for (index, claim) in claims.waiting.enumerated() {
-            reply["waiting.\(index)"] = Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes
+            fields.append(.init(key: "waiting.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
         }
         for (index, entry) in localEntries().enumerated() {
-            reply["presenter.\(index)"] = entry.platformBytes
+            fields.append(.init(key: "presenter.\(index)", value: entry.platformBytes))
         }
+        let reply = SpaceMessage(kind: "status-reply", fields: fields)
         try? await send(reply, to: from, id: nextID())
     }
 
@@ -550,7 +551,8 @@ final class SpaceMail: Sendable {
                     status.cleanedUp.append(pid)
                     await cleanUp(process)
                 case .reply(let reply):
-                    for (key, value) in reply.fields {
+                    for field in reply.fields {
+                        let (key, value) = (field.key, field.value)
                         if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
                             let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
                                                                        isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
