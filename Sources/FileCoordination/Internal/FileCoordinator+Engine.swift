@@ -339,7 +339,10 @@ extension FileCoordinator {
 
     private struct Plan {
         var entry: PresenterRegistry.Entry
-        var request: FileAccessRequest
+        /// The item accessed, and how (a writer outranks a reader).
+        var path: FilePath
+        var kind: FileAccessRequest.Kind
+        var purpose: String
         var save = false
         var accommodateDeletion = false
         var subitemDeletions: [FilePath] = []
@@ -356,15 +359,14 @@ extension FileCoordinator {
         for item in items {
             let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: exclude)
             guard !concerned.isEmpty else { continue }
-            let request = FileAccessRequest(url: item.path.fileURL, kind: item.isWrite ? .writing : .reading,
-                                            purposeIdentifier: purposeIdentifier, processIdentifier: getpid())
+            let kind: FileAccessRequest.Kind = item.isWrite ? .writing : .reading
             func plan(_ entry: PresenterRegistry.Entry, _ update: (inout Plan) -> Void) {
                 guard !prepared.contains(entry.id) else { return }
                 if plans[entry.id] == nil {
-                    plans[entry.id] = Plan(entry: entry, request: request)
+                    plans[entry.id] = Plan(entry: entry, path: item.path, kind: kind, purpose: purposeIdentifier)
                     order.append(entry.id)
-                } else if request.kind == .writing {
-                    plans[entry.id]!.request = request // a writer outranks a reader
+                } else if kind == .writing {
+                    (plans[entry.id]!.path, plans[entry.id]!.kind) = (item.path, kind) // a writer outranks a reader
                 }
                 update(&plans[entry.id]!)
             }
@@ -418,7 +420,6 @@ extension FileCoordinator {
 
     private static func run(_ plan: Plan, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
         let presenter = plan.entry.presenter
-        let request = plan.request
         var reacquirer: FileReacquirer?
         func step<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
                                _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
@@ -434,14 +435,17 @@ extension FileCoordinator {
         }
         // A presenter in another process gets every step in one request: one round trip.
         if let remote = presenter as? RemotePresenter {
-            let name = request.kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
+            let name = plan.kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
             let then: RemotePresenter.FollowUp? = plan.accommodateDeletion ? .accommodateDeletion : plan.save ? .save : nil
             let answer = try await step(name, late: late) {
-                try await remote.relinquish(request, then: then, subitemDeletions: plan.subitemDeletions)
+                try await remote.relinquish(plan.path, kind: plan.kind, purpose: plan.purpose, then: then,
+                                            subitemDeletions: plan.subitemDeletions)
             }
             guard case .some(let relinquished) = answer else { return nil }
             return relinquished
         }
+        let request = FileAccessRequest(url: plan.path.fileURL, kind: plan.kind, purposeIdentifier: plan.purpose,
+                                        processIdentifier: getpid())
         let answer: FileReacquirer??
         switch request.kind {
         case .reading:

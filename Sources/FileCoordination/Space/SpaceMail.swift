@@ -730,13 +730,13 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     /// Relinquish, then the follow-up step and the subitem deletions, in one round trip.
     /// Returns nil when the presenter's process is gone.
-    func relinquish(_ request: FileAccessRequest, then followUp: FollowUp? = nil,
+    func relinquish(_ item: FilePath, kind: FileAccessRequest.Kind, purpose: String, then followUp: FollowUp? = nil,
                     subitemDeletions: [FilePath] = []) async throws -> FileReacquirer? {
-        var message = message("relinquish", path: (try? FilePath(fileURL: request.url)) ?? path)
-        message.set("access", request.kind == .writing ? "write" : "read")
+        var message = message("relinquish", path: item)
+        message.set("access", kind == .writing ? "write" : "read")
         if let followUp { message.set("then", followUp.rawValue) }
         for (index, subitem) in subitemDeletions.enumerated() { message.set("subitem.\(index)", subitem) }
-        message.set("purpose", request.purposeIdentifier)
+        message.set("purpose", purpose)
         let id = mail.nextID()
         message.set("re", "\(id)")
         var reacquire = self.message("reacquire")
@@ -755,11 +755,11 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
     }
 
     func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
-        try await relinquish(request)
+        try await relinquish((try? FilePath(fileURL: request.url)) ?? path, kind: request.kind, purpose: request.purposeIdentifier)
     }
 
     func relinquishPresentedItem(toWriter request: FileAccessRequest) async throws -> FileReacquirer? {
-        try await relinquish(request)
+        try await relinquish((try? FilePath(fileURL: request.url)) ?? path, kind: request.kind, purpose: request.purposeIdentifier)
     }
 
     func savePresentedItemChanges() async throws { _ = try await ask(message("save")) }
