@@ -39,5 +39,9 @@ struct SpaceMessageTests {
         #expect(SpaceMessage.decode(bytes.dropLast(4)) == .failure(.truncated))
         #expect(SpaceMessage.decode(Array("filecoord 2\nkind x\nend\n".utf8)) == .failure(.unsupportedVersion))
         #expect(SpaceMessage.decode(Array("hello\nworld\nand\nmore\n".utf8)) == .failure(.notAMessage))
+        #expect(SpaceMessage.decode(bytes.dropLast()) == .failure(.truncated))
+        #expect(SpaceMessage.decode(bytes + Array("id 43\nend\n".utf8)) == .failure(.truncated))
+        #expect(SpaceMessage.decode(Array("filecoord 1\nkind x\nno-value\nend\n".utf8)) == .failure(.badField))
+        #expect(SpaceMessage.decode(Array("filecoord 1\nid 1\nend\n".utf8)) == .failure(.badField))
     }
 }

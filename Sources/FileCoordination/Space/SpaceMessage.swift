@@ -78,22 +78,46 @@ struct SpaceMessage: Sendable, Equatable {
     }
 
     /// Parses a whole message; nil for anything else (another version, a truncated or
-    /// foreign file), with the reason.
+    /// foreign file), with the reason. One pass over the bytes, no array of lines.
     static func decode(_ bytes: some Collection<UInt8>) -> Result<SpaceMessage, MalformedReason> {
         guard bytes.count <= maximumSize else { return .failure(.tooLarge) }
-        let lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false)
-        guard lines.count >= 4, lines.last?.isEmpty == true else { return .failure(.truncated) }
-        guard Array(lines[0]) == Array("filecoord \(version)".utf8) else {
-            return .failure(lines[0].starts(with: Array("filecoord ".utf8)) ? .unsupportedVersion : .notAMessage)
-        }
-        guard Array(lines[lines.count - 2]) == Array("end".utf8) else { return .failure(.truncated) }
+        if let result = bytes.withContiguousStorageIfAvailable({ decode(buffer: $0) }) { return result }
+        return Array(bytes).withUnsafeBufferPointer { decode(buffer: $0) }
+    }
+
+    private static let header = Array("filecoord \(version)".utf8)
+    private static let headerPrefix = Array("filecoord ".utf8)
+    private static let endLine = Array("end".utf8)
+
+    private static func decode(buffer: UnsafeBufferPointer<UInt8>) -> Result<SpaceMessage, MalformedReason> {
+        let newline = UInt8(ascii: "\n")
+        // A whole message ends with its `end` line and that line's newline.
+        guard buffer.last == newline else { return .failure(.truncated) }
         var message = SpaceMessage(kind: "")
-        for line in lines[1..<(lines.count - 2)] {
+        var start = 0, lineNumber = 0, ended = false
+        while start < buffer.count {
+            var stop = start
+            while buffer[stop] != newline { stop += 1 } // stops at the final newline at the latest
+            let line = UnsafeBufferPointer(rebasing: buffer[start..<stop])
+            defer { (start, lineNumber) = (stop + 1, lineNumber + 1) }
+            if lineNumber == 0 {
+                guard line.elementsEqual(header) else {
+                    return .failure(line.starts(with: headerPrefix) ? .unsupportedVersion : .notAMessage)
+                }
+                continue
+            }
+            // Anything after the `end` line: not one whole message.
+            guard !ended else { return .failure(.truncated) }
+            if line.elementsEqual(endLine) {
+                ended = true
+                continue
+            }
             guard let space = line.firstIndex(of: UInt8(ascii: " ")) else { return .failure(.badField) }
-            let key = String(decoding: line[line.startIndex..<space], as: UTF8.self)
-            guard let value = percentDecode(line[line.index(after: space)...]) else { return .failure(.badField) }
+            let key = String(decoding: UnsafeBufferPointer(rebasing: line[..<space]), as: UTF8.self)
+            guard let value = percentDecode(UnsafeBufferPointer(rebasing: line[(space + 1)...])) else { return .failure(.badField) }
             if key == "kind" { message.kind = String(decoding: value, as: UTF8.self) } else { message[key] = value }
         }
+        guard ended else { return .failure(.truncated) }
         guard !message.kind.isEmpty else { return .failure(.badField) }
         return .success(message)
     }
