@@ -487,35 +487,47 @@ extension FileCoordinator {
         guard !messages.isEmpty else { return }
         // The change has happened; a slow presenter only delays, never fails it.
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        // One message (the common case) is sent from this task; several, all at once.
+        if messages.count == 1 {
+            await Self.deliver(messages[0], policy: lenient)
+            return
+        }
         await withTaskGroup(of: Void.self) { group in
             for message in messages {
-                group.addTask {
-                    let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
-                    switch message {
-                    case .didChange(let e):
-                        (entry, name, body) = (e, "presentedItemDidChange()", { await e.presenter.presentedItemDidChange() })
-                    case .didMove(let e, let path):
-                        let url = path.fileURL
-                        (entry, name, body) = (e, "presentedItemDidMove(to:)", { await e.presenter.presentedItemDidMove(to: url) })
-                    case .subitemDidAppear(let e, let path):
-                        let url = path.fileURL
-                        (entry, name, body) = (e, "presentedSubitemDidAppear(at:)", { await e.presenter.presentedSubitemDidAppear(at: url) })
-                    case .subitemDidChange(let e, let path):
-                        let url = path.fileURL
-                        (entry, name, body) = (e, "presentedSubitemDidChange(at:)", { await e.presenter.presentedSubitemDidChange(at: url) })
-                    case .subitemDidMove(let e, let from, let to):
-                        let (old, new) = (from.fileURL, to.fileURL)
-                        (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
-                    }
-                    _ = try? await PresenterMessenger.bounded(lenient, name, of: entry, body)
-                }
+                group.addTask { await Self.deliver(message, policy: lenient) }
             }
         }
+    }
+
+    private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy) async {
+        let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
+        switch message {
+        case .didChange(let e):
+            (entry, name, body) = (e, "presentedItemDidChange()", { await e.presenter.presentedItemDidChange() })
+        case .didMove(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedItemDidMove(to:)", { await e.presenter.presentedItemDidMove(to: url) })
+        case .subitemDidAppear(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedSubitemDidAppear(at:)", { await e.presenter.presentedSubitemDidAppear(at: url) })
+        case .subitemDidChange(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedSubitemDidChange(at:)", { await e.presenter.presentedSubitemDidChange(at: url) })
+        case .subitemDidMove(let e, let from, let to):
+            let (old, new) = (from.fileURL, to.fileURL)
+            (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
+        }
+        _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
     }
 
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
         guard !reacquirers.isEmpty else { return }
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        if reacquirers.count == 1 {
+            let (entry, reacquirer) = reacquirers[0]
+            _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() }
+            return
+        }
         await withTaskGroup(of: Void.self) { group in
             for (entry, reacquirer) in reacquirers {
                 group.addTask { _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() } }
