@@ -291,10 +291,13 @@ final class BatchStorage: Sendable {
     private let chunk: Int
     /// The largest file read so far (bytes).
     private let largestFile = Atomic<Int>(0)
-    /// Set once a read took long enough to have waited for a device: from then on the
-    /// batch may use up to `concurrency` threads. Until then, reads come from the page
-    /// cache and more threads than cores would only take turns.
+    /// Set once a read had to wait for a device (its file was not all in the page cache):
+    /// from then on the batch may use up to `concurrency` threads. Until then, reads come
+    /// from the page cache and more threads than cores would only take turns. (Where the
+    /// file system cannot tell, as tmpfs, a read that took over 200 us sets it.)
     private let blocking = Atomic<Bool>(false)
+    /// False once a read found that the file system cannot tell (no `RWF_NOWAIT`).
+    private let cacheProbes = Atomic<Bool>(true)
     private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     private let state: Mutex<State>
 
@@ -484,9 +487,12 @@ final class BatchStorage: Sendable {
                             break
                         }
                         let started = Self.now()
-                        let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil)
+                        var probe = FileOperations.CacheProbe.notProbed
+                        let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil, probe: &probe)
                         if finished.isEmpty { oldest = started }
-                        if Self.now() - started > 200_000 && !blocking.load(ordering: .relaxed) {
+                        if probe == .unsupported { cacheProbes.store(false, ordering: .relaxed) }
+                        if !blocking.load(ordering: .relaxed) && (probe == .waitedForDevice
+                            || (!cacheProbes.load(ordering: .relaxed) && Self.now() - started > 200_000)) {
                             blocking.store(true, ordering: .relaxed)
                         }
                         let size = Self.size(of: result)
@@ -531,7 +537,8 @@ final class BatchStorage: Sendable {
     }
 
     /// Reads one file; with `askingGate`, only if the gate lets it through alone.
-    private func readBlocking(_ index: Int, _ input: FileBatchReader.PlatformResolved, askingGate: Bool) -> BatchReadResult {
+    private func readBlocking(_ index: Int, _ input: FileBatchReader.PlatformResolved, askingGate: Bool,
+                              probe: inout FileOperations.CacheProbe) -> BatchReadResult {
         switch input {
         case .invalid(let path, let error):
             return BatchReadResult(index: index, path: path, result: .failure(error))
@@ -543,9 +550,13 @@ final class BatchStorage: Sendable {
                     return BatchReadResult(index: index, path: path.filePath, result: .failure(Self.leftToGate(path.filePath)))
                 }
             }
+            // Probing tells a device wait from a preempted thread, until the batch knows.
+            let probing = !blocking.load(ordering: .relaxed) && cacheProbes.load(ordering: .relaxed)
+            var learned = FileOperations.CacheProbe.notProbed
             let result = descriptors.read {
-                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize)
+                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize, probingCache: probing, probe: &learned)
             }
+            probe = learned
             if let token { gate?.leave(token) }
             return BatchReadResult(index: index, platformPath: path, result: result)
         }

@@ -1,7 +1,7 @@
 import Foundation
 import SystemPackage
 import Testing
-@testable import AsyncFileIO
+@_spi(FileCoordinationInternal) @testable import AsyncFileIO
 
 @Suite("FileBatchReader")
 struct FileBatchReaderTests {
@@ -221,6 +221,32 @@ struct IOThreadPoolTests {
         #expect(names[0].hasPrefix("filecoord-io"))
         #expect(!names[1].hasPrefix("filecoord-io"))
         #expect(names[2].hasPrefix("filecoord-io"))
+    }
+
+    @Test("a probing read tells a file in the page cache from one that had to come from the disk")
+    func cacheProbe() throws {
+        let directory = TemporaryDirectory("probe")
+        let content = pattern(256 * 1024, seed: 5)
+        let file = try directory.make("f", content)
+        func read(probing: Bool = true) -> (Data?, FileOperations.CacheProbe) {
+            var probe = FileOperations.CacheProbe.notProbed
+            let data = try? FileOperations.readWholeFile(PlatformPath(file), maximumSize: .max, probingCache: probing, probe: &probe).get()
+            return (data, probe)
+        }
+        #expect(read(probing: false) == (content, .notProbed))
+        let (data, first) = read()
+        #expect(data == content)
+        if first == .unsupported {
+            // tmpfs, for one: the batch falls back to timing its reads.
+            return
+        }
+        #expect(first == .cached)
+        // Written back and dropped from the page cache: the next read waits for the disk.
+        let fd = open(file.string, O_RDONLY)
+        #expect(fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0)
+        close(fd)
+        #expect(read() == (content, .waitedForDevice))
+        #expect(read() == (content, .cached))
     }
 
     @Test("a job cancelled while queued never runs")

@@ -119,7 +119,14 @@ enum FileOperations {
     static func read(fd: Int32, path: FilePath?, offset: Int64?, count: Int) -> Result<Data, FileCoordinationError> {
         guard count > 0 else { return .success(Data()) }
         guard let buffer = BufferRecycler.allocate(count) else { return .failure(tooLarge(path, limit: count)) }
-        var got = 0
+        return fill(buffer, fd: fd, path: path, offset: offset, count: count, from: 0)
+    }
+
+    /// Reads bytes `from..<count` of a buffer from ``BufferRecycler`` (allocated for
+    /// `count`), at `offset + from` (or the descriptor's position), and wraps it as `Data`.
+    private static func fill(_ buffer: UnsafeMutableRawPointer, fd: Int32, path: FilePath?, offset: Int64?, count: Int,
+                             from start: Int) -> Result<Data, FileCoordinationError> {
+        var got = start
         while got < count {
             let step = offset.map { Syscall.pread(fd, buffer + got, count - got, $0 + Int64(got)) }
                 ?? Syscall.read(fd, buffer + got, count - got)
@@ -186,6 +193,63 @@ enum FileOperations {
             return read(fd: file.fd, path: path, offset: nil, count: Int(file.size))
         }
         return readUntilEnd(fd: file.fd, path: path, offset: nil, initialCapacity: 16 * 1024, maximumSize: maximumSize)
+    }
+
+    /// What a read that probed the page cache learned (see
+    /// ``readWholeFile(_:maximumSize:probe:)``).
+    enum CacheProbe {
+        /// Not probed (not a regular file of known size, or not asked to).
+        case notProbed
+        /// Every byte came from the page cache.
+        case cached
+        /// Some had to come from the device.
+        case waitedForDevice
+        /// The file system does not support `RWF_NOWAIT` (tmpfs, for one).
+        case unsupported
+    }
+
+    /// ``readWholeFile(_:maximumSize:)-(PlatformPath,_)``; with `probingCache`, the first
+    /// read copies only what the page cache holds (`RWF_NOWAIT`: the same one system call
+    /// as a plain read when the file is cached), the rest is read as usual, and `probe`
+    /// tells which happened. A batch uses it to learn that its reads wait for a disk, and
+    /// only then runs more threads than cores; a slow read alone (a thread preempted on a
+    /// busy machine) says nothing about that.
+    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, probingCache: Bool,
+                              probe: inout CacheProbe) -> Result<Data, FileCoordinationError> {
+        openForReading(path).flatMap { file in
+            var result: Result<Data, FileCoordinationError>
+            if probingCache && file.type == .regular && file.size > 0 && file.size <= Int64(maximumSize) {
+                result = readProbingCache(fd: file.fd, count: Int(file.size), probe: &probe)
+            } else {
+                result = readAll(file, path: nil, maximumSize: maximumSize)
+            }
+            if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
+                result = .failure(FileCoordinationError("close", errno: errno, path: nil))
+            }
+            return result.mapError { error in
+                var error = error
+                error.path = path.filePath
+                return error
+            }
+        }
+    }
+
+    private static func readProbingCache(fd: Int32, count: Int, probe: inout CacheProbe) -> Result<Data, FileCoordinationError> {
+        guard let buffer = BufferRecycler.allocate(count) else { return .failure(tooLarge(nil, limit: count)) }
+        var cached = 0
+        switch Syscall.preadNoWait(fd, buffer, count, 0) {
+        case .success(let n):
+            cached = n
+            probe = n < count ? .waitedForDevice : .cached
+        case .failure(.resourceTemporarilyUnavailable):
+            probe = .waitedForDevice
+        case .failure(.notSupported), .failure(.invalidArgument):
+            probe = .unsupported
+        case .failure(let errno):
+            BufferRecycler.release(buffer, count: count)
+            return .failure(FileCoordinationError("read", errno: errno, path: nil))
+        }
+        return fill(buffer, fd: fd, path: nil, offset: 0, count: count, from: cached)
     }
 
     /// open + read + close, reporting any step's failure against `path`.
