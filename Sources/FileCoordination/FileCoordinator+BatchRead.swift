@@ -68,10 +68,8 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         var partials: [Partial] = []
         var remaining = Array(0 ..< count)
         // A plain read (no snapshot, no link to resolve) on the thread-pool engine.
-        // With fewer claim shards open than all (a low descriptor limit), every file goes
-        // through windows sized to fit them.
-        if readsOnWorkers, try await everyShardOpen() {
-            let gate = ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier)
+        if readsOnWorkers {
+            let gate = try await workersGate()
             // Workers that take claims share the process's claim tables: past two per core
             // they mostly wait for each other (measured: 16 workers read 4x slower than 4;
             // with claims for 32 files at a time, 3 per core were 20% slower than 2).
@@ -130,11 +128,15 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         }
     }
 
-    /// Joins the space (if the process coordinates across processes) and opens every claim
-    /// shard; false when the process may not keep them all open.
-    private func everyShardOpen() async throws -> Bool {
+    /// The gate through which the workers claim their files. Joins the space (if the
+    /// process coordinates across processes) and opens every claim shard; when the process
+    /// may not keep them all open (a low descriptor limit), the workers open the shards
+    /// their claims need, and a group of files needing more than it may keep is claimed
+    /// file by file.
+    private func workersGate() async throws -> ClaimGate {
         try await coordinator.center.prepareSpace()
-        return try await coordinator.center.joinedSpace?.locks.openAllShards() ?? true
+        let everyShard = try await coordinator.center.joinedSpace?.locks.openAllShards() ?? true
+        return ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier, openingShards: !everyShard)
     }
 
     /// How many of `urls`, from the first, the next window takes: `window`, or as many as
@@ -215,8 +217,8 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         public func next() async throws -> BatchReadResult? {
             if !started {
                 started = true
-                if owner.readsOnWorkers, try await owner.everyShardOpen() {
-                    let gate = ClaimGate(center: owner.coordinator.center, purpose: owner.coordinator.purposeIdentifier)
+                if owner.readsOnWorkers {
+                    let gate = try await owner.workersGate()
                     self.gate = gate
                     inner = owner.batch(owner.batchOptions).makeAsyncIterator(gate: gate)
                 }
@@ -327,11 +329,14 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 private final class ClaimGate: InPlaceGate {
     let center: CoordinationCenter
     let purpose: String
+    /// Whether the workers open the claim shards they need (not all may stay open).
+    let openingShards: Bool
     private let skippedIndices = Mutex<[Int]>([])
 
-    init(center: CoordinationCenter, purpose: String) {
+    init(center: CoordinationCenter, purpose: String, openingShards: Bool) {
         self.center = center
         self.purpose = purpose
+        self.openingShards = openingShards
     }
 
     var skipped: [Int] { skippedIndices.withLock { $0 } }
@@ -366,7 +371,9 @@ private final class ClaimGate: InPlaceGate {
             guard !center.hasPresenters(concerning: key) else { break }
             claims.append(CoordinationRules.Claim(key: key, access: .reading))
         }
-        if claims.count == files.count, let id = center.tryAcquireNow(claims, purpose: purpose) { return id.raw }
+        if claims.count == files.count, let id = center.tryAcquireNow(claims, purpose: purpose, openingShards: openingShards) {
+            return id.raw
+        }
         if files.count == 1 { skippedIndices.withLock { $0.append(files[0].index) } }
         return nil
     }

@@ -112,6 +112,44 @@ struct SpaceLocksTests {
         }
     }
 
+    @Test("a batch worker's try under a small budget opens the shards it needs, within the budget; one needing more, or in conflict, gets nothing",
+          .timeLimit(.minutes(1)))
+    func tryOpeningUnderBudget() async throws {
+        try await withLocks(shardBudget: 8) { locks in
+            #expect(locks.openShardCount == 0)
+            // Twenty claims in twenty shards, each held while the next is taken, then given
+            // back: shards holding only idle bytes close to make room.
+            var previous: SpaceLocks.Held?
+            for shard in 0 ..< Int64(20) {
+                let plan = reading(slot(1, shard: shard))
+                let held = try #require(locks.tryAcquireOpening(plan, mask: SpaceLocks.shardMask(of: plan)))
+                let other = otherOwner(of: slot(1, shard: shard))
+                #expect(locked(slot(1, shard: shard), seenFrom: other))
+                close(other)
+                if let previous { locks.release(previous) }
+                previous = held
+                #expect(locks.openShardCount <= 8)
+            }
+            // Nine shards at once: more than the budget, refused before anything is opened.
+            var wide = SpaceLocks.Plan()
+            for shard in 40 ..< Int64(49) { wide.bytes.append(SpaceLocks.Byte(offset: slot(1, shard: shard), exclusive: false)) }
+            let wideMask = SpaceLocks.shardMask(of: wide)
+            #expect(!locks.fitsBudget(wideMask))
+            #expect(locks.tryAcquireOpening(wide, mask: wideMask) == nil)
+            // Another owner writing the item (in a shard not opened yet): refused, with
+            // nothing held.
+            let other = open(directory + "/claims/" + String(format: "%02x", 50), O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+            defer { close(other) }
+            #expect(fc_ofd_lock(other, fc_F_WRLCK, slot(2, shard: 50), 1, 0) == 0)
+            let blocked = reading(slot(2, shard: 50))
+            #expect(locks.tryAcquireOpening(blocked, mask: SpaceLocks.shardMask(of: blocked)) == nil)
+            #expect(fc_ofd_lock(other, fc_F_UNLCK, slot(2, shard: 50), 1, 0) == 0)
+            #expect(!locked(slot(2, shard: 50), seenFrom: other), "the refused claim left nothing locked")
+            #expect(locks.openShardCount <= 8)
+            if let previous { locks.release(previous) }
+        }
+    }
+
     @Test("tasks claiming in many shards at once under a small budget: every held byte stays locked while shards close around it",
           .timeLimit(.minutes(1)))
     func shardBudgetUnderConcurrency() async throws {

@@ -194,8 +194,18 @@ final class CoordinationCenter: Sendable {
     }
 
     /// Grants `claims` only if that needs no waiting here or in another process; nil
-    /// otherwise, with nothing held. Never suspends nor blocks (the batch's workers call it).
-    func tryAcquireNow(_ claims: [CoordinationRules.Claim], purpose: String) -> RequestID? {
+    /// otherwise, with nothing held. Never suspends (the batch's workers call it). With
+    /// `openingShards` it may open claim shards, a blocking call: only on an I/O thread,
+    /// for a process that may not keep every shard open; claims needing more shards than
+    /// it may keep get nil at once.
+    func tryAcquireNow(_ claims: [CoordinationRules.Claim], purpose: String, openingShards: Bool = false) -> RequestID? {
+        var opening: (plan: SpaceLocks.Plan, mask: UInt64)?
+        if openingShards, let space = joinedSpace {
+            let plan = SpaceLocks.plan(for: claims)
+            let mask = SpaceLocks.shardMask(of: plan)
+            guard space.locks.fitsBudget(mask) else { return nil }
+            opening = (plan, mask)
+        }
         let (id, granted, unblocked) = state.withLock { state -> (RequestID, Bool, [Waiter]) in
             let id = state.rules.reserveID()
             if state.rules.submit(id, purpose: purpose, claims: claims) { return (id, true, []) }
@@ -207,7 +217,9 @@ final class CoordinationCenter: Sendable {
         guard let space = joinedSpace else { return id }
         // Not the one-entry plan cache: batch workers claim distinct files, and would only
         // contend for its lock.
-        guard let held = space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) else {
+        let held = if let opening { space.locks.tryAcquireOpening(opening.plan, mask: opening.mask) }
+            else { space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) }
+        guard let held else {
             release(id)
             return nil
         }

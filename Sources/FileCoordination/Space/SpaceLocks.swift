@@ -424,6 +424,37 @@ final class SpaceLocks: Sendable {
         return nil
     }
 
+    /// ``tryAcquireNow(_:)`` that first opens the plan's shards that are closed (closing
+    /// others that hold nothing, to stay within the budget): for a process that may not
+    /// keep every shard open. Nil, with nothing held, when the plan needs more shards than
+    /// the budget, or something is in the way. Blocking (`openat`): for the batch's
+    /// workers, on the I/O threads, only.
+    func tryAcquireOpening(_ plan: Plan, mask needed: UInt64) -> Held? {
+        var queued: [Byte] = []
+        switch try? attempt(plan, queued: &queued) {
+        case .held(let held)?: return held
+        case .shardClosed?: release(Held(bytes: queued))
+        case .conflict?, nil:
+            release(Held(bytes: queued))
+            return nil
+        }
+        guard needed.nonzeroBitCount <= shardBudget else { return nil }
+        // Pinned from their opening to the attempt, as in `acquire`.
+        pin(needed, by: 1)
+        defer { pin(needed, by: -1) }
+        guard (try? openShardsNow(needed)) != nil else { return nil }
+        queued = []
+        if case .held(let held)? = try? attempt(plan, queued: &queued) { return held }
+        release(Held(bytes: queued))
+        return nil
+    }
+
+    /// Whether a plan's shards (`mask`, from ``shardMask(of:)``) fit in the budget.
+    func fitsBudget(_ mask: UInt64) -> Bool { mask.nonzeroBitCount <= shardBudget }
+
+    /// The shards a plan touches, one bit each.
+    static func shardMask(of plan: Plan) -> UInt64 { mask(of: plan) }
+
     /// Takes the plan's bytes, waiting (on inotify) while another process holds a
     /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
     ///
