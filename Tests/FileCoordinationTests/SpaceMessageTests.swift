@@ -23,7 +23,7 @@ struct SpaceMessageTests {
         message.set("z", "last")
         let text = String(decoding: message.encoded(), as: UTF8.self)
         #expect(text == "filecoord 1\nkind reply\na A\nb again\nc C\nre RE\nresult RESULT\nz last\nend\n")
-        let shuffled = "filecoord 1\nkind reply\nz last\nre RE\na A\nresult RESULT\nc C\nb again\nend\n"
+        let shuffled = "filecoord 1\nkind reply\nz last\nb first\nre RE\na A\nresult RESULT\nc C\nb again\nend\n"
         #expect(SpaceMessage.decode(Array(shuffled.utf8)) == .success(message))
         let bulk = SpaceMessage(kind: "reply", fields: message.fields.reversed())
         #expect(bulk == message)

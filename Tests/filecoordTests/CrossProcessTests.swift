@@ -236,6 +236,9 @@ struct CrossProcessTests {
         let ended = await presenter.wait()
         #expect(ended.status == 0)
         #expect(!ended.stderr.contains("ignored a file"), "\(ended.stderr)")
+        // Every process has left or was cleaned up (the killed writer by `status`): no
+        // mailbox is left, although the presenter made a spare in `status`'s as it left.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: space + "/mail") == [])
     }
 
     @Test("status lists live claims and presenters with their pids, and cleans up after a killed presenter")

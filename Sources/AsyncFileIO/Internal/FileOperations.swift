@@ -240,7 +240,8 @@ enum FileOperations {
         switch Syscall.preadNoWait(fd, buffer, count, 0) {
         case .success(let n):
             cached = n
-            probe = n < count ? .waitedForDevice : .cached
+            // Part of it cached; none at all is the end of a file that shrank since `fstat`.
+            probe = n > 0 && n < count ? .waitedForDevice : .cached
         case .failure(.resourceTemporarilyUnavailable):
             probe = .waitedForDevice
         case .failure(.notSupported), .failure(.invalidArgument):

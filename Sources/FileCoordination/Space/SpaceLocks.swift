@@ -706,6 +706,9 @@ final class SpaceLocks: Sendable {
         var changed = false
         for byte in held.bytes.reversed() where give(byte) { changed = true }
         if idleTotal.load(ordering: .relaxed) > Self.idleLimit { dropIdleBytes() }
+        // Claims that opened shards past a reduced budget (several at once, or one
+        // spanning many) leave the process over it: close what now holds nothing.
+        if shardBudget < Self.shardCount, openShardCount > shardBudget { closeShards(keeping: 0, toFit: 0) }
         guard changed else { return }
         let waiters = state.withLock { Self.takeWaiters(&$0) }
         for waiter in waiters { waiter.resume() }

@@ -215,9 +215,11 @@ final class SpaceMail: Sendable {
                 try write()
                 // Died before it could read the request: its close already fired.
                 guard !isAlive(target) else { return }
+                spares.drop(target)
                 resolve(id, with: .success(nil))
                 Task { await cleanUp(target) }
             } catch SendError.gone {
+                spares.drop(target)
                 resolve(id, with: .success(nil))
             } catch {
                 resolve(id, with: .failure(error))
@@ -278,6 +280,7 @@ final class SpaceMail: Sendable {
             }
         }
         guard !waiting.isEmpty, !isAlive(name) else { return }
+        spares.drop(name)
         for id in waiting { resolve(id, with: .success(nil)) }
         Task { await cleanUp(name) }
     }
@@ -602,20 +605,36 @@ final class SpaceMail: Sendable {
     func cleanUp(_ process: String) async -> Bool {
         guard !process.isEmpty, !process.contains("/"), process != me else { return false }
         let (dirFD, files) = (files.directoryFD, files)
+        spares.drop(process)
         return (try? await runOnIOThread { [self] () -> Bool in
             guard !isAlive(process) else { return false }
+            var removed = false
             for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
-                unlinkat(dirFD, "presenters/" + name, 0)
+                if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removed = true }
             }
-            for name in (try? Self.list(dirFD, "mail/" + process)) ?? [] {
-                unlinkat(dirFD, "mail/\(process)/\(name)", 0)
-            }
-            unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR)
-            unlinkat(dirFD, "procs/" + process, 0)
-            unlinkat(dirFD, "procs/." + process, 0)
-            files.bumpSequence()
+            if Self.removeMailbox(dirFD, process) { removed = true }
+            if unlinkat(dirFD, "procs/" + process, 0) == 0 { removed = true }
+            if unlinkat(dirFD, "procs/." + process, 0) == 0 { removed = true }
+            // Another process may have been first: the registry changed only if this did.
+            if removed { files.bumpSequence() }
             return true
         }) ?? false
+    }
+
+    /// Empties and removes `process`'s mailbox; true if it removed anything. Another
+    /// process may create a message file (a spare) in it between the listing and the
+    /// `rmdir`: the mailbox is then emptied again, a few times at most. Blocking.
+    @discardableResult
+    private static func removeMailbox(_ dirFD: Int32, _ process: String) -> Bool {
+        var removed = false
+        for _ in 0 ..< 4 {
+            for name in (try? list(dirFD, "mail/" + process)) ?? [] {
+                if unlinkat(dirFD, "mail/\(process)/\(name)", 0) == 0 { removed = true }
+            }
+            if unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR) == 0 { return true }
+            guard errno == ENOTEMPTY else { return removed }
+        }
+        return removed
     }
 
     /// How old a join's leftovers must be before they are removed: joining takes
@@ -664,8 +683,7 @@ final class SpaceMail: Sendable {
         spares.closeAll()
         _ = try? await runOnIOThread {
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
-            for name in (try? Self.list(dirFD, "mail/" + me)) ?? [] { unlinkat(dirFD, "mail/\(me)/\(name)", 0) }
-            unlinkat(dirFD, "mail/" + me, AT_REMOVEDIR)
+            Self.removeMailbox(dirFD, me)
             unlinkat(dirFD, "procs/" + me, 0)
             files.bumpSequence()
         }

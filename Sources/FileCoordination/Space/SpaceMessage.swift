@@ -94,7 +94,7 @@ struct SpaceMessage: Sendable, Equatable {
         // A whole message ends with its `end` line and that line's newline.
         guard buffer.last == newline else { return .failure(.truncated) }
         var message = SpaceMessage(kind: "")
-        var start = 0, lineNumber = 0, ended = false
+        var start = 0, lineNumber = 0, ended = false, outOfOrder = false
         while start < buffer.count {
             var stop = start
             while buffer[stop] != newline { stop += 1 } // stops at the final newline at the latest
@@ -115,9 +115,25 @@ struct SpaceMessage: Sendable, Equatable {
             guard let space = line.firstIndex(of: UInt8(ascii: " ")) else { return .failure(.badField) }
             let key = String(decoding: UnsafeBufferPointer(rebasing: line[..<space]), as: UTF8.self)
             guard let value = percentDecode(UnsafeBufferPointer(rebasing: line[(space + 1)...])) else { return .failure(.badField) }
-            if key == "kind" { message.kind = String(decoding: value, as: UTF8.self) } else { message[key] = value }
+            if key == "kind" {
+                message.kind = String(decoding: value, as: UTF8.self)
+            } else if let last = message.fields.last, key <= last.key {
+                outOfOrder = true
+                message.fields.append(Field(key: key, value: value))
+            } else {
+                message.fields.append(Field(key: key, value: value))
+            }
         }
         guard ended else { return .failure(.truncated) }
+        if outOfOrder {
+            // Not written by us (we write keys sorted): sorted once, the last of a
+            // repeated key kept, as a file read line by line into a dictionary would.
+            var sorted: [Field] = []
+            for field in message.fields.enumerated().sorted(by: { ($0.element.key, $0.offset) < ($1.element.key, $1.offset) }).map(\.element) {
+                if sorted.last?.key == field.key { sorted[sorted.count - 1] = field } else { sorted.append(field) }
+            }
+            message.fields = sorted
+        }
         guard !message.kind.isEmpty else { return .failure(.badField) }
         return .success(message)
     }

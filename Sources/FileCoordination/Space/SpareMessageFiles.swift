@@ -64,6 +64,12 @@ final class SpareMessageFiles: Sendable {
         for fd in dropped { Glibc.close(fd) }
     }
 
+    /// Forgets the spare for `target` (a process found dead or gone): its file went with
+    /// that process's mailbox.
+    func drop(_ target: String) {
+        if let fd = take(for: target) { Glibc.close(fd) }
+    }
+
     /// Closes every spare (unused: their receivers remove them) and makes no more.
     func closeAll() {
         let fds = state.withLock { state in
