@@ -234,7 +234,7 @@ extension FileCoordinator {
         try await center.prepareSpace()
         var items: [CoordinationSession.Item] = []
         for request in requests {
-            var path = try Self.normalizedPath(request.url)
+            var path = try itemPath(request.url).path
             var subtree = false
             switch request {
             case .reading(_, let options):
