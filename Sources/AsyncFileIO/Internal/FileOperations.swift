@@ -196,7 +196,7 @@ enum FileOperations {
     }
 
     /// What a read that probed the page cache learned (see
-    /// ``readWholeFile(_:maximumSize:probe:)``).
+    /// ``readWholeFile(_:maximumSize:probingCache:probe:)``).
     enum CacheProbe {
         /// Not probed (not a regular file of known size, or not asked to).
         case notProbed
@@ -261,17 +261,8 @@ enum FileOperations {
     /// ``readWholeFile(_:maximumSize:)-(FilePath,_)`` for a path given as bytes: its
     /// `FilePath` is made only for an error.
     static func readWholeFile(_ path: PlatformPath, maximumSize: Int) -> Result<Data, FileCoordinationError> {
-        openForReading(path).flatMap { file in
-            var result = readAll(file, path: nil, maximumSize: maximumSize)
-            if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
-                result = .failure(FileCoordinationError("close", errno: errno, path: nil))
-            }
-            return result.mapError { error in
-                var error = error
-                error.path = path.filePath
-                return error
-            }
-        }
+        var probe = CacheProbe.notProbed
+        return readWholeFile(path, maximumSize: maximumSize, probingCache: false, probe: &probe)
     }
 
     /// Writes every byte of `bytes` at `offset` (or at the position when nil).

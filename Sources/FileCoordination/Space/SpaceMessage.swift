@@ -117,10 +117,8 @@ struct SpaceMessage: Sendable, Equatable {
             guard let value = percentDecode(UnsafeBufferPointer(rebasing: line[(space + 1)...])) else { return .failure(.badField) }
             if key == "kind" {
                 message.kind = String(decoding: value, as: UTF8.self)
-            } else if let last = message.fields.last, key <= last.key {
-                outOfOrder = true
-                message.fields.append(Field(key: key, value: value))
             } else {
+                if let last = message.fields.last, key <= last.key { outOfOrder = true }
                 message.fields.append(Field(key: key, value: value))
             }
         }
