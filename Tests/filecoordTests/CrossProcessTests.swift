@@ -33,6 +33,13 @@ struct CrossProcessTests {
         return (presenter, lines)
     }
 
+    /// ``present(_:_:)`` as the space's first process: also its mailbox's path.
+    func presentAlone(_ path: String) async throws -> (LineProcess, AsyncStream<String>.Iterator, String) {
+        let (presenter, lines) = try await present(path)
+        let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
+        return (presenter, lines, space + "/mail/" + mail)
+    }
+
     @Test("8 processes x 250 increments under exec --write: the counter ends at exactly 2,000")
     func counter() async throws {
         let counter = scratch.write("counter", "0")
@@ -176,10 +183,8 @@ struct CrossProcessTests {
     @Test("malformed, truncated and foreign files in the space are ignored with a warning, never crash or block")
     func malformedFiles() async throws {
         let file = scratch.write("doc", "old")
-        let (presenter, stream) = try await present(file)
+        let (presenter, stream, box) = try await presentAlone(file)
         var lines = stream
-        let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
-        let box = space + "/mail/" + mail
         let junk: [(String, Data)] = [
             ("truncated", Data("filecoord 1\nkind relinquish\npresenter 1\n".utf8)),
             ("foreign", Data("hello, world\n".utf8)),
@@ -207,10 +212,8 @@ struct CrossProcessTests {
     @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(1)))
     func spareMessageFiles() async throws {
         let file = scratch.write("doc", "old")
-        let (presenter, stream) = try await present(file)
+        let (presenter, stream, box) = try await presentAlone(file)
         var lines = stream
-        let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
-        let box = space + "/mail/" + mail
         let fifo = scratch.path + "/go"
         #expect(mkfifo(fifo, 0o600) == 0)
         // One writer ends normally (after its did-change and reacquire), one is killed while
