@@ -523,14 +523,14 @@ extension FileCoordinator {
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
         guard !reacquirers.isEmpty else { return }
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
-        if reacquirers.count == 1 {
-            let (entry, reacquirer) = reacquirers[0]
+        @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
             _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() }
-            return
         }
+        // One (the common case) runs from this task; several, all at once.
+        if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }
         await withTaskGroup(of: Void.self) { group in
             for (entry, reacquirer) in reacquirers {
-                group.addTask { _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() } }
+                group.addTask { await run(entry, reacquirer) }
             }
         }
     }
