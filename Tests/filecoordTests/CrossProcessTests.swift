@@ -75,6 +75,31 @@ struct CrossProcessTests {
         Issue.record("status never showed the expected state")
     }
 
+    @Test("a coordinated read under ulimit -n 40 (few claim shards, claimed on the workers) waits for a writer in another process",
+          .timeLimit(.minutes(1)))
+    func fewDescriptorsReadWaitsForWriter() async throws {
+        let files = (0 ..< 10).map { scratch.write("f\($0)", "old\($0)\n") }
+        let list = scratch.write("list", files.joined(separator: "\n") + "\n")
+        let fifo = scratch.path + "/go"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let holder = try LineProcess(["exec", "--space", space, "--write", files[5], "--",
+                                      "sh", "-c", "echo held; read x < '\(fifo)'; echo new5 > '\(files[5])'"])
+        var holderLines = holder.lines.makeAsyncIterator()
+        #expect(await holderLines.next() == "held")
+        let reader = try LineProcess(["-c", "ulimit -n 40 && exec '\(filecoordBinary)' read --space '\(space)' --cat --from-list '\(list)'"],
+                                     executable: "/bin/sh")
+        try await waitForStatus { status in
+            ((status["waiting"] as? [[String: Any]]) ?? []).contains { $0["pid"] as? Int32 == reader.pid && $0["path"] as? String == files[5] }
+        }
+        _ = try await shell("echo go > '\(fifo)'")
+        #expect(await holder.wait().status == 0)
+        var lines: [String] = []
+        for await line in reader.lines { lines.append(line) }
+        let ended = await reader.wait()
+        #expect(ended.status == 0, "\(ended.stderr)")
+        #expect(lines == (0 ..< 10).map { $0 == 5 ? "new5" : "old\($0)" })
+    }
+
     @Test("a holder killed with SIGKILL: the waiting writer proceeds within 100 ms")
     func killedHolder() async throws {
         let file = scratch.write("held", "x")
