@@ -163,7 +163,7 @@ final class SpaceLocks: Sendable {
     static func shard(_ offset: Int64) -> Int { Int(((offset - firstSlot) >> 2) & Int64(shardCount - 1)) }
 
     /// The shards a plan touches, one bit each.
-    private static func mask(of plan: Plan) -> UInt64 {
+    static func shardMask(of plan: Plan) -> UInt64 {
         var mask: UInt64 = 0
         for byte in plan.queue { mask |= 1 << shard(byte.offset) }
         for byte in plan.bytes { mask |= 1 << shard(byte.offset) }
@@ -408,7 +408,7 @@ final class SpaceLocks: Sendable {
             let (item, ancestors) = Self.slots(path)
             var next = used | 1 << Self.shard(item)
             for ancestor in ancestors { next |= 1 << Self.shard(ancestor) }
-            if next.nonzeroBitCount > shardBudget, fitting > 0 { break }
+            if !fitsBudget(next), fitting > 0 { break }
             used = next
             fitting += 1
         }
@@ -438,7 +438,7 @@ final class SpaceLocks: Sendable {
             release(Held(bytes: queued))
             return nil
         }
-        guard needed.nonzeroBitCount <= shardBudget else { return nil }
+        guard fitsBudget(needed) else { return nil }
         // Pinned from their opening to the attempt, as in `acquire`.
         pin(needed, by: 1)
         defer { pin(needed, by: -1) }
@@ -452,9 +452,6 @@ final class SpaceLocks: Sendable {
     /// Whether a plan's shards (`mask`, from ``shardMask(of:)``) fit in the budget.
     func fitsBudget(_ mask: UInt64) -> Bool { mask.nonzeroBitCount <= shardBudget }
 
-    /// The shards a plan touches, one bit each.
-    static func shardMask(of plan: Plan) -> UInt64 { mask(of: plan) }
-
     /// Takes the plan's bytes, waiting (on inotify) while another process holds a
     /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
     ///
@@ -464,7 +461,7 @@ final class SpaceLocks: Sendable {
         // Pinned, the plan's shards stay open from their opening to the attempt (a shard
         // it needs is not closed to make room for another claim meanwhile); not while it
         // sleeps, so that waiters do not keep shards open past the budget.
-        let needed = Self.mask(of: plan)
+        let needed = Self.shardMask(of: plan)
         var pinned = true
         pin(needed, by: 1)
         defer { if pinned { pin(needed, by: -1) } }
