@@ -146,7 +146,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         try await coordinator.center.prepareSpace()
         guard let locks = coordinator.center.joinedSpace?.locks, locks.shardBudget < SpaceLocks.shardCount else { return count }
         return locks.readsFitting(urls.prefix(count).lazy.map { url in
-            (try? FilePath(fileURL: url)).map { FileCoordinator.normalized($0).platformBytes } ?? []
+            (try? PlatformPath(fileURL: url)).map(FileCoordinator.normalizedBytes) ?? []
         })
     }
 
