@@ -41,12 +41,13 @@ final class SpaceMail: Sendable {
 
     private let state = Mutex(State())
     private let deadlines = ReplyDeadlines()
-    private let spares = SpareMessageFiles()
+    private let slots: MessageSlots
     private let incoming: AsyncStream<SpaceMessage>.Continuation
     private let incomingStream: AsyncStream<SpaceMessage>
 
     init(files: SpaceFiles) {
         self.files = files
+        slots = MessageSlots(me: files.processName)
         (incomingStream, incoming) = AsyncStream.makeStream(of: SpaceMessage.self)
     }
 
@@ -66,12 +67,23 @@ final class SpaceMail: Sendable {
 
     // MARK: Receiving (on the watcher thread)
 
-    /// A file was closed in this process's mailbox: read it, remove it, act on it.
+    /// A file was closed in this process's mailbox: read it, act on it, then empty it (a
+    /// slot, which its sender writes again: see ``MessageSlots``) or remove it.
     func received(_ event: InotifyEvent) {
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
-        let outcome = readMessage(dirFD: files.mailboxFD, name: event.name)
-        // Removed once the message is handed on: the unlink is off the reply's path.
-        defer { _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) } }
+        let fd = Self.openMessage(dirFD: files.mailboxFD, name: event.name)
+        // Gone: a slot its sender retired (see ``MessageSlots``).
+        guard fd >= 0 || errno != ENOENT else { return }
+        let outcome = fd >= 0 ? Self.readMessage(fd) : .failure(.notAMessage)
+        // Done once the message is handed on: off the reply's path.
+        defer {
+            switch (MessageSlots.isSlot(event.name), outcome) {
+            case (true, .failure(.empty)): break // nothing in it (its sender's rule makes that rare)
+            case (true, .success) where Self.truncate(fd): break
+            default: _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) }
+            }
+            if fd >= 0 { Glibc.close(fd) }
+        }
         var path: FilePath { files.mailboxPath.appending(String(decoding: event.name, as: UTF8.self)) } // for warnings
         let message: SpaceMessage
         switch outcome {
@@ -130,9 +142,19 @@ final class SpaceMail: Sendable {
     /// Reads one small message file (`name` relative to `dirFD`) without following links
     /// or blocking on a FIFO.
     private func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        let fd = Self.withCString(name) { fc_openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0) }
+        let fd = Self.openMessage(dirFD: dirFD, name: name)
         guard fd >= 0 else { return .failure(.notAMessage) }
         defer { Glibc.close(fd) }
+        return Self.readMessage(fd)
+    }
+
+    /// Opens a message file for reading; -1 when it cannot be opened.
+    private static func openMessage(dirFD: Int32, name: [UInt8]) -> Int32 {
+        withCString(name) { fc_openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0) }
+    }
+
+    /// Reads the message file open at `fd`, checked to be a small regular file of ours.
+    private static func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else { return .failure(.notAMessage) }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
@@ -141,6 +163,13 @@ final class SpaceMail: Sendable {
         let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
         guard count >= 0 else { return .failure(.notAMessage) }
         return SpaceMessage.decode(buffer[..<count])
+    }
+
+    /// Empties the file open (read-only) at `fd` through its `/proc/self/fd` link: a
+    /// descriptor opened for writing would signal `IN_CLOSE_WRITE` when closed, which a
+    /// slot's sender reserves for its messages. False when that fails (no `/proc`).
+    private static func truncate(_ fd: Int32) -> Bool {
+        Glibc.truncate("/proc/self/fd/\(fd)", 0) == 0
     }
 
     // MARK: Sending and waiting for replies
@@ -155,8 +184,8 @@ final class SpaceMail: Sendable {
     }
 
     /// The blocking write of one message (write, close), to run on an I/O thread. The file
-    /// is the spare made for `target` after the previous message (see ``SpareMessageFiles``),
-    /// else created here; a spare for the next message is made once this one is out.
+    /// is one of this process's slots in `target`'s mailbox (see ``MessageSlots``), else,
+    /// while every slot holds a message not read yet, a file created for this message.
     private func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
         var message = message
         message.set("from", me)
@@ -169,22 +198,22 @@ final class SpaceMail: Sendable {
             func failure(_ operation: String) -> FileCoordinationError {
                 FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
             }
-            var fd = spares.take(for: target) ?? -1
-            if fd < 0 {
-                fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+            var lease = try slots.open(for: target, dirFD: dirFD)
+            if lease == nil {
+                let fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
                 if fd < 0 {
                     if errno == ENOENT { throw SendError.gone }
                     throw failure("open")
                 }
+                lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
             }
-            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if written != bytes.count {
-                let error = failure("write")
-                Glibc.close(fd)
-                throw error
-            }
-            Glibc.close(fd)
-            spares.make(for: target, dirFD: dirFD, name: "mail/\(target)/\(me)-\(nextID())")
+            guard let lease else { return }
+            let written = bytes.withUnsafeBytes { Glibc.write(lease.fd, $0.baseAddress, $0.count) } == bytes.count
+            let error = written ? nil : failure("write")
+            Glibc.close(lease.fd)
+            slots.finished(lease, written: written, dirFD: dirFD)
+            if let error { throw error }
+            slots.makeSpare(for: target, dirFD: dirFD)
         }
     }
 
@@ -215,11 +244,11 @@ final class SpaceMail: Sendable {
                 try write()
                 // Died before it could read the request: its close already fired.
                 guard !isAlive(target) else { return }
-                spares.drop(target)
+                slots.drop(target, dirFD: files.directoryFD)
                 resolve(id, with: .success(nil))
                 Task { await cleanUp(target) }
             } catch SendError.gone {
-                spares.drop(target)
+                slots.drop(target, dirFD: files.directoryFD)
                 resolve(id, with: .success(nil))
             } catch {
                 resolve(id, with: .failure(error))
@@ -280,7 +309,7 @@ final class SpaceMail: Sendable {
             }
         }
         guard !waiting.isEmpty, !isAlive(name) else { return }
-        spares.drop(name)
+        slots.drop(name, dirFD: files.directoryFD)
         for id in waiting { resolve(id, with: .success(nil)) }
         Task { await cleanUp(name) }
     }
@@ -598,16 +627,23 @@ final class SpaceMail: Sendable {
         return names
     }
 
-    /// Removes a dead process's record, mailbox and presenters; returns whether it did
+    /// Removes a dead process's record, mailbox, presenters and message slots (see
+    /// ``MessageSlots``); returns whether it did
     /// (nothing is removed for a process that is alive). On an I/O thread, the liveness
     /// check included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
         guard !process.isEmpty, !process.contains("/"), process != me else { return false }
         let (dirFD, files) = (files.directoryFD, files)
-        spares.drop(process)
         return (try? await runOnIOThread { [self] () -> Bool in
             guard !isAlive(process) else { return false }
+            slots.drop(process, dirFD: dirFD)
+            // Its slots in other processes' mailboxes (not registry entries).
+            for mailbox in (try? Self.list(dirFD, "mail")) ?? [] where mailbox != process {
+                for name in (try? Self.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
+                    unlinkat(dirFD, "mail/\(mailbox)/\(name)", 0)
+                }
+            }
             var removed = false
             for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
                 if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removed = true }
@@ -622,7 +658,7 @@ final class SpaceMail: Sendable {
     }
 
     /// Empties and removes `process`'s mailbox; true if it removed anything. Another
-    /// process may create a message file (a spare) in it between the listing and the
+    /// process may create a message file (a slot) in it between the listing and the
     /// `rmdir`: the mailbox is then emptied again, a few times at most. Blocking.
     @discardableResult
     private static func removeMailbox(_ dirFD: Int32, _ process: String) -> Bool {
@@ -680,8 +716,8 @@ final class SpaceMail: Sendable {
         let (dirFD, files, me) = (files.directoryFD, files, me)
         let numbers = state.withLock { Array($0.local.keys) }
         incoming.finish()
-        spares.closeAll()
-        _ = try? await runOnIOThread {
+        _ = try? await runOnIOThread { [slots] in
+            slots.removeAll(dirFD: dirFD)
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
             Self.removeMailbox(dirFD, me)
             unlinkat(dirFD, "procs/" + me, 0)

@@ -142,7 +142,8 @@ struct SpaceMessage: Sendable, Equatable {
         case unsupportedVersion = "written for another protocol version"
         case notAMessage = "not a filecoord message"
         case badField = "a field is malformed"
-        /// An empty message file: a spare its sender closed unused, removed without a warning.
+        /// An empty message file: a slot already read, or a file an earlier sender made
+        /// ahead and closed unused (removed without a warning).
         case empty = "empty"
     }
 

@@ -1,0 +1,231 @@
+import CFileCoordinationShims
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Message files used again and again: *slots*.
+///
+/// A message to another process is a file in that process's mailbox. Creating one file
+/// per message and unlinking it after reading churns inodes, and on ext4 without a
+/// journal every new inode then scans past the recently deleted ones (`recently_deleted`
+/// in the kernel): a stream of writes measured 600-2,000 us per coordinated write there,
+/// against about 160 us on tmpfs. So a sender keeps up to ``slotsPerTarget`` files of its
+/// own in each receiver's mailbox, named `<sender>-r<generation>`; the receiver reads a
+/// slot and truncates it to empty instead of unlinking it, and the sender writes its next
+/// message into a slot it finds empty. No inode is made or freed in a steady stream.
+///
+/// The rule that keeps messages in order: every `IN_CLOSE_WRITE` on a live slot is the
+/// close after one message. The sender writes a slot only when it is empty (read and
+/// truncated by the receiver, which reads only on that event), and a slot closed without
+/// a message written (a spare given up, a failed write) is *retired*: unlinked, and its
+/// generation never used again, so the event of that close finds no file.
+///
+/// For the few processes written to last, the next slot is opened after each message
+/// (a *spare*), so the next message is a `write` and a `close` with no path lookup.
+/// All of it blocks: it runs on the library's I/O threads.
+final class MessageSlots: Sendable {
+    /// Slots one sender keeps in one mailbox.
+    static let slotsPerTarget = 4
+    /// Spares kept at most: one descriptor each.
+    static let maximumSpares = 4
+
+    /// A file opened for one message.
+    struct Lease {
+        let fd: Int32
+        let target: String
+        /// The slot's generation; nil for a one-shot file (created for this message).
+        let generation: UInt64?
+    }
+
+    private struct Target {
+        /// Generations whose files exist, as far as this process knows, oldest first.
+        var live: [UInt64] = []
+        /// Generations being written or held as the spare.
+        var reserved: Set<UInt64> = []
+        var spare: (fd: Int32, generation: UInt64)?
+    }
+
+    private struct State {
+        var targets: [String: Target] = [:]
+        /// Targets in the order their spares were made, the oldest first.
+        var spareOrder: [String] = []
+        var nextGeneration: UInt64 = 0
+        var closed = false
+    }
+
+    private let state = Mutex(State())
+    private let me: String
+    /// False when the descriptor limit is low: a descriptor is worth more than a lookup.
+    private let keepsSpares: Bool
+
+    init(me: String) {
+        self.me = me
+        var limit = rlimit()
+        keepsSpares = getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 && limit.rlim_cur >= 256
+    }
+
+    /// The name of a slot relative to the space directory.
+    private func name(_ target: String, _ generation: UInt64) -> String {
+        "mail/\(target)/\(me)-r\(generation)"
+    }
+
+    /// Whether a file name in a mailbox is a slot (`<sender>-r<generation>`) rather than a
+    /// one-shot message (`<sender>-<number>`).
+    static func isSlot(_ name: [UInt8]) -> Bool {
+        guard let dash = name.lastIndex(of: UInt8(ascii: "-")), dash + 1 < name.count else { return false }
+        return name[dash + 1] == UInt8(ascii: "r")
+    }
+
+    /// Opens the file for the next message to `target`: its spare, else an empty slot,
+    /// else a new slot while it has fewer than ``slotsPerTarget``. Nil when every slot
+    /// holds a message not read yet: the caller then creates a one-shot file. Throws
+    /// ``SpaceMail/SendError/gone`` when the mailbox no longer exists.
+    func open(for target: String, dirFD: Int32) throws(SpaceMail.SendError) -> Lease? {
+        let spare: (fd: Int32, generation: UInt64)? = state.withLock { state in
+            guard let spare = state.targets[target]?.spare else { return nil }
+            state.targets[target]?.spare = nil
+            state.spareOrder.removeAll { $0 == target }
+            return spare
+        }
+        if let spare {
+            // Empty: only this process writes it, and it was empty when opened.
+            var info = stat()
+            if fstat(spare.fd, &info) == 0, info.st_nlink > 0 {
+                return Lease(fd: spare.fd, target: target, generation: spare.generation)
+            }
+            Glibc.close(spare.fd)
+            retire(target, spare.generation, dirFD: dirFD)
+        }
+        return try claim(for: target, dirFD: dirFD)
+    }
+
+    /// Reserves and opens an empty slot, or a new one.
+    private func claim(for target: String, dirFD: Int32) throws(SpaceMail.SendError) -> Lease? {
+        let candidates: [UInt64] = state.withLock { state in
+            guard !state.closed, let known = state.targets[target] else { return [] }
+            return known.live.filter { !known.reserved.contains($0) }
+        }
+        for generation in candidates {
+            let reserved = state.withLock { state in
+                state.targets[target]?.reserved.insert(generation).inserted ?? false
+            }
+            guard reserved else { continue }
+            let name = name(target, generation)
+            var info = stat()
+            guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+                // Removed by its receiver (one that unlinks what it read) or with the mailbox.
+                forget(target, generation)
+                continue
+            }
+            guard info.st_size == 0 else {
+                unreserve(target, generation) // not read yet
+                continue
+            }
+            let fd = fc_openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+            guard fd >= 0 else {
+                forget(target, generation)
+                continue
+            }
+            if fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_size == 0, info.st_nlink > 0 {
+                return Lease(fd: fd, target: target, generation: generation)
+            }
+            Glibc.close(fd)
+            retire(target, generation, dirFD: dirFD)
+        }
+        let generation: UInt64? = state.withLock { state in
+            guard !state.closed, state.targets[target, default: Target()].live.count < Self.slotsPerTarget else { return nil }
+            let generation = state.nextGeneration
+            state.nextGeneration += 1
+            state.targets[target, default: Target()].live.append(generation)
+            state.targets[target]?.reserved.insert(generation)
+            return generation
+        }
+        guard let generation else { return nil }
+        let fd = fc_openat(dirFD, name(target, generation), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            let error = errno
+            forget(target, generation)
+            if error == ENOENT { throw .gone }
+            return nil
+        }
+        return Lease(fd: fd, target: target, generation: generation)
+    }
+
+    /// Ends a lease whose descriptor the caller closed: a slot with its message in it
+    /// waits for the receiver; one closed without a whole message is retired.
+    func finished(_ lease: Lease, written: Bool, dirFD: Int32) {
+        guard let generation = lease.generation else { return }
+        if written { unreserve(lease.target, generation) } else { retire(lease.target, generation, dirFD: dirFD) }
+    }
+
+    /// Opens the slot for the next message to `target` ahead of need, unless there is one.
+    /// A failure only means the next message opens its slot itself.
+    func makeSpare(for target: String, dirFD: Int32) {
+        guard keepsSpares, state.withLock({ !$0.closed && $0.targets[target]?.spare == nil }) else { return }
+        guard let lease = try? claim(for: target, dirFD: dirFD), let generation = lease.generation else { return }
+        let unused: [(String, Int32, UInt64)] = state.withLock { state in
+            // Another thread made one meanwhile, the target was dropped, or the process left.
+            guard !state.closed, state.targets[target] != nil, state.targets[target]?.spare == nil else {
+                return [(target, lease.fd, generation)]
+            }
+            state.targets[target]?.spare = (lease.fd, generation)
+            state.spareOrder.append(target)
+            guard state.spareOrder.count > Self.maximumSpares else { return [] }
+            let oldest = state.spareOrder.removeFirst()
+            guard let spare = state.targets[oldest]?.spare else { return [] }
+            state.targets[oldest]?.spare = nil
+            return [(oldest, spare.fd, spare.generation)]
+        }
+        for (target, fd, generation) in unused {
+            Glibc.close(fd)
+            retire(target, generation, dirFD: dirFD)
+        }
+    }
+
+    /// Forgets `target` (a process found dead or gone, whose slots go with its mailbox).
+    func drop(_ target: String, dirFD: Int32) {
+        let spare = state.withLock { state -> (fd: Int32, generation: UInt64)? in
+            state.spareOrder.removeAll { $0 == target }
+            return state.targets.removeValue(forKey: target)?.spare
+        }
+        // The target may be alive after all (a record closed for another reason): the
+        // spare closed unused must not stay a slot.
+        if let spare {
+            Glibc.close(spare.fd)
+            unlinkat(dirFD, name(target, spare.generation), 0)
+        }
+    }
+
+    /// Closes the spares and removes every slot (the process leaves the space).
+    func removeAll(dirFD: Int32) {
+        let (spares, names): ([Int32], [String]) = state.withLock { state in
+            state.closed = true
+            state.spareOrder.removeAll()
+            defer { state.targets.removeAll() }
+            return (state.targets.values.compactMap { $0.spare?.fd },
+                    state.targets.flatMap { target, known in known.live.map { name(target, $0) } })
+        }
+        for fd in spares { Glibc.close(fd) }
+        for name in names { unlinkat(dirFD, name, 0) }
+    }
+
+    private func unreserve(_ target: String, _ generation: UInt64) {
+        state.withLock { _ = $0.targets[target]?.reserved.remove(generation) }
+    }
+
+    /// Stops using a slot whose file is gone.
+    private func forget(_ target: String, _ generation: UInt64) {
+        state.withLock { state in
+            state.targets[target]?.reserved.remove(generation)
+            state.targets[target]?.live.removeAll { $0 == generation }
+        }
+    }
+
+    /// Stops using a slot closed without a message, and unlinks it: the event of that
+    /// close must not find a slot that holds a later message.
+    private func retire(_ target: String, _ generation: UInt64, dirFD: Int32) {
+        forget(target, generation)
+        unlinkat(dirFD, name(target, generation), 0)
+    }
+}
