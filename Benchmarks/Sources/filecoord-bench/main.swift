@@ -15,7 +15,8 @@
 // FILECOORD_BENCH_UNRELATED=N (space: 10,000); FILECOORD_BENCH_UNCONTENDED_ONLY=1
 // (coordination: the one-task figure only); FILECOORD_BENCH_BATCH_ONLY=1 (space: the
 // coordinated batch in place only); FILECOORD_BENCH_WRITE_ONLY=1 (space: the write
-// latency only). The last three are for profiling.
+// latency only), with FILECOORD_BENCH_WRITE_PAUSE_US=N (a pause before each write).
+// The last four are for profiling.
 import CPeers
 import Dispatch
 import FileCoordination
