@@ -78,7 +78,7 @@ final class SpaceMail: Sendable {
         // Done once the message is handed on: off the reply's path.
         defer {
             switch (MessageSlots.isSlot(event.name), outcome) {
-            case (true, .failure(.empty)): break // nothing in it (its sender's rule makes that rare)
+            case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
             case (true, .success) where Self.truncate(fd): break
             default: _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) }
             }
@@ -198,8 +198,10 @@ final class SpaceMail: Sendable {
             func failure(_ operation: String) -> FileCoordinationError {
                 FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
             }
-            var lease = try slots.open(for: target, dirFD: dirFD)
-            if lease == nil {
+            let lease: MessageSlots.Lease
+            if let slot = try slots.open(for: target, dirFD: dirFD) {
+                lease = slot
+            } else {
                 let fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
                 if fd < 0 {
                     if errno == ENOENT { throw SendError.gone }
@@ -207,7 +209,6 @@ final class SpaceMail: Sendable {
                 }
                 lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
             }
-            guard let lease else { return }
             let written = bytes.withUnsafeBytes { Glibc.write(lease.fd, $0.baseAddress, $0.count) } == bytes.count
             let error = written ? nil : failure("write")
             Glibc.close(lease.fd)
@@ -628,9 +629,8 @@ final class SpaceMail: Sendable {
     }
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
-    /// ``MessageSlots``); returns whether it did
-    /// (nothing is removed for a process that is alive). On an I/O thread, the liveness
-    /// check included (it opens the record).
+    /// ``MessageSlots``); returns whether it did (nothing is removed for a process that
+    /// is alive). On an I/O thread, the liveness check included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
         guard !process.isEmpty, !process.contains("/"), process != me else { return false }
