@@ -99,11 +99,12 @@ final class MessageSlots: Sendable {
             Glibc.close(spare.fd)
             retire(target, spare.generation, dirFD: dirFD)
         }
-        return try claim(for: target, dirFD: dirFD)
+        return try claim(for: target, dirFD: dirFD, known: false)
     }
 
-    /// Reserves and opens an empty slot, or a new one.
-    private func claim(for target: String, dirFD: Int32) throws(SpaceMail.SendError) -> Lease? {
+    /// Reserves and opens an empty slot, or a new one. With `known`, only for a target
+    /// this process has written to and not dropped since.
+    private func claim(for target: String, dirFD: Int32, known: Bool) throws(SpaceMail.SendError) -> Lease? {
         let candidates: [UInt64] = state.withLock { state in
             guard !state.closed, let known = state.targets[target] else { return [] }
             return known.live.filter { !known.reserved.contains($0) }
@@ -120,7 +121,7 @@ final class MessageSlots: Sendable {
             var info = stat()
             guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
                 // Removed by its receiver (one that unlinks what it read) or with the mailbox.
-                forget(target, generation)
+                if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) }
                 continue
             }
             guard info.st_size == 0 else {
@@ -129,7 +130,7 @@ final class MessageSlots: Sendable {
             }
             let fd = fc_openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
             guard fd >= 0 else {
-                forget(target, generation)
+                if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) }
                 continue
             }
             if fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_size == 0, info.st_nlink > 0 {
@@ -139,7 +140,9 @@ final class MessageSlots: Sendable {
             retire(target, generation, dirFD: dirFD)
         }
         let generation: UInt64? = state.withLock { state in
-            guard !state.closed, state.targets[target, default: Target()].live.count < Self.slotsPerTarget else { return nil }
+            guard !state.closed, !known || state.targets[target] != nil,
+                  state.targets[target, default: Target()].live.count < Self.slotsPerTarget
+            else { return nil }
             let generation = state.nextGeneration
             state.nextGeneration += 1
             state.targets[target, default: Target()].live.append(generation)
@@ -168,7 +171,7 @@ final class MessageSlots: Sendable {
     /// A failure only means the next message opens its slot itself.
     func makeSpare(for target: String, dirFD: Int32) {
         guard keepsSpares, state.withLock({ !$0.closed && $0.targets[target]?.spare == nil }) else { return }
-        guard let lease = try? claim(for: target, dirFD: dirFD), let generation = lease.generation else { return }
+        guard let lease = try? claim(for: target, dirFD: dirFD, known: true), let generation = lease.generation else { return }
         let unused: [(String, Int32, UInt64)] = state.withLock { state in
             // Another thread made one meanwhile, the target was dropped, or the process left.
             guard !state.closed, state.targets[target] != nil, state.targets[target]?.spare == nil else {
@@ -201,17 +204,30 @@ final class MessageSlots: Sendable {
         }
     }
 
-    /// Closes the spares and removes every slot (the process leaves the space).
+    /// Closes the spares and removes every empty slot (the process leaves the space, its
+    /// record already removed). A slot holding a message not read yet, or being written,
+    /// stays: its receiver removes it after reading, finding the sender's record gone.
     func removeAll(dirFD: Int32) {
         let (spares, names): ([Int32], [String]) = state.withLock { state in
             state.closed = true
             state.spareOrder.removeAll()
             defer { state.targets.removeAll() }
             return (state.targets.values.compactMap { $0.spare?.fd },
-                    state.targets.flatMap { target, known in known.live.map { name(target, $0) } })
+                    state.targets.flatMap { target, known in
+                        known.live.filter { !known.reserved.contains($0) || known.spare?.generation == $0 }
+                            .map { name(target, $0) }
+                    })
         }
         for fd in spares { Glibc.close(fd) }
-        for name in names { unlinkat(dirFD, name, 0) }
+        for name in names { Self.removeIfEmpty(name, dirFD: dirFD) }
+    }
+
+    /// Unlinks the slot `name` (relative to the space) if it is empty. For slots whose
+    /// sender writes no more: it left, or it is dead.
+    static func removeIfEmpty(_ name: String, dirFD: Int32) {
+        var info = stat()
+        guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_size == 0 else { return }
+        unlinkat(dirFD, name, 0)
     }
 
     private func unreserve(_ target: String, _ generation: UInt64) {

@@ -68,23 +68,41 @@ final class SpaceMail: Sendable {
     // MARK: Receiving (on the watcher thread)
 
     /// A file was closed in this process's mailbox: read it, act on it, then empty it (a
-    /// slot, which its sender writes again: see ``MessageSlots``) or remove it.
+    /// slot, which its sender writes again: see ``MessageSlots``) or remove it. After a
+    /// queue overflow (events lost), every file in the mailbox is read.
     func received(_ event: InotifyEvent) {
+        if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
+            for name in (try? Self.list(files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
+                receive(Array(name.utf8), rescanning: true)
+            }
+            return
+        }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
-        let fd = Self.openMessage(dirFD: files.mailboxFD, name: event.name)
-        // Gone: a slot its sender retired (see ``MessageSlots``).
+        receive(event.name, rescanning: false)
+    }
+
+    /// Reads and acts on the message file `name`. A rescan leaves alone what may still be
+    /// being written (empty, or without its end line): its own event comes later.
+    private func receive(_ name: [UInt8], rescanning: Bool) {
+        let fd = Self.openMessage(dirFD: files.mailboxFD, name: name)
+        // Gone: a slot its sender retired (see ``MessageSlots``), or read by a rescan.
         guard fd >= 0 || errno != ENOENT else { return }
         let outcome = fd >= 0 ? Self.readMessage(fd) : .failure(.notAMessage)
-        // Done once the message is handed on: off the reply's path.
+        if rescanning, case .failure(let reason) = outcome, reason == .empty || reason == .truncated {
+            if fd >= 0 { Glibc.close(fd) }
+            return
+        }
+        // Done once the message is handed on: off the reply's path. A slot is emptied for
+        // its sender to write again, unless the sender has left or was cleaned up after.
         defer {
-            switch (MessageSlots.isSlot(event.name), outcome) {
+            switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
-            case (true, .success) where Self.truncate(fd): break
-            default: _ = Self.withCString(event.name) { unlinkat(files.mailboxFD, $0, 0) }
+            case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd): break
+            default: _ = Self.withCString(name) { unlinkat(files.mailboxFD, $0, 0) }
             }
             if fd >= 0 { Glibc.close(fd) }
         }
-        var path: FilePath { files.mailboxPath.appending(String(decoding: event.name, as: UTF8.self)) } // for warnings
+        var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
         let message: SpaceMessage
         switch outcome {
         case .success(let decoded): message = decoded
@@ -163,6 +181,15 @@ final class SpaceMail: Sendable {
         let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
         guard count >= 0 else { return .failure(.notAMessage) }
         return SpaceMessage.decode(buffer[..<count])
+    }
+
+    /// Whether `process` still has its record in `procs/` (it has not left, and has not
+    /// been cleaned up after). True for a message without a sender.
+    private func hasRecord(_ process: String?) -> Bool {
+        guard let process else { return true }
+        guard !process.isEmpty, !process.contains("/") else { return false }
+        var info = stat()
+        return fstatat(files.directoryFD, "procs/" + process, &info, AT_SYMLINK_NOFOLLOW) == 0
     }
 
     /// Empties the file open (read-only) at `fd` through its `/proc/self/fd` link: a
@@ -638,12 +665,6 @@ final class SpaceMail: Sendable {
         return (try? await runOnIOThread { [self] () -> Bool in
             guard !isAlive(process) else { return false }
             slots.drop(process, dirFD: dirFD)
-            // Its slots in other processes' mailboxes (not registry entries).
-            for mailbox in (try? Self.list(dirFD, "mail")) ?? [] where mailbox != process {
-                for name in (try? Self.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
-                    unlinkat(dirFD, "mail/\(mailbox)/\(name)", 0)
-                }
-            }
             var removed = false
             for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
                 if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removed = true }
@@ -651,6 +672,14 @@ final class SpaceMail: Sendable {
             if Self.removeMailbox(dirFD, process) { removed = true }
             if unlinkat(dirFD, "procs/" + process, 0) == 0 { removed = true }
             if unlinkat(dirFD, "procs/." + process, 0) == 0 { removed = true }
+            // Its slots in other processes' mailboxes (not registry entries): the empty
+            // ones. One holding a message not read yet is its receiver's to remove, which
+            // it does after reading, the record being gone.
+            for mailbox in (try? Self.list(dirFD, "mail")) ?? [] where mailbox != process {
+                for name in (try? Self.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
+                    MessageSlots.removeIfEmpty("mail/\(mailbox)/\(name)", dirFD: dirFD)
+                }
+            }
             // Another process may have been first: the registry changed only if this did.
             if removed { files.bumpSequence() }
             return true
@@ -717,10 +746,12 @@ final class SpaceMail: Sendable {
         let numbers = state.withLock { Array($0.local.keys) }
         incoming.finish()
         _ = try? await runOnIOThread { [slots] in
+            // The record first: a receiver that reads one of this process's slots after
+            // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
+            unlinkat(dirFD, "procs/" + me, 0)
             slots.removeAll(dirFD: dirFD)
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
             Self.removeMailbox(dirFD, me)
-            unlinkat(dirFD, "procs/" + me, 0)
             files.bumpSequence()
         }
     }
