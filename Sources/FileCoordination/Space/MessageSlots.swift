@@ -99,12 +99,12 @@ final class MessageSlots: Sendable {
             Glibc.close(spare.fd)
             retire(target, spare.generation, dirFD: dirFD)
         }
-        return try claim(for: target, dirFD: dirFD, known: false)
+        return try claim(for: target, dirFD: dirFD, onlyKnown: false)
     }
 
-    /// Reserves and opens an empty slot, or a new one. With `known`, only for a target
-    /// this process has written to and not dropped since.
-    private func claim(for target: String, dirFD: Int32, known: Bool) throws(SpaceMail.SendError) -> Lease? {
+    /// Reserves and opens an empty slot, or a new one. With `onlyKnown`, only for a
+    /// target this process has written to and not dropped since.
+    private func claim(for target: String, dirFD: Int32, onlyKnown: Bool) throws(SpaceMail.SendError) -> Lease? {
         let candidates: [UInt64] = state.withLock { state in
             guard !state.closed, let known = state.targets[target] else { return [] }
             return known.live.filter { !known.reserved.contains($0) }
@@ -140,7 +140,7 @@ final class MessageSlots: Sendable {
             retire(target, generation, dirFD: dirFD)
         }
         let generation: UInt64? = state.withLock { state in
-            guard !state.closed, !known || state.targets[target] != nil,
+            guard !state.closed, !onlyKnown || state.targets[target] != nil,
                   state.targets[target, default: Target()].live.count < Self.slotsPerTarget
             else { return nil }
             let generation = state.nextGeneration
@@ -171,7 +171,7 @@ final class MessageSlots: Sendable {
     /// A failure only means the next message opens its slot itself.
     func makeSpare(for target: String, dirFD: Int32) {
         guard keepsSpares, state.withLock({ !$0.closed && $0.targets[target]?.spare == nil }) else { return }
-        guard let lease = try? claim(for: target, dirFD: dirFD, known: true), let generation = lease.generation else { return }
+        guard let lease = try? claim(for: target, dirFD: dirFD, onlyKnown: true), let generation = lease.generation else { return }
         let unused: [(String, Int32, UInt64)] = state.withLock { state in
             // Another thread made one meanwhile, the target was dropped, or the process left.
             guard !state.closed, state.targets[target] != nil, state.targets[target]?.spare == nil else {
