@@ -317,6 +317,9 @@ extension FileCoordinator {
         messages += session.context.takeDeferred()
         await deliver(messages)
         await runReacquirers(session.reacquirers)
+        // Other processes' presenters were told without waiting for each write: all of
+        // it is out before the coordination ends.
+        if let space = center.joinedSpace { await space.mail.flush() }
         if let request = session.request { center.release(request) }
     }
 

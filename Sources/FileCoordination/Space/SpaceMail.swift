@@ -40,6 +40,9 @@ final class SpaceMail: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Messages waiting to be written to each process, in the order they were posted. A
+    /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
+    private let outboxes = Mutex<[String: [@Sendable () -> Void]]>([:])
     private let deadlines = ReplyDeadlines()
     private let slots: MessageSlots
     private let incoming: AsyncStream<SpaceMessage>.Continuation
@@ -203,6 +206,70 @@ final class SpaceMail: Sendable {
 
     enum SendError: Error { case gone }
 
+    /// Runs `job`, the write of a message to `target`, after every one posted before it
+    /// for `target`, on an I/O thread: one job at a time writes a process's queue, so
+    /// messages to it keep their order without the posting task waiting for each write,
+    /// and messages posted together are written after one wake-up. With `inline` (the
+    /// caller is on an I/O thread) and nothing queued, it runs right here.
+    private func post(to target: String, inline: Bool = false, _ job: @escaping @Sendable () -> Void) {
+        let start = outboxes.withLock { boxes -> Bool in
+            if boxes[target] != nil {
+                boxes[target]?.append(job)
+                return false
+            }
+            boxes[target] = inline ? [] : [job]
+            return true
+        }
+        guard start else { return }
+        if inline {
+            job()
+            drain(target)
+        } else {
+            submitToIOThread { [self] in drain(target) }
+        }
+    }
+
+    /// Runs `target`'s queued jobs until there are none (on an I/O thread).
+    private func drain(_ target: String) {
+        while let job = outboxes.withLock({ boxes -> (@Sendable () -> Void)? in
+            guard let queue = boxes[target], let first = queue.first else {
+                boxes[target] = nil
+                return nil
+            }
+            boxes[target]?.removeFirst()
+            return first
+        }) {
+            job()
+        }
+    }
+
+    /// Returns once every message posted so far (to any process) is written.
+    func flush() async {
+        for target in outboxes.withLock({ Array($0.keys) }) {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+                let queued = outboxes.withLock { boxes -> Bool in
+                    guard boxes[target] != nil else { return false }
+                    boxes[target]?.append { continuation.resume() }
+                    return true
+                }
+                if !queued { continuation.resume() }
+            }
+        }
+    }
+
+    /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
+    /// it); a failure to write it is ignored, as for any `did…` message or `reacquire`.
+    func tell(_ message: SpaceMessage, to target: String) {
+        let write = prepare(message, to: target, id: nextID())
+        post(to: target) { [self] in
+            do {
+                try write()
+            } catch SendError.gone {
+                slots.drop(target, dirFD: files.directoryFD)
+            } catch {}
+        }
+    }
+
     /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the
     /// mailbox no longer exists (the process left or died and was cleaned up).
     func send(_ message: SpaceMessage, to target: String, id: UInt64) async throws {
@@ -267,7 +334,7 @@ final class SpaceMail: Sendable {
         }
         defer { deadlines.remove(id) }
         let write = prepare(message, to: target, id: id)
-        submitToIOThread { [self] in
+        post(to: target) { [self] in
             do {
                 try write()
                 // Died before it could read the request: its close already fired.
@@ -481,7 +548,7 @@ final class SpaceMail: Sendable {
             }
             // Written here: this task runs on an I/O thread (see `start()`).
             let write = prepare(reply, to: from, id: nextID())
-            try? write()
+            post(to: from, inline: true) { try? write() }
         }
         switch message.kind {
         case "relinquish":
@@ -742,6 +809,7 @@ final class SpaceMail: Sendable {
 
     /// Removes this process's files; called when it leaves the space.
     func leave() async {
+        await flush()
         let (dirFD, files, me) = (files.directoryFD, files, me)
         let numbers = state.withLock { Array($0.local.keys) }
         incoming.finish()
@@ -806,8 +874,10 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         return true
     }
 
+    /// Posts a message that has no answer: the coordination waits for its write once, at
+    /// its end (``SpaceMail/flush()``).
     private func tell(_ message: SpaceMessage) async {
-        try? await mail.send(message, to: process, id: mail.nextID())
+        mail.tell(message, to: process)
     }
 
     /// What a presenter does after relinquishing, in the same request.
