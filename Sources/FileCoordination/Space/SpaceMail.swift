@@ -98,6 +98,9 @@ final class SpaceMail: Sendable {
         // Done once the message is handed on: off the reply's path. A slot is emptied for
         // its sender to write again, unless the sender has left or was cleaned up after.
         defer {
+            // The thread the message was handed to (or the task its reply resumes) may wait
+            // for this CPU: let it run first.
+            sched_yield()
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
             case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd): break
@@ -306,6 +309,9 @@ final class SpaceMail: Sendable {
             let written = bytes.withUnsafeBytes { Glibc.write(lease.fd, $0.baseAddress, $0.count) } == bytes.count
             let error = written ? nil : failure("write")
             Glibc.close(lease.fd)
+            // The receiver's thread was just woken, maybe onto this CPU: let it run before
+            // this thread's housekeeping (the next slot, the liveness check).
+            sched_yield()
             slots.finished(lease, written: written, dirFD: dirFD)
             if let error { throw error }
             slots.makeSpare(for: target, dirFD: dirFD)
