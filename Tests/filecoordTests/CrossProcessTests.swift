@@ -269,6 +269,30 @@ struct CrossProcessTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: space + "/mail") == [])
     }
 
+    @Test("20 writers in turn: the presenter hears each write's steps in order; once they are cleaned up after, none of their message files is left",
+          .timeLimit(.minutes(1)))
+    func manyWriters() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream, box) = try await presentAlone(file)
+        var lines = stream
+        for round in 0 ..< 20 {
+            let result = try await filecoord("write", file, "--space", space, stdin: Data("new \(round)".utf8))
+            #expect(result.status == 0, "\(result.errorText)")
+        }
+        var heard: [String] = []
+        while heard.count < 80, let line = await lines.next() { heard.append(event(line).event) }
+        #expect(heard == Array(repeating: ["relinquishToWriter", "save", "didChange", "reacquire"], count: 20).flatMap { $0 })
+        // The writers exited without leaving the space: `status` cleans up after them,
+        // and each one's slots in the presenter's mailbox, read by now, go with it.
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        let left = try FileManager.default.contentsOfDirectory(atPath: box)
+        #expect(left.isEmpty, "\(left)")
+        presenter.signal(SIGTERM)
+        let ended = await presenter.wait()
+        #expect(ended.status == 0)
+        #expect(!ended.stderr.contains("ignored a file"), "\(ended.stderr)")
+    }
+
     @Test("status lists live claims and presenters with their pids, and cleans up after a killed presenter")
     func status() async throws {
         let file = scratch.write("doc", "x")
