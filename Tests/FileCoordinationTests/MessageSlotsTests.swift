@@ -155,6 +155,31 @@ struct MessageSlotsTests {
         }
     }
 
+    @Test("past 64 processes written to, the one used longest ago is forgotten and its empty slots removed")
+    func manyTargets() throws {
+        try withSlots { slots, directoryFD throws in
+            let count = MessageSlots.maximumTargets + 36
+            for index in 0 ..< count {
+                let target = "target-\(index)"
+                try FileManager.default.createDirectory(atPath: sandbox.url.path + "/mail/" + target, withIntermediateDirectories: true)
+                let lease = try #require(try slots.open(for: target, dirFD: directoryFD))
+                #expect(write(lease.fd, "m", 1) == 1)
+                close(lease.fd)
+                slots.finished(lease, written: true, dirFD: directoryFD)
+                slots.makeSpare(for: target, dirFD: directoryFD)
+                // The receiver reads it.
+                #expect(truncate(sandbox.url.path + "/mail/\(target)/1-abc-r\(lease.generation!)", 0) == 0)
+            }
+            let left = try (0 ..< count).map { try FileManager.default.contentsOfDirectory(atPath: sandbox.url.path + "/mail/target-\($0)").count }
+            #expect(left.prefix(count - MessageSlots.maximumTargets).allSatisfy { $0 == 0 }, "\(left)")
+            #expect(left.suffix(MessageSlots.maximumTargets).allSatisfy { $0 > 0 }, "\(left)")
+            // A forgotten process written to again gets new slots.
+            let again = try #require(try slots.open(for: "target-0", dirFD: directoryFD))
+            close(again.fd)
+            slots.finished(again, written: false, dirFD: directoryFD)
+        }
+    }
+
     @Test("a mailbox that is gone ends the send with .gone")
     func gone() throws {
         try withSlots { slots, directoryFD throws in

@@ -31,6 +31,10 @@ final class MessageSlots: Sendable {
     static let slotsPerTarget = 4
     /// Spares kept at most: one descriptor each.
     static let maximumSpares = 4
+    /// Processes whose slots are remembered at most. A long-lived process that answers
+    /// many short-lived ones would otherwise remember every one of them; the one used
+    /// longest ago (with nothing being written) is forgotten, its empty slots removed.
+    static let maximumTargets = 64
 
     /// A file opened for one message.
     struct Lease {
@@ -46,6 +50,8 @@ final class MessageSlots: Sendable {
         /// Generations being written or held as the spare.
         var reserved: Set<UInt64> = []
         var spare: (fd: Int32, generation: UInt64)?
+        /// When this process last wrote to the target (a count of uses).
+        var used: UInt64 = 0
     }
 
     private struct State {
@@ -53,6 +59,7 @@ final class MessageSlots: Sendable {
         /// Targets in the order their spares were made, the oldest first.
         var spareOrder: [String] = []
         var nextGeneration: UInt64 = 0
+        var uses: UInt64 = 0
         var closed = false
     }
 
@@ -85,6 +92,8 @@ final class MessageSlots: Sendable {
     /// ``SpaceMail/SendError/gone`` when the mailbox no longer exists.
     func open(for target: String, dirFD: Int32) throws(SpaceMail.SendError) -> Lease? {
         let spare: (fd: Int32, generation: UInt64)? = state.withLock { state in
+            state.uses += 1
+            state.targets[target]?.used = state.uses
             guard let spare = state.targets[target]?.spare else { return nil }
             state.targets[target]?.spare = nil
             state.spareOrder.removeAll { $0 == target }
@@ -139,15 +148,22 @@ final class MessageSlots: Sendable {
             Glibc.close(fd)
             retire(target, generation, dirFD: dirFD)
         }
-        let generation: UInt64? = state.withLock { state in
+        let (generation, forgotten): (UInt64?, (name: String, known: Target)?) = state.withLock { state in
             guard !state.closed, !onlyKnown || state.targets[target] != nil,
                   state.targets[target, default: Target()].live.count < Self.slotsPerTarget
-            else { return nil }
+            else { return (nil, nil) }
+            let forgotten = state.targets[target] == nil ? Self.forgetOldest(&state) : nil
             let generation = state.nextGeneration
             state.nextGeneration += 1
             state.targets[target, default: Target()].live.append(generation)
+            state.targets[target]?.used = state.uses
             state.targets[target]?.reserved.insert(generation)
-            return generation
+            return (generation, forgotten)
+        }
+        if let (name, known) = forgotten {
+            // Closed unused, a spare must not stay a slot; the other empty slots go too.
+            if let spare = known.spare { Glibc.close(spare.fd) }
+            for generation in known.live { Self.removeIfEmpty(self.name(name, generation), dirFD: dirFD) }
         }
         guard let generation else { return nil }
         let fd = fc_openat(dirFD, name(target, generation), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
@@ -228,6 +244,21 @@ final class MessageSlots: Sendable {
         var info = stat()
         guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_size == 0 else { return }
         unlinkat(dirFD, name, 0)
+    }
+
+    /// At ``maximumTargets``, removes the target used longest ago that has nothing being
+    /// written (its spare aside) and returns it, for the caller to close its spare and
+    /// remove its empty slots.
+    private static func forgetOldest(_ state: inout State) -> (name: String, known: Target)? {
+        guard state.targets.count >= maximumTargets else { return nil }
+        let idle = state.targets.filter { _, known in
+            known.reserved.allSatisfy { $0 == known.spare?.generation }
+        }
+        guard let oldest = idle.min(by: { $0.value.used < $1.value.used })?.key,
+              let known = state.targets.removeValue(forKey: oldest)
+        else { return nil }
+        state.spareOrder.removeAll { $0 == oldest }
+        return (oldest, known)
     }
 
     private func unreserve(_ target: String, _ generation: UInt64) {
