@@ -283,9 +283,17 @@ extension FileCoordinator {
             }
             return session
         } catch {
-            center.release(id)
+            await release(id)
             throw error
         }
+    }
+
+    /// Releases the claims of `id` once every message posted to other processes' presenters
+    /// (a `reacquire` above all) is written: none may reach its presenter after another
+    /// coordination's request for the same item.
+    private func release(_ id: CoordinationRules.RequestID) async {
+        if let space = center.joinedSpace { await space.mail.flush() }
+        center.release(id)
     }
 
     /// After the accessor: the `did…` messages, then the reacquirers, then the claims go.
@@ -317,10 +325,7 @@ extension FileCoordinator {
         messages += session.context.takeDeferred()
         await deliver(messages)
         await runReacquirers(session.reacquirers)
-        // Other processes' presenters were told without waiting for each write: all of
-        // it is out before the coordination ends.
-        if let space = center.joinedSpace { await space.mail.flush() }
-        if let request = session.request { center.release(request) }
+        if let request = session.request { await release(request) }
     }
 
     /// Presenters watching written items would see the write again through inotify (the

@@ -220,22 +220,28 @@ final class MessageSlots: Sendable {
         }
     }
 
-    /// Closes the spares and removes every empty slot (the process leaves the space, its
-    /// record already removed). A slot holding a message not read yet, or being written,
-    /// stays: its receiver removes it after reading, finding the sender's record gone.
+    /// Closes the spares and removes every empty slot of this process, the forgotten ones
+    /// included (it leaves the space, its record already removed). A slot holding a message
+    /// not read yet stays: its receiver removes it after reading, finding the record gone.
     func removeAll(dirFD: Int32) {
-        let (spares, names): ([Int32], [String]) = state.withLock { state in
+        let spares: [Int32] = state.withLock { state in
             state.closed = true
             state.spareOrder.removeAll()
             defer { state.targets.removeAll() }
-            return (state.targets.values.compactMap { $0.spare?.fd },
-                    state.targets.flatMap { target, known in
-                        known.live.filter { !known.reserved.contains($0) || known.spare?.generation == $0 }
-                            .map { name(target, $0) }
-                    })
+            return state.targets.values.compactMap { $0.spare?.fd }
         }
         for fd in spares { Glibc.close(fd) }
-        for name in names { Self.removeIfEmpty(name, dirFD: dirFD) }
+        Self.removeEmptySlots(of: me, dirFD: dirFD)
+    }
+
+    /// Removes the empty slots of `process` (which writes no more: it left, or it is dead)
+    /// from every mailbox. One holding a message not read yet is its receiver's to remove.
+    static func removeEmptySlots(of process: String, dirFD: Int32) {
+        for mailbox in (try? SpaceMail.list(dirFD, "mail")) ?? [] where mailbox != process {
+            for name in (try? SpaceMail.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
+                removeIfEmpty("mail/\(mailbox)/\(name)", dirFD: dirFD)
+            }
+        }
     }
 
     /// Unlinks the slot `name` (relative to the space) if it is empty. For slots whose

@@ -100,7 +100,7 @@ final class SpaceMail: Sendable {
         defer {
             // The thread the message was handed to (or the task its reply resumes) may wait
             // for this CPU: let it run first.
-            sched_yield()
+            if case .success = outcome { sched_yield() }
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
             case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd): break
@@ -226,10 +226,17 @@ final class SpaceMail: Sendable {
         guard start else { return }
         if inline {
             job()
-            drain(target)
-        } else {
-            submitToIOThread { [self] in drain(target) }
+            // What was posted meanwhile is not this caller's to write.
+            let more = outboxes.withLock { boxes -> Bool in
+                guard boxes[target]?.isEmpty == false else {
+                    boxes[target] = nil
+                    return false
+                }
+                return true
+            }
+            guard more else { return }
         }
+        submitToIOThread { [self] in drain(target) }
     }
 
     /// Runs `target`'s queued jobs until there are none (on an I/O thread).
@@ -745,14 +752,8 @@ final class SpaceMail: Sendable {
             if Self.removeMailbox(dirFD, process) { removed = true }
             if unlinkat(dirFD, "procs/" + process, 0) == 0 { removed = true }
             if unlinkat(dirFD, "procs/." + process, 0) == 0 { removed = true }
-            // Its slots in other processes' mailboxes (not registry entries): the empty
-            // ones. One holding a message not read yet is its receiver's to remove, which
-            // it does after reading, the record being gone.
-            for mailbox in (try? Self.list(dirFD, "mail")) ?? [] where mailbox != process {
-                for name in (try? Self.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
-                    MessageSlots.removeIfEmpty("mail/\(mailbox)/\(name)", dirFD: dirFD)
-                }
-            }
+            // Its slots in other processes' mailboxes (not registry entries).
+            MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
             // Another process may have been first: the registry changed only if this did.
             if removed { files.bumpSequence() }
             return true
@@ -907,8 +908,8 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         } catch let error where error is CancellationError || error is RemoteNoAnswer {
             // Given up on (the presenter timeout, or the coordination was cancelled): the
             // presenter may still relinquish later, and must then get its item back.
-            let late = reacquire
-            Task { await tell(late) }
+            // Posted now, ahead of anything this process sends that presenter next.
+            mail.tell(reacquire, to: process)
             throw error
         }
         let done = reacquire
