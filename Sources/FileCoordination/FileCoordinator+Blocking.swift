@@ -154,7 +154,7 @@ extension FileCoordinator {
             guard once.withLock({ done in defer { done = true }; return !done }) else { return }
             await runReacquirers(reacquirers)
             // A reacquirer of another process's presenter is posted: written by now.
-            if let space = center.joinedSpace { await space.mail.flush() }
+            await center.messagesWritten()
         }
         let prepared = PreparedBatch(presenters: Set(reacquirers.map(\.0.id)).union(
             items.flatMap { item in

@@ -73,6 +73,12 @@ final class CoordinationCenter: Sendable {
         Self.spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
     }
 
+    /// Returns once every message this process posted to other processes' presenters (a
+    /// `reacquire` above all) is written.
+    func messagesWritten() async {
+        await joinedSpace?.mail.flush()
+    }
+
     /// The space to coordinate through: joins the default one on first use, unless the
     /// process chose to stay local.
     func space() async throws -> CoordinationSpace? {

@@ -292,7 +292,7 @@ extension FileCoordinator {
     /// (a `reacquire` above all) is written: none may reach its presenter after another
     /// coordination's request for the same item.
     private func release(_ id: CoordinationRules.RequestID) async {
-        if let space = center.joinedSpace { await space.mail.flush() }
+        await center.messagesWritten()
         center.release(id)
     }
 

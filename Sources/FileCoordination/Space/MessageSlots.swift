@@ -128,9 +128,11 @@ final class MessageSlots: Sendable {
             guard reserved else { continue }
             let name = name(target, generation)
             var info = stat()
+            // Gone (removed by its receiver, one that unlinks what it read, or with the
+            // mailbox): forgotten; any other failure only skips it this time.
+            func skip() { if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) } }
             guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
-                // Removed by its receiver (one that unlinks what it read) or with the mailbox.
-                if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) }
+                skip()
                 continue
             }
             guard info.st_size == 0 else {
@@ -139,7 +141,7 @@ final class MessageSlots: Sendable {
             }
             let fd = fc_openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
             guard fd >= 0 else {
-                if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) }
+                skip()
                 continue
             }
             if fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_size == 0, info.st_nlink > 0 {
@@ -188,22 +190,22 @@ final class MessageSlots: Sendable {
     func makeSpare(for target: String, dirFD: Int32) {
         guard keepsSpares, state.withLock({ !$0.closed && $0.targets[target]?.spare == nil }) else { return }
         guard let lease = try? claim(for: target, dirFD: dirFD, onlyKnown: true), let generation = lease.generation else { return }
-        let unused: [(String, Int32, UInt64)] = state.withLock { state in
+        let unused: (target: String, fd: Int32, generation: UInt64)? = state.withLock { state in
             // Another thread made one meanwhile, the target was dropped, or the process left.
             guard !state.closed, state.targets[target] != nil, state.targets[target]?.spare == nil else {
-                return [(target, lease.fd, generation)]
+                return (target, lease.fd, generation)
             }
             state.targets[target]?.spare = (lease.fd, generation)
             state.spareOrder.append(target)
-            guard state.spareOrder.count > Self.maximumSpares else { return [] }
+            guard state.spareOrder.count > Self.maximumSpares else { return nil }
             let oldest = state.spareOrder.removeFirst()
-            guard let spare = state.targets[oldest]?.spare else { return [] }
+            guard let spare = state.targets[oldest]?.spare else { return nil }
             state.targets[oldest]?.spare = nil
-            return [(oldest, spare.fd, spare.generation)]
+            return (oldest, spare.fd, spare.generation)
         }
-        for (target, fd, generation) in unused {
-            Glibc.close(fd)
-            retire(target, generation, dirFD: dirFD)
+        if let unused {
+            Glibc.close(unused.fd)
+            retire(unused.target, unused.generation, dirFD: dirFD)
         }
     }
 
