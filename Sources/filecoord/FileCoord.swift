@@ -34,7 +34,11 @@ struct FileCoord: ParsableCommand {
         done.wait()
     }
 
+    /// Runs the command, then leaves the coordination space (if the command joined one)
+    /// before exiting, so that a short-lived command such as `write` or `exec` leaves
+    /// no record or mailbox behind for the next process to clean up.
     private static func runCommand() async {
+        var status: Int32 = 0
         do {
             var command = try parseAsRoot()
             if var command = command as? AsyncParsableCommand {
@@ -43,17 +47,20 @@ struct FileCoord: ParsableCommand {
                 try command.run()
             }
         } catch let exit as ExitCode {
-            Foundation.exit(exit.rawValue)
+            status = exit.rawValue
         } catch {
             let code = exitCode(for: error)
             if code == .success {
+                await FileCoordinator.leaveCoordinationSpace()
                 self.exit(withError: error)
             }
             // Usage errors exit 2 per the contract (ArgumentParser's own default is 64).
             let message = fullMessage(for: error)
             if !message.isEmpty { Output.error(message) }
-            Foundation.exit(code == .validationFailure ? 2 : code.rawValue)
+            status = code == .validationFailure ? 2 : code.rawValue
         }
+        await FileCoordinator.leaveCoordinationSpace()
+        Foundation.exit(status)
     }
 }
 

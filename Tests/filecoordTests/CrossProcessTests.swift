@@ -269,7 +269,7 @@ struct CrossProcessTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: space + "/mail") == [])
     }
 
-    @Test("20 writers in turn: the presenter hears each write's steps in order; once they are cleaned up after, none of their message files is left",
+    @Test("20 writers in turn: the presenter hears each write's steps in order; each leaves the space as it exits, and none of their message files is left",
           .timeLimit(.minutes(1)))
     func manyWriters() async throws {
         let file = scratch.write("doc", "old")
@@ -282,9 +282,15 @@ struct CrossProcessTests {
         var heard: [String] = []
         while heard.count < 80, let line = await lines.next() { heard.append(event(line).event) }
         #expect(heard == Array(repeating: ["relinquishToWriter", "save", "didChange", "reacquire"], count: 20).flatMap { $0 })
-        // The writers exited without leaving the space: `status` cleans up after them,
-        // and each one's slots in the presenter's mailbox, read by now, go with it.
-        #expect(try await filecoord("status", "--space", space).status == 0)
+        // Each writer left the space as it exited: `status` finds no one to clean up
+        // after, only the presenter's record is left, and the writers' slots in its
+        // mailbox are gone (the status request is read after the last reacquire).
+        let listed = try await filecoord("status", "--json", "--space", space)
+        #expect(listed.status == 0)
+        let object = try #require(try JSONSerialization.jsonObject(with: listed.stdout) as? [String: Any])
+        #expect((object["cleanedUp"] as? [Int32]) == [])
+        let records = try FileManager.default.contentsOfDirectory(atPath: space + "/procs")
+        #expect(records.count == 1 && records.allSatisfy { $0.hasPrefix("\(presenter.pid)-") }, "\(records)")
         let left = try FileManager.default.contentsOfDirectory(atPath: box)
         #expect(left.isEmpty, "\(left)")
         presenter.signal(SIGTERM)

@@ -103,7 +103,11 @@ final class SpaceMail: Sendable {
             if case .success = outcome { sched_yield() }
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
-            case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd): break
+            // The record is tested again after emptying: a sender that removed it in
+            // between may have passed this slot over as full while leaving (it removes
+            // its record before its empty slots), so the slot is this receiver's to remove.
+            case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd)
+                && hasRecord(message.string("from")): break
             default: _ = Self.withCString(name) { unlinkat(files.mailboxFD, $0, 0) }
             }
             if fd >= 0 { Glibc.close(fd) }
@@ -745,17 +749,18 @@ final class SpaceMail: Sendable {
         return (try? await runOnIOThread { [self] () -> Bool in
             guard !isAlive(process) else { return false }
             slots.drop(process, dirFD: dirFD)
-            var removed = false
+            var removedPresenters = false
             for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
-                if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removed = true }
+                if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removedPresenters = true }
             }
-            if Self.removeMailbox(dirFD, process) { removed = true }
-            if unlinkat(dirFD, "procs/" + process, 0) == 0 { removed = true }
-            if unlinkat(dirFD, "procs/." + process, 0) == 0 { removed = true }
+            Self.removeMailbox(dirFD, process)
+            unlinkat(dirFD, "procs/" + process, 0)
+            unlinkat(dirFD, "procs/." + process, 0)
             // Its slots in other processes' mailboxes (not registry entries).
             MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
-            // Another process may have been first: the registry changed only if this did.
-            if removed { files.bumpSequence() }
+            // Another process may have been first: the registry of presenters, which
+            // others cache, changed only if this removed some.
+            if removedPresenters { files.bumpSequence() }
             return true
         }) ?? false
     }
@@ -827,7 +832,9 @@ final class SpaceMail: Sendable {
             slots.removeAll(dirFD: dirFD)
             for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
             Self.removeMailbox(dirFD, me)
-            files.bumpSequence()
+            // Only the presenters are the registry that others cache: a process that
+            // had none changes nothing for them.
+            if !numbers.isEmpty { files.bumpSequence() }
         }
     }
 }
