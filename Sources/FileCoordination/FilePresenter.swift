@@ -20,6 +20,12 @@ import Foundation
 /// throws makes the coordination fail with that error. A callback that does not return
 /// is handled by the coordinator's ``PresenterTimeoutPolicy``.
 ///
+/// Requests from coordinators in other processes are served one at a time, on the
+/// library's threads unless the presenter is isolated to an actor: a request starts on
+/// the thread that watches the coordination space, and goes on from an I/O thread after
+/// the callback's first suspension. Like all `async` code, a callback must not block its
+/// thread (await instead); one that blocks holds up this process's other notifications.
+///
 /// Programs that never coordinate (an editor saving by rename, `>>` in a shell, `rm -rf`)
 /// are heard too: a registered presenter's item is watched with inotify, and what changes
 /// arrives after the fact as `presentedItemDidChange()`, `presentedItemDidMove(to:)`,

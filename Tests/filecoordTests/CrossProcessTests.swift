@@ -438,6 +438,26 @@ struct CrossProcessTests {
         #expect(!FileManager.default.fileExists(atPath: directory))
     }
 
+    @Test("another process's request is served on the watcher thread that read it; a callback there that needs the watcher (a new presenter, a coordinated read) completes",
+          .timeLimit(.minutes(1)))
+    func servedOnTheWatcherThread() async throws {
+        let file = scratch.write("served", "old")
+        let other = scratch.write("other", "theirs")
+        // This test process joins its space (the default one) with a first coordination.
+        _ = try await FileCoordinator().coordinate(readingItemAt: URL(fileURLWithPath: other)) { _ in }
+        let space = try #require(FileCoordinator.coordinationSpace?.directory.string)
+        let presenter = WatcherProbe(URL(fileURLWithPath: file), other: URL(fileURLWithPath: other))
+        await FileCoordinator.addFilePresenter(presenter)
+        let write = try await filecoord("write", file, "--space", space, "--presenter-timeout", "20", stdin: Data("new".utf8))
+        await FileCoordinator.removeFilePresenter(presenter)
+        #expect(write.status == 0, "\(write.errorText)")
+        #expect(!write.errorText.contains("did not answer"), "\(write.errorText)")
+        // The callback started on the thread that read the request, and what it awaited
+        // there (watches added by that same thread, claims) came through.
+        #expect(presenter.log.withLock { $0 } == ["relinquishToWriter on filecoord-watch", "registered", "read theirs"])
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+    }
+
     /// Three readers of `url` in this process, each 5 ms inside its accessor, started 2 ms
     /// apart, until `done` is set: the item is never free of readers here, so this
     /// process's kernel claims on it (and its directories) never end by themselves.
@@ -528,5 +548,37 @@ struct CrossProcessTests {
         holder.signal(SIGKILL)
         _ = await holder.wait()
         _ = try await shell("pkill -f 'sleep 64' || true")
+    }
+}
+
+/// A presenter whose relinquish-to-writer callback notes the thread it starts on, then
+/// awaits what needs the watcher thread: registering another presenter (its watch is
+/// added by that thread) and a coordinated read.
+final class WatcherProbe: FilePresenter {
+    let presentedItemURL: URL?
+    let other: URL
+    let log = Mutex<[String]>([])
+
+    init(_ url: URL, other: URL) {
+        presentedItemURL = url
+        self.other = other
+    }
+
+    final class Plain: FilePresenter {
+        let presentedItemURL: URL?
+        init(_ url: URL) { presentedItemURL = url }
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        let thread = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8))?
+            .trimmingCharacters(in: .newlines) ?? "?"
+        log.withLock { $0.append("relinquishToWriter on \(thread)") }
+        let extra = Plain(other)
+        await FileCoordinator.addFilePresenter(extra)
+        log.withLock { $0.append("registered") }
+        let data = try await FileCoordinator().coordinate(readingItemAt: other) { try await Data(asyncContentsOf: $0) }
+        log.withLock { $0.append("read " + String(decoding: data, as: UTF8.self)) }
+        await FileCoordinator.removeFilePresenter(extra)
+        return nil
     }
 }

@@ -47,6 +47,7 @@ final class SpaceMail: Sendable {
     private let slots: MessageSlots
     private let incoming: AsyncStream<SpaceMessage>.Continuation
     private let incomingStream: AsyncStream<SpaceMessage>
+    private let serving = ServingExecutor()
 
     init(files: SpaceFiles) {
         self.files = files
@@ -58,12 +59,14 @@ final class SpaceMail: Sendable {
     /// they arrived (so a presenter hears `didChange` and its reacquirer after the
     /// relinquish of the same write, and before the next writer's).
     ///
-    /// The serving task prefers the library's I/O threads: between the presenter's
-    /// callbacks (which run there unless isolated elsewhere) it writes each reply itself,
-    /// with no hand-over to another thread on the way back to the asking process.
+    /// The serving task runs on the library's threads (``ServingExecutor``): a request
+    /// that finds it waiting is served on the watcher thread that read it, and the rest
+    /// on the I/O threads. Between the presenter's callbacks (which run there unless
+    /// isolated elsewhere) it writes each reply itself, with no hand-over to another
+    /// thread on the way back to the asking process.
     func start() {
         let stream = incomingStream
-        Task.detached(executorPreference: ioThreadTaskExecutor) { [self] in
+        Task.detached(executorPreference: serving) { [self] in
             for await message in stream { await serve(message) }
         }
     }
@@ -127,9 +130,9 @@ final class SpaceMail: Sendable {
             Task.detached { [self] in await answerStatus(message) }
         case "reacquire":
             endSuppression(of: message)
-            incoming.yield(message)
+            serving.runHandedOver { incoming.yield(message) }
         default:
-            incoming.yield(message)
+            serving.runHandedOver { incoming.yield(message) }
         }
     }
 
@@ -571,7 +574,7 @@ final class SpaceMail: Sendable {
                 reply.set("result", "error")
                 reply.set("text", Self.describe(error))
             }
-            // Written here: this task runs on an I/O thread (see `start()`).
+            // Written here: this task runs on the library's threads (see `start()`).
             let write = prepare(reply, to: from, id: nextID())
             post(to: from, inline: true) { try? write() }
         }
