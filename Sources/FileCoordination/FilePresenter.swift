@@ -21,10 +21,14 @@ import Foundation
 /// is handled by the coordinator's ``PresenterTimeoutPolicy``.
 ///
 /// Requests from coordinators in other processes are served one at a time, on the
-/// library's threads unless the presenter is isolated to an actor: a request starts on
-/// the thread that watches the coordination space, and goes on from an I/O thread after
-/// the callback's first suspension. Like all `async` code, a callback must not block its
-/// thread (await instead); one that blocks holds up this process's other notifications.
+/// library's threads unless the presenter is isolated to an actor. A request that finds
+/// this process idle starts on the thread that watches the coordination space, which
+/// saves a thread wake-up on the way to the other process's accessor, and goes on from an
+/// I/O thread after the callback's first suspension. So, as all `async` code should, a
+/// callback must await rather than block its thread: one that blocks there holds up this
+/// process's other notifications and its own coordinations with other processes until
+/// it returns (the presenter timeout protects only the other process). A presenter whose
+/// callbacks do block says so with ``presentedItemCallbacksMayBlock``.
 ///
 /// Programs that never coordinate (an editor saving by rename, `>>` in a shell, `rm -rf`)
 /// are heard too: a registered presenter's item is watched with inotify, and what changes
@@ -90,6 +94,15 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// program writing the file a thousand times) reaches the presenter as one callback
     /// per item and kind. Not in Apple's protocol; the default, nil, delivers every change.
     var presentedItemSettleInterval: Duration? { get }
+
+    /// Whether some of this presenter's callbacks block their thread (synchronous file
+    /// I/O, a wait on a semaphore). Requests from other processes then start on an I/O
+    /// thread instead of the thread that watches the coordination space, so a blocked
+    /// callback cannot hold up this process's other notifications or its own
+    /// coordinations with other processes; each request costs one thread wake-up more.
+    /// Not in Apple's protocol; the default is false: callbacks are `async` and, like all
+    /// async code, should await rather than block.
+    var presentedItemCallbacksMayBlock: Bool { get }
 }
 
 /// Runs after the access a presenter relinquished its item for.
@@ -141,6 +154,8 @@ extension FilePresenter {
     public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
     /// Default: no coalescing.
     public var presentedItemSettleInterval: Duration? { nil }
+    /// Default: the callbacks do not block.
+    public var presentedItemCallbacksMayBlock: Bool { false }
     /// Default: treated as a change (`presentedItemDidChange()`).
     public func presentedItemDidLoseEvents() async { await presentedItemDidChange() }
 }

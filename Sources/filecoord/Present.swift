@@ -86,6 +86,10 @@ final class EventPrinter: Sendable {
 }
 
 /// The CLI's presenter: reports every callback, can delay or refuse relinquishing.
+///
+/// Each report is a `write` of one line to stdout. It blocks only while the reader of the
+/// output does not read, and then this process, whose whole job is reporting, stalls
+/// either way; so the callbacks do not claim ``FilePresenter/presentedItemCallbacksMayBlock``.
 final class PrintingPresenter: FilePresenter {
     let presentedItemURL: URL?
     let printer: EventPrinter

@@ -438,7 +438,7 @@ struct CrossProcessTests {
         #expect(!FileManager.default.fileExists(atPath: directory))
     }
 
-    @Test("another process's request is served on the watcher thread that read it; a callback there that needs the watcher (a new presenter, a coordinated read) completes",
+    @Test("another process's request is served on the watcher thread that read it (unless the presenter's callbacks may block); a callback there that needs the watcher (a new presenter, a coordinated read) completes",
           .timeLimit(.minutes(1)))
     func servedOnTheWatcherThread() async throws {
         let file = scratch.write("served", "old")
@@ -456,6 +456,15 @@ struct CrossProcessTests {
         // there (watches added by that same thread, claims) came through.
         #expect(presenter.log.withLock { $0 } == ["relinquishToWriter on filecoord-watch", "registered", "read theirs"])
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+
+        // A presenter whose callbacks may block is served from an I/O thread.
+        let blocking = WatcherProbe(URL(fileURLWithPath: file), other: URL(fileURLWithPath: other), mayBlock: true)
+        await FileCoordinator.addFilePresenter(blocking)
+        let again = try await filecoord("write", file, "--space", space, "--presenter-timeout", "20", stdin: Data("newer".utf8))
+        await FileCoordinator.removeFilePresenter(blocking)
+        #expect(again.status == 0, "\(again.errorText)")
+        let log = blocking.log.withLock { $0 }
+        #expect(log.count == 3 && log[0].hasPrefix("relinquishToWriter on filecoord-io-"), "\(log)")
     }
 
     /// Three readers of `url` in this process, each 5 ms inside its accessor, started 2 ms
@@ -557,11 +566,13 @@ struct CrossProcessTests {
 final class WatcherProbe: FilePresenter {
     let presentedItemURL: URL?
     let other: URL
+    let presentedItemCallbacksMayBlock: Bool
     let log = Mutex<[String]>([])
 
-    init(_ url: URL, other: URL) {
+    init(_ url: URL, other: URL, mayBlock: Bool = false) {
         presentedItemURL = url
         self.other = other
+        presentedItemCallbacksMayBlock = mayBlock
     }
 
     final class Plain: FilePresenter {

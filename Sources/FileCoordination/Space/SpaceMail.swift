@@ -100,10 +100,13 @@ final class SpaceMail: Sendable {
         }
         // Done once the message is handed on: off the reply's path. A slot is emptied for
         // its sender to write again, unless the sender has left or was cleaned up after.
+        // Whether the message was served right here (its reply, if any, is written).
+        var servedHere = false
         defer {
             // The thread the message was handed to (or the task its reply resumes) may wait
-            // for this CPU: let it run first.
-            if case .success = outcome { sched_yield() }
+            // for this CPU: let it run first. (Served here, it went to no other thread, and
+            // a reply written here yielded already.)
+            if case .success = outcome, !servedHere { sched_yield() }
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
             // The record is tested again after emptying: a sender that removed it in
@@ -130,9 +133,9 @@ final class SpaceMail: Sendable {
             Task.detached { [self] in await answerStatus(message) }
         case "reacquire":
             endSuppression(of: message)
-            serving.runHandedOver { incoming.yield(message) }
+            servedHere = handOver(message)
         default:
-            serving.runHandedOver { incoming.yield(message) }
+            servedHere = handOver(message)
         }
     }
 
@@ -194,6 +197,20 @@ final class SpaceMail: Sendable {
         let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
         guard count >= 0 else { return .failure(.notAMessage) }
         return SpaceMessage.decode(buffer[..<count])
+    }
+
+    /// Hands a request to the serving task; returns whether it was served here, on the
+    /// watcher thread (see ``ServingExecutor``): not for a presenter that says its
+    /// callbacks may block.
+    private func handOver(_ message: SpaceMessage) -> Bool {
+        let mayBlock = message.number("presenter").flatMap { number in
+            state.withLock { $0.local[number]?.presenter }
+        }?.presentedItemCallbacksMayBlock ?? false
+        guard !mayBlock else {
+            incoming.yield(message)
+            return false
+        }
+        return serving.runHandedOver { incoming.yield(message) }
     }
 
     /// Whether `name` can name a process in the space: not empty, and no `/`. Tested on
