@@ -414,6 +414,53 @@ struct CrossProcessTests {
         #expect(await presenter.wait().status == 0)
     }
 
+    @Test("after a queue overflow, the messages waiting in a mailbox are served in the order they were written: each writer's relinquish before its reacquire",
+          .timeLimit(.minutes(1)))
+    func overflowRescanKeepsOrder() async throws {
+        let tmpfs = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
+        let limit = Int((try String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))
+            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 16384
+        try #require(limit <= 1_000_000, "max_queued_events is \(limit): too many files to overflow it")
+        let (presenter, stream, box) = try await presentAlone(tmpfs.path)
+        var lines = stream
+        let record = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/presenters").first { !$0.hasPrefix(".") })
+        let number = try #require(record.split(separator: "-").last.map(String.init))
+        presenter.signal(SIGSTOP)
+        // More events than the kernel queues, so that the presenter rescans its mailbox;
+        // then six writers' requests, whose events are lost, each writer's reacquire
+        // written first (so neither the directory's order nor the times alone put them
+        // right: the rescan must go by each writer's message numbers).
+        let directory = tmpfs.path
+        await onThread {
+            for index in 0 ..< limit + 1000 { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
+        }
+        let writers = 6
+        for writer in 0 ..< writers {
+            let from = "99999\(writer)-fake", item = tmpfs.path + "/c\(writer)"
+            let reacquire = "filecoord 1\nkind reacquire\npresenter \(number)\npath \(item)\nre 1\nfrom \(from)\nid 2\nend\n"
+            let relinquish = "filecoord 1\nkind relinquish\npresenter \(number)\npath \(item)\naccess write\nre 1\nfrom \(from)\nid 1\nend\n"
+            #expect(FileManager.default.createFile(atPath: box + "/\(from)-2", contents: Data(reacquire.utf8)))
+            #expect(FileManager.default.createFile(atPath: box + "/\(from)-1", contents: Data(relinquish.utf8)))
+        }
+        presenter.signal(SIGCONT)
+        // A real write afterwards marks the end of what the rescan served.
+        let real = tmpfs.path + "/real"
+        let write = try await filecoord("write", real, "--space", space, stdin: Data("x".utf8))
+        #expect(write.status == 0, "\(write.errorText)")
+        var steps: [String] = []
+        var sawReal = false
+        while let line = await lines.next() {
+            let (kind, path) = event(line)
+            guard kind == "relinquishToWriter" || kind == "reacquire" else { continue }
+            if kind == "relinquishToWriter" && path == real { sawReal = true; continue }
+            if sawReal && kind == "reacquire" { break }
+            steps.append(kind)
+        }
+        #expect(steps == Array(repeating: ["relinquishToWriter", "reacquire"], count: writers).flatMap { $0 })
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
+
     @Test("claims this process keeps after use (idle) never block another process: it gives them back when asked")
     func idleClaimsGiveWay() async throws {
         let file = scratch.write("idle", "old")

@@ -78,9 +78,7 @@ final class SpaceMail: Sendable {
     /// queue overflow (events lost), every file in the mailbox is read.
     func received(_ event: InotifyEvent) {
         if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
-            for name in (try? Self.list(files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
-                receive(Array(name.utf8), rescanning: true)
-            }
+            for name in rescanOrder() { receive(name, rescanning: true) }
             return
         }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
@@ -180,6 +178,43 @@ final class SpaceMail: Sendable {
         guard fd >= 0 else { return .failure(.notAMessage) }
         defer { Glibc.close(fd) }
         return Self.readMessage(fd)
+    }
+
+    /// The files in the mailbox in the order they were written, as far as can be told:
+    /// by modification time, and a sender's own by the number it gave each message (a
+    /// sender's slots are used in turn, so their names say nothing; and times can be
+    /// equal). The directory's order is arbitrary: serving a writer's `reacquire` before
+    /// its `relinquish` would leave the presenter without its item. Each file is read
+    /// here and again when served; this runs only after events were lost.
+    private func rescanOrder() -> [[UInt8]] {
+        var files: [(name: [UInt8], time: Int64, from: String, id: UInt64)] = []
+        for name in (try? Self.list(self.files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
+            let bytes = Array(name.utf8)
+            var time = Int64.max, from = "", id: UInt64 = 0
+            let fd = Self.openMessage(dirFD: self.files.mailboxFD, name: bytes)
+            if fd >= 0 {
+                var info = stat()
+                if fstat(fd, &info) == 0 { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
+                if case .success(let message) = Self.readMessage(fd) {
+                    from = message.string("from") ?? ""
+                    id = message.number("id") ?? message.number("re") ?? 0
+                }
+                Glibc.close(fd)
+            }
+            files.append((bytes, time, from, id))
+        }
+        // Each sender's files by number, then merged by the time of each one's next file
+        // (a sender's order wins over times that disagree with it).
+        var queues = Dictionary(grouping: files, by: \.from).map { from, group in
+            from.isEmpty ? group.sorted { $0.time < $1.time } : group.sorted { $0.id < $1.id }
+        }
+        var order: [[UInt8]] = []
+        while let next = queues.indices.filter({ !queues[$0].isEmpty })
+            .min(by: { (queues[$0][0].time, queues[$0][0].from) < (queues[$1][0].time, queues[$1][0].from) })
+        {
+            order.append(queues[next].removeFirst().name)
+        }
+        return order
     }
 
     /// Opens a message file for reading; -1 when it cannot be opened.
