@@ -461,6 +461,20 @@ struct CrossProcessTests {
         #expect(await presenter.wait().status == 0)
     }
 
+    @Test("a presenter record left by a process that has no mailbox any more (it left while registering) is removed by the first writer that asks it",
+          .timeLimit(.minutes(1)))
+    func strayPresenterRecordRemoved() async throws {
+        let file = scratch.write("doc", "old")
+        #expect(try await filecoord("status", "--space", space).status == 0) // makes the space
+        let stray = space + "/presenters/999998-0dead-1"
+        let record = "filecoord 1\nkind presenter\nfrom 999998-0dead\npath \(file)\npid 999998\npresenter 1\nend\n"
+        #expect(FileManager.default.createFile(atPath: stray, contents: Data(record.utf8)))
+        let write = try await filecoord("write", file, "--space", space, "--presenter-timeout", "5", "--strict", stdin: Data("new".utf8))
+        #expect(write.status == 0, "\(write.errorText)")
+        #expect(!FileManager.default.fileExists(atPath: stray))
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+    }
+
     @Test("claims this process keeps after use (idle) never block another process: it gives them back when asked")
     func idleClaimsGiveWay() async throws {
         let file = scratch.write("idle", "old")

@@ -423,6 +423,9 @@ final class SpaceMail: Sendable {
                 Task { await cleanUp(target) }
             } catch SendError.gone {
                 slots.drop(target, dirFD: files.directoryFD)
+                // No mailbox: it left or died. A presenter record it left behind (one
+                // registered while it was leaving) goes too, or every writer would ask it.
+                cleanUpHere(target)
                 resolve(id, with: .success(nil))
             } catch {
                 resolve(id, with: .failure(error))
@@ -807,25 +810,28 @@ final class SpaceMail: Sendable {
     /// is alive). On an I/O thread, the liveness check included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
-        guard Self.isProcessName(process), process != me else { return false }
-        let (dirFD, files) = (files.directoryFD, files)
-        return (try? await runOnIOThread { [self] () -> Bool in
-            guard !isAlive(process) else { return false }
-            slots.drop(process, dirFD: dirFD)
-            var removedPresenters = false
-            for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
-                if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removedPresenters = true }
-            }
-            Self.removeMailbox(dirFD, process)
-            unlinkat(dirFD, "procs/" + process, 0)
-            unlinkat(dirFD, "procs/." + process, 0)
-            // Its slots in other processes' mailboxes (not registry entries).
-            MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
-            // Another process may have been first: the registry of presenters, which
-            // others cache, changed only if this removed some.
-            if removedPresenters { files.bumpSequence() }
-            return true
-        }) ?? false
+        (try? await runOnIOThread { [self] in cleanUpHere(process) }) ?? false
+    }
+
+    /// ``cleanUp(_:)`` on this thread (an I/O thread: it blocks).
+    @discardableResult
+    private func cleanUpHere(_ process: String) -> Bool {
+        guard Self.isProcessName(process), process != me, !isAlive(process) else { return false }
+        let dirFD = files.directoryFD
+        slots.drop(process, dirFD: dirFD)
+        var removedPresenters = false
+        for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
+            if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removedPresenters = true }
+        }
+        Self.removeMailbox(dirFD, process)
+        unlinkat(dirFD, "procs/" + process, 0)
+        unlinkat(dirFD, "procs/." + process, 0)
+        // Its slots in other processes' mailboxes (not registry entries).
+        MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
+        // Another process may have been first: the registry of presenters, which
+        // others cache, changed only if this removed some.
+        if removedPresenters { files.bumpSequence() }
+        return true
     }
 
     /// Empties and removes `process`'s mailbox; true if it removed anything. Another
