@@ -380,24 +380,35 @@ struct CrossProcessTests {
         #expect(linked.errorText.contains("symbolic link"), "\(linked.errorText)")
     }
 
-    @Test("a presenter process stopped while more events happen than the kernel queues: a resync, nothing lost, then it goes on",
-          .timeLimit(.minutes(1)))
-    func kernelQueueOverflow() async throws {
-        // tmpfs when there is one: creating files there is not bound by a disk journal.
+    /// For the overflow tests: a scratch directory on tmpfs when there is one (creating
+    /// files there is not bound by a disk journal), and the kernel's inotify queue length,
+    /// required small enough to overflow.
+    func overflowSetting() throws -> (Scratch, Int) {
         let tmpfs = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
         let limit = Int((try String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))
             .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 16384
         try #require(limit <= 1_000_000, "max_queued_events is \(limit): too many files to overflow it")
+        return (tmpfs, limit)
+    }
+
+    /// Creates `count` empty files `f0`, `f1`, ... in `directory`, on a thread of its own.
+    func createFiles(in directory: String, count: Int) async {
+        await onThread {
+            for index in 0 ..< count { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
+        }
+    }
+
+    @Test("a presenter process stopped while more events happen than the kernel queues: a resync, nothing lost, then it goes on",
+          .timeLimit(.minutes(1)))
+    func kernelQueueOverflow() async throws {
+        let (tmpfs, limit) = try overflowSetting()
         var (presenter, lines) = try await present(tmpfs.path)
 
         // Stopped, the whole process (its watcher thread too) reads nothing: the kernel's
         // queue is the only place the events can wait, and it holds `limit` of them.
         presenter.signal(SIGSTOP)
         let created = limit + 1000
-        let directory = tmpfs.path
-        await onThread {
-            for index in 0 ..< created { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
-        }
+        await createFiles(in: tmpfs.path, count: created)
         presenter.signal(SIGCONT)
         // Watching goes on after the overflow, and the rescan reports what the lost
         // events would have: every file, the one created after the pause included.
@@ -417,10 +428,7 @@ struct CrossProcessTests {
     @Test("after a queue overflow, the messages waiting in a mailbox are served in the order they were written: each writer's relinquish before its reacquire",
           .timeLimit(.minutes(1)))
     func overflowRescanKeepsOrder() async throws {
-        let tmpfs = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
-        let limit = Int((try String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))
-            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 16384
-        try #require(limit <= 1_000_000, "max_queued_events is \(limit): too many files to overflow it")
+        let (tmpfs, limit) = try overflowSetting()
         let (presenter, stream, box) = try await presentAlone(tmpfs.path)
         var lines = stream
         let record = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/presenters").first { !$0.hasPrefix(".") })
@@ -430,10 +438,7 @@ struct CrossProcessTests {
         // then six writers' requests, whose events are lost, each writer's reacquire
         // written first (so neither the directory's order nor the times alone put them
         // right: the rescan must go by each writer's message numbers).
-        let directory = tmpfs.path
-        await onThread {
-            for index in 0 ..< limit + 1000 { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
-        }
+        await createFiles(in: tmpfs.path, count: limit + 1000)
         let writers = 6
         for writer in 0 ..< writers {
             let from = "99999\(writer)-fake", item = tmpfs.path + "/c\(writer)"
