@@ -95,13 +95,16 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// per item and kind. Not in Apple's protocol; the default, nil, delivers every change.
     var presentedItemSettleInterval: Duration? { get }
 
-    /// Whether some of this presenter's callbacks block their thread (synchronous file
-    /// I/O, a wait on a semaphore). Requests from other processes then start on an I/O
-    /// thread instead of the thread that watches the coordination space, so a blocked
-    /// callback cannot hold up this process's other notifications or its own
+    /// Whether some of this presenter's callbacks (or its reacquirers) block their thread
+    /// (synchronous file I/O, a wait on a semaphore). Requests from other processes then
+    /// start on an I/O thread instead of the thread that watches the coordination space,
+    /// so a blocked callback holds up only the other requests to this process's presenters
+    /// (they are served one at a time), not its file notifications or its own
     /// coordinations with other processes; each request costs one thread wake-up more.
     /// Not in Apple's protocol; the default is false: callbacks are `async` and, like all
-    /// async code, should await rather than block.
+    /// async code, should await rather than block. Read at each request; an actor
+    /// implements it `nonisolated`, and a subclass overrides it only if its superclass
+    /// implements it.
     var presentedItemCallbacksMayBlock: Bool { get }
 }
 

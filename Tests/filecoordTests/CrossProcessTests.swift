@@ -435,17 +435,22 @@ struct CrossProcessTests {
         let number = try #require(record.split(separator: "-").last.map(String.init))
         presenter.signal(SIGSTOP)
         // More events than the kernel queues, so that the presenter rescans its mailbox;
-        // then six writers' requests, whose events are lost, each writer's reacquire
-        // written first (so neither the directory's order nor the times alone put them
-        // right: the rescan must go by each writer's message numbers).
+        // then six writers' requests, whose events are lost. Their times are set so that
+        // neither the directory's order nor the times alone put them right: each
+        // writer's reacquire is older than its relinquish (the rescan must go by each
+        // writer's message numbers), and the relinquishes are newer the lower the writer
+        // (across writers, the rescan goes by time: writer 5 first).
         await createFiles(in: tmpfs.path, count: limit + 1000)
         let writers = 6
+        let base = Date(timeIntervalSinceNow: -1000)
         for writer in 0 ..< writers {
             let from = "99999\(writer)-fake", item = tmpfs.path + "/c\(writer)"
             let reacquire = "filecoord 1\nkind reacquire\npresenter \(number)\npath \(item)\nre 1\nfrom \(from)\nid 2\nend\n"
             let relinquish = "filecoord 1\nkind relinquish\npresenter \(number)\npath \(item)\naccess write\nre 1\nfrom \(from)\nid 1\nend\n"
-            #expect(FileManager.default.createFile(atPath: box + "/\(from)-2", contents: Data(reacquire.utf8)))
-            #expect(FileManager.default.createFile(atPath: box + "/\(from)-1", contents: Data(relinquish.utf8)))
+            #expect(FileManager.default.createFile(atPath: box + "/\(from)-2", contents: Data(reacquire.utf8),
+                                                   attributes: [.modificationDate: base + Double(writer)]))
+            #expect(FileManager.default.createFile(atPath: box + "/\(from)-1", contents: Data(relinquish.utf8),
+                                                   attributes: [.modificationDate: base + 100 + Double(writers - 1 - writer)]))
         }
         presenter.signal(SIGCONT)
         // A real write afterwards marks the end of what the rescan served.
@@ -459,9 +464,9 @@ struct CrossProcessTests {
             guard kind == "relinquishToWriter" || kind == "reacquire" else { continue }
             if kind == "relinquishToWriter" && path == real { sawReal = true; continue }
             if sawReal && kind == "reacquire" { break }
-            steps.append(kind)
+            steps.append(kind == "reacquire" ? kind : "\(kind) \(URL(fileURLWithPath: path).lastPathComponent)")
         }
-        #expect(steps == Array(repeating: ["relinquishToWriter", "reacquire"], count: writers).flatMap { $0 })
+        #expect(steps == (0 ..< writers).reversed().flatMap { ["relinquishToWriter c\($0)", "reacquire"] })
         presenter.signal(SIGTERM)
         #expect(await presenter.wait().status == 0)
     }

@@ -96,10 +96,10 @@ final class SpaceMail: Sendable {
             if fd >= 0 { Glibc.close(fd) }
             return
         }
-        // Done once the message is handed on: off the reply's path. A slot is emptied for
-        // its sender to write again, unless the sender has left or was cleaned up after.
         // Whether the message was served right here (its reply, if any, is written).
         var servedHere = false
+        // Done once the message is handed on: off the reply's path. A slot is emptied for
+        // its sender to write again, unless the sender has left or was cleaned up after.
         defer {
             // The thread the message was handed to (or the task its reply resumes) may wait
             // for this CPU: let it run first. (Served here, it went to no other thread, and
@@ -187,32 +187,38 @@ final class SpaceMail: Sendable {
     /// its `relinquish` would leave the presenter without its item. Each file is read
     /// here and again when served; this runs only after events were lost.
     private func rescanOrder() -> [[UInt8]] {
-        var files: [(name: [UInt8], time: Int64, from: String, id: UInt64)] = []
-        for name in (try? Self.list(self.files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
+        var found: [(name: [UInt8], time: Int64, from: String, id: UInt64)] = []
+        for name in (try? Self.list(files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
             let bytes = Array(name.utf8)
             var time = Int64.max, from = "", id: UInt64 = 0
-            let fd = Self.openMessage(dirFD: self.files.mailboxFD, name: bytes)
+            let fd = Self.openMessage(dirFD: files.mailboxFD, name: bytes)
             if fd >= 0 {
                 var info = stat()
                 if fstat(fd, &info) == 0 { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
                 if case .success(let message) = Self.readMessage(fd) {
                     from = message.string("from") ?? ""
-                    id = message.number("id") ?? message.number("re") ?? 0
+                    id = message.number("id") ?? 0
                 }
                 Glibc.close(fd)
             }
-            files.append((bytes, time, from, id))
+            found.append((bytes, time, from, id))
         }
         // Each sender's files by number, then merged by the time of each one's next file
-        // (a sender's order wins over times that disagree with it).
-        var queues = Dictionary(grouping: files, by: \.from).map { from, group in
+        // (a sender's order wins over times that disagree with it); on equal times,
+        // files that could not be read (still being written, or not messages) last.
+        let queues = Dictionary(grouping: found, by: \.from).map { from, group in
             from.isEmpty ? group.sorted { $0.time < $1.time } : group.sorted { $0.id < $1.id }
         }
+        var positions = [Int](repeating: 0, count: queues.count)
         var order: [[UInt8]] = []
-        while let next = queues.indices.filter({ !queues[$0].isEmpty })
-            .min(by: { (queues[$0][0].time, queues[$0][0].from) < (queues[$1][0].time, queues[$1][0].from) })
-        {
-            order.append(queues[next].removeFirst().name)
+        order.reserveCapacity(found.count)
+        func key(_ queue: Int) -> (Int64, Int, String) {
+            let head = queues[queue][positions[queue]]
+            return (head.time, head.from.isEmpty ? 1 : 0, head.from)
+        }
+        while let next = queues.indices.filter({ positions[$0] < queues[$0].count }).min(by: { key($0) < key($1) }) {
+            order.append(queues[next][positions[next]].name)
+            positions[next] += 1
         }
         return order
     }
@@ -236,11 +242,13 @@ final class SpaceMail: Sendable {
 
     /// Hands a request to the serving task; returns whether it was served here, on the
     /// watcher thread (see ``ServingExecutor``): not for a presenter that says its
-    /// callbacks may block.
+    /// callbacks may block, or that is not registered any more.
     private func handOver(_ message: SpaceMessage) -> Bool {
+        // A presenter no longer registered may still have a reacquirer kept: not knowing
+        // whether it blocks, it is not run here.
         let mayBlock = message.number("presenter").flatMap { number in
             state.withLock { $0.local[number]?.presenter }
-        }?.presentedItemCallbacksMayBlock ?? false
+        }?.presentedItemCallbacksMayBlock ?? true
         guard !mayBlock else {
             incoming.yield(message)
             return false
