@@ -428,7 +428,7 @@ final class SpaceMail: Sendable {
                 guard !isAlive(target) else { return }
                 slots.drop(target, dirFD: files.directoryFD)
                 resolve(id, with: .success(nil))
-                Task { await cleanUp(target) }
+                cleanUpHere(target) // on this I/O thread already: no task to hop to another
             } catch SendError.gone {
                 slots.drop(target, dirFD: files.directoryFD)
                 // No mailbox: it left or died. A presenter record it left behind (one
