@@ -19,6 +19,11 @@ extension FilePath {
     /// A `file:` URL for this path. Every byte outside the unreserved set is
     /// percent-escaped, so any name a Linux file can have round-trips exactly through
     /// ``init(fileURL:)``.
+    ///
+    /// A relative path is taken from the current directory now, as
+    /// `URL(fileURLWithPath:)` does: `FilePath("notes/a.txt").fileURL` names
+    /// `<current directory>/notes/a.txt`. (When the current directory has been deleted,
+    /// the URL goes through `/proc/self/cwd`, which is only meaningful in this process.)
     public var fileURL: URL {
         // Bytes first, one string at the end: appending to a `String` per byte cost more
         // than the URL parse itself.
@@ -27,16 +32,35 @@ extension FilePath {
             let count = strlen(pointer)
             bytes.reserveCapacity(7 + count)
             bytes.append(contentsOf: "file://".utf8)
-            for index in 0 ..< count {
-                let byte = UInt8(bitPattern: pointer[index])
-                if Self.isUnreserved(byte) {
-                    bytes.append(byte)
-                } else {
-                    bytes.appendPercentEscape(byte)
-                }
+            if pointer[0] != CChar(bitPattern: UInt8(ascii: "/")) {
+                // Without this, "file://" + "notes/a.txt" would make `notes` the URL's
+                // host and `/a.txt` its path.
+                Self.appendCurrentDirectory(to: &bytes)
             }
+            Self.appendEscaped(UnsafeRawBufferPointer(start: pointer, count: count), to: &bytes)
         }
         return URL(string: String(decoding: bytes, as: UTF8.self))!
+    }
+
+    private static func appendEscaped(_ raw: UnsafeRawBufferPointer, to bytes: inout [UInt8]) {
+        for byte in raw {
+            if isUnreserved(byte) {
+                bytes.append(byte)
+            } else {
+                bytes.appendPercentEscape(byte)
+            }
+        }
+    }
+
+    /// Appends the current directory, escaped, and a separator.
+    private static func appendCurrentDirectory(to bytes: inout [UInt8]) {
+        if let directory = getcwd(nil, 0) {
+            defer { free(directory) }
+            appendEscaped(UnsafeRawBufferPointer(start: directory, count: strlen(directory)), to: &bytes)
+        } else {
+            bytes.append(contentsOf: "/proc/self/cwd".utf8)
+        }
+        if bytes.last != UInt8(ascii: "/") { bytes.append(UInt8(ascii: "/")) }
     }
 
     private static func isUnreserved(_ byte: UInt8) -> Bool {

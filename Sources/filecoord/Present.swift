@@ -38,7 +38,10 @@ struct Present: AsyncParsableCommand {
             throw Status.failed
         }
         let printer = EventPrinter(json: json)
-        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
+        // Every line names the item as its events do: absolute (a relative PATH is taken
+        // from the current directory).
+        let url = target.fileURL
+        let presenter = PrintingPresenter(url: url, printer: printer, ackDelay: .milliseconds(ackDelay),
                                           refuseWriters: refuseWriters, settle: settle.map { .milliseconds($0) })
         // Signals end the session cleanly: unregister, exit 0.
         signal(SIGINT, SIG_IGN)
@@ -52,7 +55,7 @@ struct Present: AsyncParsableCommand {
         }
         try await space.join()
         await FileCoordinator.addFilePresenter(presenter)
-        printer.print("ready", target)
+        printer.print("ready", (try? FilePath(fileURL: url)) ?? target)
         for await _ in stop.stream { break }
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()

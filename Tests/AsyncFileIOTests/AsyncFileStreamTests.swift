@@ -79,6 +79,23 @@ struct AsyncFileStreamTests {
         #expect(try await Data(asyncContentsOf: newline) == Data("nl".utf8))
     }
 
+    @Test("a relative path's URL names the file under the current directory")
+    func relativePathURL() async throws {
+        let directory = TemporaryDirectory("relative")
+        let file = directory.file("r.txt")
+        try await Data("rel".utf8).asyncWrite(to: file)
+        let current = FilePath(FileManager.default.currentDirectoryPath)
+        let up = String(repeating: "../", count: current.components.count)
+        let relative = FilePath(up + file.string.dropFirst())
+        #expect(!relative.isAbsolute)
+        let url = relative.fileURL
+        // Not "file://../…", whose first component would be taken for a host.
+        #expect(url.host(percentEncoded: true) ?? "" == "")
+        #expect(url.path == current.string + "/" + relative.string)
+        #expect(try FilePath(fileURL: url) == current.pushing(relative))
+        #expect(try await Data(asyncContentsOf: url) == Data("rel".utf8))
+    }
+
     @Test("a missing file is notFound, naming the path")
     func missing() async throws {
         let directory = TemporaryDirectory("missing")

@@ -169,6 +169,30 @@ struct CrossProcessTests {
         #expect(await presenter.wait().status == 0)
     }
 
+    @Test("relative paths are taken from the current directory: a presenter, write and exec given `doc` act on the file there",
+          .timeLimit(.minutes(1)))
+    func relativePaths() async throws {
+        let file = scratch.write("doc", "old")
+        let presenter = try LineProcess(["-c", "cd '\(scratch.path)' && exec '\(filecoordBinary)' present doc --json --space '\(space)'"],
+                                        executable: "/bin/sh")
+        var lines = presenter.lines.makeAsyncIterator()
+        let ready = try #require(await lines.next())
+        #expect(event(ready).event == "ready")
+        #expect(event(ready).path == file)
+        let write = try await shell("cd '\(scratch.path)' && printf new | \"$FILECOORD\" write doc --space '\(space)'")
+        #expect(write.status == 0, "\(write.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+        let exec = try await shell("cd '\(scratch.path)' && \"$FILECOORD\" exec --space '\(space)' --write doc -- sh -c 'printf exec > doc'")
+        #expect(exec.status == 0, "\(exec.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "exec")
+        var heard: [String] = []
+        while heard.count < 8, let line = await lines.next() { heard.append(event(line).event) }
+        let steps = ["relinquishToWriter", "save", "didChange", "reacquire"]
+        #expect(heard == steps + steps)
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
+
     @Test("another process's coordinated writes are not echoed by the presenter's watch; a change outside coordination is heard",
           .timeLimit(.minutes(1)))
     func noEchoAcrossProcesses() async throws {
