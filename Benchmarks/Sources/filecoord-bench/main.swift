@@ -203,12 +203,16 @@ func seconds(_ body: () async throws -> Void) async rethrows -> Double {
 }
 
 func report(_ workload: String, unit: String, _ samples: [Sample], peer: String, goals: [String: Double]) {
-    let base = samples.first { $0.method == peer }?.median ?? samples[0].median
-    print("\n\(workload)  (median of \(rounds) rounds; ratio against \(peer) in the same run)")
+    let base = samples.first { $0.method == peer } ?? samples[0]
+    print("\n\(workload)  (median of \(rounds) rounds; ratio against \(peer): median of the rounds' ratios, range in brackets)")
     for sample in samples {
-        let ratio = sample.median / base
+        // Each round measures every method within a few seconds, so a ratio taken within
+        // a round cancels most of the machine's drift between rounds.
+        let ratios = zip(sample.values, base.values).map { $0 / $1 }.sorted()
+        let ratio = ratios[ratios.count / 2]
         var line = "  \(sample.method.padding(toLength: 34, withPad: " ", startingAt: 0))"
         line += String(format: "%12.0f %@   %.2fx", sample.median, unit, ratio)
+        if ratios.count > 1 { line += String(format: " (%.2f-%.2f)", ratios[0], ratios[ratios.count - 1]) }
         if let goal = goals[sample.method] { line += String(format: "   goal >= %.2fx: %@", goal, ratio >= goal ? "met" : "NOT MET") }
         print(line)
     }
@@ -288,6 +292,19 @@ func runRandom(_ path: String) async throws {
     }
     let allMethods: [(String, () async throws -> Void)] = [
         ("c pread loop (1 thread)", { _ = peer_random_reads(fd, size, Int(count), 1, 7) }),
+        // What any Swift API that returns `Data` pays: the same loop, synchronous, with a
+        // `Data` made around each buffer (two allocations and FoundationEssentials'
+        // exclusivity checks). Blocks its thread, as the C loop does.
+        ("swift pread + Data (sync loop)", {
+            var sum: UInt64 = 0
+            for offset in offsets {
+                let buffer = malloc(4096)!
+                _ = pread(fd, buffer, 4096, off_t(offset))
+                let data = Data(bytesNoCopy: buffer, count: 4096, deallocator: .free)
+                sum &+= UInt64(data[data.startIndex + 7])
+            }
+            precondition(sum != 1)
+        }),
         ("filecoord threadPool, 1 task", { _ = try await sequential(ours, offsets[...]) }),
         ("filecoord into buffer, 1 task", { _ = try await sequentialInto(ours, offsets[...]) }),
         ("c pread (2 threads)", { _ = peer_random_reads(fd, size, Int(count), 2, 7) }),
@@ -299,7 +316,10 @@ func runRandom(_ path: String) async throws {
             }
         }),
     ]
-    let methods = allMethods.filter { only == nil || $0.0.hasPrefix(only!) || ($0.0.hasPrefix("c ") && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil) }
+    let methods = allMethods.filter { method in
+        only == nil || method.0.hasPrefix(only!)
+            || ((method.0.hasPrefix("c ") || method.0.hasPrefix("swift ")) && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil)
+    }
     var samples = methods.map { Sample(method: $0.0) }
     for _ in 0 ..< rounds {
         for (index, method) in methods.enumerated() {
