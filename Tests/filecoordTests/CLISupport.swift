@@ -52,6 +52,13 @@ func filecoord(_ arguments: String..., stdin: Data? = nil) async throws -> Proce
     try await run(filecoordBinary, arguments, stdin: stdin)
 }
 
+/// What each of process `pid`'s descriptors names (`readlink` of `/proc/PID/fd/N`).
+func openFiles(of pid: Int32) -> [String] {
+    let directory = "/proc/\(pid)/fd"
+    let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+    return names.compactMap { try? FileManager.default.destinationOfSymbolicLink(atPath: directory + "/" + $0) }
+}
+
 /// A shell command line (for `ulimit`, `setpriv` and the like); `$FILECOORD` names the binary.
 func shell(_ script: String) async throws -> ProcessResult {
     try await run("/bin/sh", ["-c", script], environment: ["FILECOORD": filecoordBinary])

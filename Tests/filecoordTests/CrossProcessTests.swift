@@ -317,6 +317,16 @@ struct CrossProcessTests {
         #expect(records.count == 1 && records.allSatisfy { $0.hasPrefix("\(presenter.pid)-") }, "\(records)")
         let left = try FileManager.default.contentsOfDirectory(atPath: box)
         #expect(left.isEmpty, "\(left)")
+        // Nor does the presenter keep a descriptor open in a writer's mailbox (the spare
+        // for its next message there): it is closed once the writer's record goes, on an
+        // I/O thread, with no event to await from here. Kept, it held the deleted mailbox.
+        let deadline = ContinuousClock.now + .seconds(10)
+        var held = openFiles(of: presenter.pid).filter { $0.hasPrefix(space + "/mail/") && $0.hasSuffix("(deleted)") }
+        while !held.isEmpty, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10)) // ok: polling another process's descriptor table
+            held = openFiles(of: presenter.pid).filter { $0.hasPrefix(space + "/mail/") && $0.hasSuffix("(deleted)") }
+        }
+        #expect(held.isEmpty, "\(held)")
         presenter.signal(SIGTERM)
         let ended = await presenter.wait()
         #expect(ended.status == 0)

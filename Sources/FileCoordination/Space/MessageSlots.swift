@@ -209,6 +209,11 @@ final class MessageSlots: Sendable {
         }
     }
 
+    /// Whether a spare is open in `target`'s mailbox.
+    func hasSpare(for target: String) -> Bool {
+        state.withLock { $0.targets[target]?.spare != nil }
+    }
+
     /// Forgets `target` (a process found dead or gone, whose slots go with its mailbox).
     func drop(_ target: String, dirFD: Int32) {
         let spare = state.withLock { state -> (fd: Int32, generation: UInt64)? in

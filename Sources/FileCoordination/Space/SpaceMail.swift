@@ -485,6 +485,14 @@ final class SpaceMail: Sendable {
     /// A process's record was closed: if that process is gone, its pending requests end.
     func processEnded(_ event: InotifyEvent) {
         let name = String(decoding: event.name, as: UTF8.self)
+        if slots.hasSpare(for: name) {
+            // The spare is a descriptor open in that process's mailbox: kept, it would keep
+            // the mailbox (deleted as the process left) alive until four other processes
+            // had been written to, and watches of it would end only then.
+            submitToIOThread { [self] in
+                if !isAlive(name) { slots.drop(name, dirFD: files.directoryFD) }
+            }
+        }
         let waiting = state.withLock { state in
             state.replies.compactMap { id, reply -> UInt64? in
                 switch reply {
