@@ -609,7 +609,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         guard isDirectory else { return }
         directories = directories.filter { !FilePath.isAtOrInside($0, prefix) }
         for (wd, watched) in watches where FilePath.isAtOrInside(watched.platformBytes, prefix) {
-            thread.removeWatch(wd, client: self)
+            thread.removeWatch(wd, client: self, mayBeGone: true)
             watches[wd] = nil
         }
     }

@@ -68,8 +68,14 @@ public final class InotifyThread: @unchecked Sendable {
         }
 
         /// Ends `client`'s interest in a watch; the watch itself goes when no client is left.
-        func removeWatch(_ wd: Int32, client: any InotifyClient) {
-            owner.removeClient(client, from: wd)
+        ///
+        /// Pass `mayBeGone` when the watched directory has just been deleted or moved
+        /// away: the kernel may then drop the watch on its own at any moment (when the
+        /// last reference to the directory goes), and libinotifytools prints an error to
+        /// the process's stderr when asked to remove a watch the kernel has dropped. Such
+        /// a watch is removed a second later unless the kernel's `IN_IGNORED` comes first.
+        func removeWatch(_ wd: Int32, client: any InotifyClient, mayBeGone: Bool = false) {
+            owner.removeClient(client, from: wd, mayBeGone: mayBeGone)
         }
 
         /// Watches held for callers (the doorbell excluded).
@@ -103,6 +109,13 @@ public final class InotifyThread: @unchecked Sendable {
     private var clients: [Int32: [any InotifyClient]] = [:]
     private var masks: [Int32: UInt32] = [:]
     private var doorbellWatch: Int32 = -1
+    /// Watches no client wants any more whose directory may be gone, with when to remove
+    /// them if the kernel has not dropped them by then (see `OnThread.removeWatch`). A
+    /// deleted directory's watch is dropped when the last reference to it goes, and that
+    /// can be later than the event that told of the deletion (a descriptor open in it).
+    private var retiring: [Int32: ContinuousClock.Instant] = [:]
+    /// How long a retiring watch waits for the kernel's `IN_IGNORED`.
+    private static let retirementDelay = Duration.seconds(1)
 
     /// At most 15 bytes: the kernel truncates longer thread names.
     static let threadName = "filecoord-watch"
@@ -214,7 +227,12 @@ public final class InotifyThread: @unchecked Sendable {
                 event = next
                 pending = nil
             } else {
-                guard let raw = inotifytools_next_event(-1) else { continue }
+                if !retiring.isEmpty { retireDue(idle: false) }
+                // While watches are retiring, wake after a second of quiet to remove them.
+                guard let raw = inotifytools_next_event(retiring.isEmpty ? -1 : 1) else {
+                    retireDue(idle: true)
+                    continue
+                }
                 event = Self.copy(raw)
             }
             if event.wd == doorbellWatch {
@@ -249,6 +267,21 @@ public final class InotifyThread: @unchecked Sendable {
         if event.mask & UInt32(IN_IGNORED) != 0 {
             clients[event.wd] = nil
             masks[event.wd] = nil
+            retiring[event.wd] = nil
+        }
+    }
+
+    /// Removes the retiring watches whose time has come and that no client took up again
+    /// (a directory moved back in gets the same descriptor).
+    ///
+    /// `idle`: libinotifytools has just waited a second and read nothing, so no
+    /// `IN_IGNORED` is waiting in its buffer. Otherwise (events or commands keep coming)
+    /// a watch waits three times as long.
+    private func retireDue(idle: Bool) {
+        let now = ContinuousClock.now - (idle ? .zero : Self.retirementDelay * 2)
+        for (wd, deadline) in retiring where deadline <= now {
+            retiring[wd] = nil
+            if clients[wd] == nil { _ = inotifytools_remove_watch_by_wd(wd) }
         }
     }
 
@@ -266,13 +299,18 @@ public final class InotifyThread: @unchecked Sendable {
         }
     }
 
-    fileprivate func removeClient(_ client: any InotifyClient, from wd: Int32) {
+    fileprivate func removeClient(_ client: any InotifyClient, from wd: Int32, mayBeGone: Bool = false) {
         guard var list = clients[wd], let index = list.firstIndex(where: { $0 === client }) else { return }
         list.remove(at: index)
         if list.isEmpty {
             clients[wd] = nil
             masks[wd] = nil
-            _ = inotifytools_remove_watch_by_wd(wd)
+            if mayBeGone {
+                retiring[wd] = ContinuousClock.now + Self.retirementDelay
+            } else {
+                retiring[wd] = nil
+                _ = inotifytools_remove_watch_by_wd(wd)
+            }
         } else {
             clients[wd] = list
         }

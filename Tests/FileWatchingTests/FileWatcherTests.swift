@@ -90,11 +90,24 @@ struct FileWatcherTests {
         try FileManager.default.createDirectory(atPath: dir.at("tree/inner").string, withIntermediateDirectories: true)
         let watcher = try await FileWatcher(watching: dir.path)
         #expect(await watcher.watchCount() == 3)
+        let before = await watcher.tree.watchDescriptors()
         rename(dir.at("tree").string, outside.at("tree").string)
         touch(outside.at("tree/inner/after-the-move"))
         let events = try await settled(watcher)
         #expect(events == [FileEvent(.deleted, dir.at("tree"), isDirectory: true)])
         #expect(await watcher.watchCount() == 1)
+        // The moved directories' watches are removed a second later (three while the
+        // watcher thread is kept busy, as by these checks): had the directories been
+        // deleted, the kernel could drop the watches itself meanwhile.
+        let moved = Set(before).subtracting(await watcher.tree.watchDescriptors())
+        #expect(moved.count == 2)
+        let deadline = ContinuousClock.now + .seconds(10)
+        for wd in moved {
+            while await InotifyThread.shared.isWatching(wd), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(100)) // ok: the removal is timed, there is no event to await
+            }
+            #expect(await !InotifyThread.shared.isWatching(wd))
+        }
         watcher.cancel()
     }
 
