@@ -18,6 +18,25 @@ struct DataAsyncTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path.string) == ["config"])
     }
 
+    @Test("an atomic write goes through a symbolic link and refuses to replace a FIFO", arguments: [FileIOEngine.threadPool, .dispatchIO])
+    func linksAndSpecialFiles(engine: FileIOEngine) async throws {
+        let directory = TemporaryDirectory("links")
+        let real = directory.file("real")
+        try await Data("old".utf8).asyncWrite(to: real)
+        let link = directory.file("link")
+        #expect(symlink("real", link.string) == 0)
+        try await Data("new".utf8).asyncWrite(to: link, engine: engine)
+        #expect(try await Data(asyncContentsOf: real) == Data("new".utf8))
+        var info = stat()
+        #expect(lstat(link.string, &info) == 0 && info.st_mode & S_IFMT == S_IFLNK)
+        let fifo = directory.file("fifo")
+        #expect(mkfifo(fifo.string, 0o600) == 0)
+        let error = await #expect(throws: FileCoordinationError.self) { try await Data("x".utf8).asyncWrite(to: fifo, engine: engine) }
+        #expect(error?.code == .unsupportedFileType)
+        #expect(error?.path == fifo)
+        #expect(lstat(fifo.string, &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+    }
+
     @Test("withoutOverwriting refuses an existing file and creates a new one")
     func withoutOverwriting() async throws {
         let directory = TemporaryDirectory("noover")

@@ -332,18 +332,35 @@ struct AtomicReplacement: Sendable {
     }
 
     /// Opens the temporary file. Keeps the target's permission bits when it exists.
-    static func begin(target: FilePath, withoutOverwriting: Bool) -> Result<AtomicReplacement, FileCoordinationError> {
+    static func begin(target given: FilePath, withoutOverwriting: Bool) -> Result<AtomicReplacement, FileCoordinationError> {
+        // Through symbolic links, as `cat >` writes: the link stays, its file is replaced.
+        let target: FilePath
+        switch resolvingLinks(given) {
+        case .success(let resolved): target = resolved
+        case .failure(let error): return .failure(error)
+        }
         var directory = target.removingLastComponent()
         if directory.isEmpty { directory = "." }
         var mode: mode_t?
         switch target.withPlatformString({ Syscall.stat(path: $0) }) {
         case .success(let info):
-            if FileType(mode: info.st_mode) == .directory {
+            switch FileType(mode: info.st_mode) {
+            case .regular: break
+            case .directory:
                 return .failure(FileCoordinationError(code: .isDirectory, path: target, operation: "open", errno: .isDirectory,
                                                       message: "is a directory, not a file"))
+            case let type:
+                // A device, FIFO or socket must not be renamed over with a regular file.
+                return .failure(FileCoordinationError(code: .unsupportedFileType, path: target, operation: "open",
+                                                      message: "is \(type.description); an atomic write replaces only regular files (append to write into it)"))
             }
             if withoutOverwriting {
                 return .failure(FileCoordinationError("open", errno: .fileExists, path: target))
+            }
+            // A file this process may not write is not replaced either (rename needs only
+            // the directory's permission).
+            if target.withPlatformString({ faccessat(fc_AT_FDCWD, $0, W_OK, AT_EACCESS) }) != 0 {
+                return .failure(FileCoordinationError("open", errno: Errno(rawValue: errno), path: target))
             }
             mode = info.st_mode & 0o7777
         case .failure(.noSuchFileOrDirectory):
@@ -376,6 +393,25 @@ struct AtomicReplacement: Sendable {
         }
         return .success(AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
                                           withoutOverwriting: withoutOverwriting))
+    }
+
+    /// `path` with every symbolic link on its last component followed (at most 40), each
+    /// relative link taken from its own directory. A dangling link resolves to the file
+    /// it names, which the write then creates.
+    static func resolvingLinks(_ path: FilePath) -> Result<FilePath, FileCoordinationError> {
+        var current = path
+        for _ in 0 ..< 40 {
+            guard case .success(let info) = current.withPlatformString({ Syscall.lstat(path: $0) }),
+                  FileType(mode: info.st_mode) == .symbolicLink else { return .success(current) }
+            switch current.withPlatformString({ Syscall.readlink(path: $0) }) {
+            case .success(let bytes):
+                let link = FilePath(platformBytes: bytes)
+                current = link.isAbsolute ? link : current.removingLastComponent().pushing(link)
+            case .failure(let errno):
+                return .failure(FileCoordinationError("readlink", errno: errno, path: current))
+            }
+        }
+        return .failure(FileCoordinationError("open", errno: .tooManySymbolicLinkLevels, path: path))
     }
 
     /// Publishes the content under the target's name and closes the descriptor.

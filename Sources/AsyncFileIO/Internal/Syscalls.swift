@@ -46,6 +46,19 @@ enum Syscall {
         return retrying { fstatat(fc_AT_FDCWD, path, &info, 0) }.map { _ in info }
     }
 
+    /// `stat` of the link itself when `path` is a symbolic link.
+    static func lstat(path: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        var info = Glibc.stat()
+        return retrying { fstatat(fc_AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) }.map { _ in info }
+    }
+
+    /// The bytes a symbolic link holds.
+    static func readlink(path: UnsafePointer<CChar>) -> Result<[UInt8], Errno> {
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+        return retrying { buffer.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) } }
+            .map { Array(buffer[0 ..< $0]) }
+    }
+
     static func read(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Result<Int, Errno> {
         retrying { Glibc.read(fd, buffer, count) }
     }
@@ -120,6 +133,20 @@ enum FileType: Equatable {
         case S_IFBLK: self = .blockDevice
         case S_IFLNK: self = .symbolicLink
         default: self = .unknown
+        }
+    }
+
+    /// "a character device", and so on (for messages).
+    var description: String {
+        switch self {
+        case .regular: "a regular file"
+        case .directory: "a directory"
+        case .fifo: "a FIFO"
+        case .socket: "a socket"
+        case .characterDevice: "a character device"
+        case .blockDevice: "a block device"
+        case .symbolicLink: "a symbolic link"
+        case .unknown: "not a regular file"
         }
     }
 }
