@@ -40,16 +40,21 @@ struct CoordinationOptions: ParsableArguments {
 
     func validate() throws {
         guard presenterTimeout > 0 else { throw ValidationError("--presenter-timeout must be positive") }
-        if let timeout, timeout < 0 { throw ValidationError("--timeout cannot be negative") }
+        if let timeout, !(timeout >= 0) { throw ValidationError("--timeout must be zero or more seconds") }
+    }
+
+    /// `seconds` as a duration; nil for infinity (forever). Beyond 30 years is forever too.
+    static func duration(seconds: Double) -> Duration? {
+        seconds.isFinite && seconds < 1e9 ? .seconds(seconds) : nil
     }
 
     /// Joins the space and returns a coordinator with the chosen presenter policy.
     func coordinator() async throws -> FileCoordinator {
         try await space.join()
         let coordinator = FileCoordinator()
-        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .milliseconds(Int(presenterTimeout * 1000)),
+        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: Self.duration(seconds: presenterTimeout) ?? .seconds(1e9),
                                                                      action: strict ? .fail : .proceed))
-        coordinator.setClaimTimeout(timeout.map { .milliseconds(Int($0 * 1000)) })
+        coordinator.setClaimTimeout(timeout.flatMap { Self.duration(seconds: $0) })
         return coordinator
     }
 

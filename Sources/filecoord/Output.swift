@@ -98,21 +98,28 @@ final class DescriptorWriter: Sendable {
     }
 
     /// Reads the descriptor to its end (standard input), on the writer's thread.
-    func readToEnd() async -> Data {
+    /// Fails, naming `name`, when a read fails (standard input closed, or a directory):
+    /// what was read so far must not pass for the whole input.
+    func readToEnd(name: String = "stdin") async throws(FileCoordinationError) -> Data {
         let fd = self.fd
-        return await withCheckedContinuation { continuation in
+        let result: Result<Data, FileCoordinationError> = await withCheckedContinuation { continuation in
             queue.async {
                 var data = Data()
                 var buffer = [UInt8](repeating: 0, count: 65536)
                 while true {
                     let n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, $0.count) }
                     if n < 0 && errno == EINTR { continue }
-                    if n <= 0 { break }
+                    if n < 0 {
+                        continuation.resume(returning: .failure(FileCoordinationError("read", errno: Errno(rawValue: errno), path: FilePath(name))))
+                        return
+                    }
+                    if n == 0 { break }
                     data.append(contentsOf: buffer[0 ..< n])
                 }
-                continuation.resume(returning: data)
+                continuation.resume(returning: .success(data))
             }
         }
+        return try result.get()
     }
 }
 

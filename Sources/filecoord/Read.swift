@@ -171,15 +171,15 @@ struct Read: AsyncParsableCommand {
     /// Reads a list of paths from a file or stdin, split on `separator`.
     static func readList(_ source: String, separator: UInt8) async throws -> [FilePath] {
         let data: Data
-        if source == "-" {
-            data = await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
-        } else {
-            do {
+        do {
+            if source == "-" {
+                data = try await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
+            } else {
                 data = try await Data(asyncContentsOf: RawArguments.path(source))
-            } catch let error as FileCoordinationError {
-                Output.report(error)
-                throw Status.failed
             }
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
         }
         // One pass over the bytes: each line (or NUL-separated name) becomes a path, empty
         // ones are skipped. (Splitting `Data` into slices cost more than reading the files.)

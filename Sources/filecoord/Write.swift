@@ -28,7 +28,11 @@ struct Write: AsyncParsableCommand {
 
     func run() async throws {
         let target = RawArguments.path(path)
-        let input = await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
+        let input: Data
+        do { input = try await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd() } catch {
+            Output.report(error)
+            throw Status.failed
+        }
         let options: FileWriteOptions = append ? [.append] : [.atomic]
         if noCoordination {
             do { try await input.asyncWrite(to: target, options: options) } catch let error as FileCoordinationError {
