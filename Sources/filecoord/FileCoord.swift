@@ -40,7 +40,7 @@ struct FileCoord: ParsableCommand {
     private static func runCommand() async {
         var status: Int32 = 0
         do {
-            var command = try parseAsRoot()
+            var command = try parseAsRoot(RawArguments.parserArguments)
             if var command = command as? AsyncParsableCommand {
                 try await command.run()
             } else {

@@ -124,17 +124,41 @@ final class DescriptorWriter: Sendable {
 }
 
 /// Recovers the exact bytes of command-line arguments. Swift decodes `argv` into
-/// `String`s, replacing bytes that are not UTF-8; a path must keep them.
+/// `String`s, replacing bytes that are not UTF-8 (so two different names can decode
+/// alike); a path must keep them. The parser is given ``parserArguments``: each argument
+/// that is not UTF-8 is made unique there (its text, a private-use character and its
+/// position), and ``bytes(_:)`` maps that text back to the argument's bytes.
 enum RawArguments {
-    private static let table: [String: [[UInt8]]] = {
-        var table: [String: [[UInt8]]] = [:]
+    private struct Decoded {
+        var arguments: [String] = []
+        var bytes: [String: [UInt8]] = [:]
+    }
+
+    private static let decoded: Decoded = {
+        var decoded = Decoded()
         for index in 1 ..< Int(CommandLine.argc) {
             guard let pointer = CommandLine.unsafeArgv[index] else { continue }
             let bytes = Array(UnsafeBufferPointer(start: pointer, count: strlen(pointer))).map { UInt8(bitPattern: $0) }
-            table[String(decoding: bytes, as: UTF8.self), default: []].append(bytes)
+            if let text = String(validating: bytes, as: UTF8.self) {
+                decoded.arguments.append(text)
+                continue
+            }
+            // `--option=VALUE`: only the value is a name.
+            var prefix: [UInt8] = []
+            var value = bytes[...]
+            if bytes.starts(with: Array("--".utf8)), let equals = bytes.firstIndex(of: UInt8(ascii: "=")) {
+                prefix = Array(bytes[...equals])
+                value = bytes[(equals + 1)...]
+            }
+            let unique = String(decoding: value, as: UTF8.self) + "\u{F8FF}\(index)"
+            decoded.bytes[unique] = Array(value)
+            decoded.arguments.append(String(decoding: prefix, as: UTF8.self) + unique)
         }
-        return table
+        return decoded
     }()
+
+    /// The arguments (without the program's name) to parse.
+    static var parserArguments: [String] { decoded.arguments }
 
     /// The path as it was typed, bytes and all.
     static func path(_ argument: String) -> FilePath {
@@ -143,6 +167,6 @@ enum RawArguments {
 
     /// The argument's bytes as typed.
     static func bytes(_ argument: String) -> [UInt8] {
-        table[argument]?.first ?? Array(argument.utf8)
+        decoded.bytes[argument] ?? Array(argument.utf8)
     }
 }

@@ -26,6 +26,14 @@ struct ReadCommandTests {
         let result = try await shell(script)
         #expect(result.status == 0, "\(result.errorText)")
         #expect(result.outputText == "rawrawnl")
+        // Two names that differ only in bytes that are not UTF-8 decode to the same text:
+        // each argument still names its own file (coordinated, so their URLs are made too).
+        let two = try await shell("""
+            cd '\(scratch.path)' && printf 'FF' > "$(printf 'u\\377')" && printf 'FE' > "$(printf 'u\\376')" && \
+            "$FILECOORD" read --space '\(scratch.path)/space' --cat "$(printf 'u\\377')" "$(printf 'u\\376')"
+            """)
+        #expect(two.status == 0, "\(two.errorText)")
+        #expect(two.outputText == "FFFE")
     }
 
     @Test("--json summarises on stdout; a list file gives one path a line")
