@@ -9,6 +9,12 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/close_range.h>
+#include <dirent.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
@@ -85,4 +91,93 @@ void *fc_map_shared(int fd, size_t length) {
 
 int fc_cloexec_from(unsigned int first) {
     return (int)syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC);
+}
+
+// MARK: exec's command
+
+enum { fc_max_inherited = 256 };
+static sigset_t fc_ignored_at_start;
+static int fc_inherited_count;
+static struct { int fd; dev_t dev; ino_t ino; } fc_inherited[fc_max_inherited];
+
+void fc_note_startup(void) {
+    sigemptyset(&fc_ignored_at_start);
+    for (int number = 1; number < 32; number++) {
+        struct sigaction action;
+        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN) sigaddset(&fc_ignored_at_start, number);
+    }
+    DIR *directory = opendir("/proc/self/fd");
+    if (directory == NULL) return;
+    int own = dirfd(directory);
+    struct dirent *entry;
+    while ((entry = readdir(directory)) != NULL && fc_inherited_count < fc_max_inherited) {
+        if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+        int fd = atoi(entry->d_name);
+        struct stat info;
+        if (fd < 3 || fd == own || fstat(fd, &info) != 0) continue;
+        fc_inherited[fc_inherited_count].fd = fd;
+        fc_inherited[fc_inherited_count].dev = info.st_dev;
+        fc_inherited[fc_inherited_count].ino = info.st_ino;
+        fc_inherited_count++;
+    }
+    closedir(directory);
+}
+
+int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[]) {
+    // Every descriptor of this process's own (libinotifytools' among them) stays out.
+    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    for (int index = 0; index < fc_inherited_count; index++) {
+        struct stat info;
+        int fd = fc_inherited[index].fd;
+        if (fstat(fd, &info) != 0 || info.st_dev != fc_inherited[index].dev || info.st_ino != fc_inherited[index].ino) continue;
+        // dup2 onto itself clears close-on-exec in the child (POSIX 2018, glibc 2.29).
+        posix_spawn_file_actions_adddup2(&actions, fd, fd);
+    }
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t none, reset;
+    sigemptyset(&none);
+    sigemptyset(&reset);
+    for (int number = 1; number < 32; number++) {
+        struct sigaction action;
+        if (number == SIGKILL || number == SIGSTOP) continue;
+        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN && !sigismember(&fc_ignored_at_start, number))
+            sigaddset(&reset, number);
+    }
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setsigdefault(&attributes, &reset);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    int result = posix_spawnp(pid, file, &actions, &attributes, argv, envp);
+    posix_spawnattr_destroy(&attributes);
+    posix_spawn_file_actions_destroy(&actions);
+    return result;
+}
+
+static volatile sig_atomic_t fc_forward_pid;
+
+static void fc_forward(int number, siginfo_t *info, void *context) {
+    (void)context;
+    pid_t pid = (pid_t)fc_forward_pid;
+    // si_code <= 0: sent by a process (kill, sigqueue, tgkill). A terminal's signal
+    // (SI_KERNEL) went to the command's process group already.
+    if (pid > 0 && info != NULL && info->si_code <= 0) kill(pid, number);
+}
+
+void fc_forward_signals_to(pid_t pid) {
+    static int installed;
+    fc_forward_pid = pid;
+    if (installed || pid <= 0) return;
+    installed = 1;
+    const int numbers[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
+    for (size_t index = 0; index < sizeof numbers / sizeof numbers[0]; index++) {
+        struct sigaction current, forward;
+        if (sigaction(numbers[index], NULL, &current) != 0 || current.sa_handler == SIG_IGN) continue;
+        memset(&forward, 0, sizeof forward);
+        forward.sa_sigaction = fc_forward;
+        forward.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&forward.sa_mask);
+        sigaction(numbers[index], &forward, NULL);
+    }
 }

@@ -55,10 +55,15 @@ struct Exec: AsyncParsableCommand {
 
 /// Runs a command with this process's standard streams and waits for it without holding
 /// a cooperative thread (`waitpid` runs on an I/O thread).
+///
+/// As `flock(1)` does, the command inherits what this process was started with: the
+/// descriptors (`3<file`, `<(…)`) and the signals ignored (`nohup`, a background job).
+/// While it runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to `filecoord` are passed on to
+/// it, and the claims are held until it exits.
 enum Child {
     static func run(_ command: [String]) async throws -> Int32 {
         let arguments = command.map { RawArguments.bytes($0) }
-        let pid: pid_t = try await runOnIOThread {
+        let spawned: Result<pid_t, Errno> = try await runOnIOThread {
             var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { bytes in
                 let pointer = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count + 1)
                 for (index, byte) in bytes.enumerated() { pointer[index] = CChar(bitPattern: byte) }
@@ -67,31 +72,26 @@ enum Child {
             }
             argv.append(nil)
             defer { for pointer in argv { pointer?.deallocate() } }
-            // libinotifytools' descriptor and other inherited ones stay out of the command.
-            _ = fc_cloexec_from(3)
-            // The command starts with no signal blocked and default dispositions, whatever
-            // the thread spawning it had (a blocked SIGCHLD would hang a shell's `wait`).
-            var attributes = posix_spawnattr_t()
-            posix_spawnattr_init(&attributes)
-            defer { posix_spawnattr_destroy(&attributes) }
-            var empty = sigset_t(), all = sigset_t()
-            sigemptyset(&empty)
-            sigfillset(&all)
-            posix_spawnattr_setsigmask(&attributes, &empty)
-            posix_spawnattr_setsigdefault(&attributes, &all)
-            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
             var pid: pid_t = 0
-            let result = posix_spawnp(&pid, argv[0]!, nil, &attributes, argv, environ)
-            guard result == 0 else {
-                throw FileCoordinationError("posix_spawnp", errno: Errno(rawValue: result), path: FilePath(command[0]))
-            }
-            return pid
+            let result = fc_spawn_command(&pid, argv[0]!, argv, environ)
+            guard result == 0 else { return .failure(Errno(rawValue: result)) }
+            fc_forward_signals_to(pid)
+            return .success(pid)
+        }
+        let pid: pid_t
+        switch spawned {
+        case .success(let child): pid = child
+        case .failure(let errno):
+            // As a shell reports it: 127 for a command not found, 126 for one that cannot run.
+            Output.report(FileCoordinationError("exec", errno: errno, path: FilePath(platformBytes: arguments[0])))
+            return errno == .noSuchFileOrDirectory ? 127 : 126
         }
         return try await runOnIOThread {
             var status: Int32 = 0
             while waitpid(pid, &status, 0) < 0 {
                 guard errno == EINTR else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: errno), path: nil) }
             }
+            fc_forward_signals_to(0)
             // WIFEXITED / WEXITSTATUS / WTERMSIG, which Swift does not import.
             if status & 0x7f == 0 { return (status >> 8) & 0xff }
             return 128 + (status & 0x7f)

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CFileCoordinationShims
 import FileCoordination
 import Foundation
 
@@ -25,6 +26,7 @@ struct FileCoord: ParsableCommand {
     /// libdispatch then stops the process with SIGILL instead of the command reporting
     /// EMFILE. The main thread is not one of the cooperative pool's.
     static func main() {
+        fc_note_startup()
         let done = DispatchSemaphore(value: 0)
         // Detached: `main` is on the main actor, whose queue nothing drains here.
         Task.detached {

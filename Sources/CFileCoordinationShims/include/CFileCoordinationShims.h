@@ -53,4 +53,18 @@ extern const short fc_F_RDLCK;
 extern const short fc_F_WRLCK;
 extern const short fc_F_UNLCK;
 
+/// Notes what a command run by `filecoord exec` must inherit from this process's own
+/// start: the signals ignored then (`nohup`, a shell's background job) and the
+/// descriptors open then (3 and up, with their files' identities). Call first in main.
+void fc_note_startup(void);
+/// posix_spawnp for `exec`: no signal blocked; the signals this process ignores that were
+/// not ignored at its start reset to default; the descriptors noted at start passed on
+/// (when still the same files) and every other one closed. Returns 0 or an errno value.
+int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[]);
+/// Until `fc_forward_signals_to(0)`, SIGINT, SIGTERM, SIGHUP and SIGQUIT (those not
+/// ignored) are passed on to `pid` when another process sent them; when the terminal sent
+/// them (to the whole process group, the command included) they are dropped. Either way
+/// this process does not die of them while the command runs.
+void fc_forward_signals_to(pid_t pid);
+
 #endif

@@ -1,0 +1,46 @@
+import Foundation
+import Testing
+
+/// `filecoord exec` against what `flock(1)` gives the command it runs.
+@Suite("filecoord exec")
+struct ExecCommandTests {
+    let scratch = Scratch()
+    var space: String { scratch.path + "/space" }
+
+    @Test("the command inherits the caller's descriptors (3<file) and its ignored signals (nohup)")
+    func inheritance() async throws {
+        let file = scratch.write("f", "through fd 3")
+        let redirected = try await shell("\"$FILECOORD\" exec --space '\(space)' --read '\(file)' -- sh -c 'cat <&3' 3<'\(file)'")
+        #expect(redirected.status == 0, "\(redirected.errorText)")
+        #expect(redirected.outputText == "through fd 3")
+        // SIGHUP ignored by the caller, as `nohup` does: still ignored in the command.
+        let ignored = try await shell("trap '' HUP; \"$FILECOORD\" exec --space '\(space)' --read '\(file)' -- grep SigIgn /proc/self/status")
+        #expect(ignored.status == 0, "\(ignored.errorText)")
+        let mask = UInt64(ignored.outputText.split(separator: "\t").last?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "", radix: 16) ?? 0
+        #expect(mask & 1 == 1, "SIGHUP is not ignored in the command: \(ignored.outputText)")
+    }
+
+    @Test("SIGTERM sent to filecoord goes to the command, and filecoord holds the claim until the command exits with its status",
+          .timeLimit(.minutes(1)))
+    func forwardsSignals() async throws {
+        let file = scratch.write("f", "x")
+        let runner = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c",
+                                      "trap 'echo got-term; exit 7' TERM; echo ready; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"])
+        var lines = runner.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready")
+        runner.signal(SIGTERM)
+        #expect(await lines.next() == "got-term")
+        let ended = await runner.wait()
+        #expect(ended.status == 7, "filecoord must wait for the command and exit with its status: \(ended.stderr)")
+    }
+
+    @Test("a command that cannot be started exits 127 (not found) or 126 (not executable), naming it")
+    func launchFailures() async throws {
+        let file = scratch.write("f", "x")
+        let missing = try await filecoord("exec", "--space", space, "--read", file, "--", "no-such-command-\(getpid())")
+        #expect(missing.status == 127)
+        #expect(missing.errorText.contains("no-such-command-\(getpid()): exec failed: No such file or directory (ENOENT)"), "\(missing.errorText)")
+        let notExecutable = try await filecoord("exec", "--space", space, "--read", file, "--", file)
+        #expect(notExecutable.status == 126)
+    }
+}
