@@ -13,7 +13,11 @@ struct Exec: AsyncParsableCommand {
             it). Presenters are asked to relinquish before COMMAND starts and hear what \
             changed after it ends. All claims are taken together in one canonical order, so \
             two exec's over the same items never deadlock, and every claim is released when \
-            either process dies. The exit status is COMMAND's (128+N if a signal N ended it).
+            either process dies. COMMAND inherits the descriptors and ignored signals \
+            filecoord was started with; SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to \
+            filecoord are passed on to it, and the claims are held until it exits. The exit \
+            status is COMMAND's (128+N if a signal N ended it; 127 if it was not found, 126 if \
+            it could not be run).
             """
     )
 
