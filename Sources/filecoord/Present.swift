@@ -1,6 +1,7 @@
 import ArgumentParser
 import FileCoordination
 import Foundation
+import Synchronization
 
 struct Present: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -66,6 +67,10 @@ struct Present: AsyncParsableCommand {
 /// Prints presenter callbacks, one line each, in text or JSON.
 final class EventPrinter: Sendable {
     let json: Bool
+    /// Lines of callbacks that came before `ready` was printed (the presenter is asked
+    /// as soon as it is registered): printed right after it, so `ready` is always first.
+    /// Nil once `ready` is out.
+    private let early = Mutex<[String]?>([])
     init(json: Bool) { self.json = json }
 
     func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil) {
@@ -78,7 +83,19 @@ final class EventPrinter: Sendable {
         } else {
             line = "\(event) \(path)" + (destination.map { " -> \($0)" } ?? "")
         }
-        Output.writeStandardOutput(Array((line + "\n").utf8))
+        // Written under the lock: a line must not overtake `ready` and those held for it.
+        early.withLock { early in
+            guard let held = early else {
+                Output.writeStandardOutput(Array((line + "\n").utf8))
+                return
+            }
+            guard event == "ready" else {
+                early = held + [line]
+                return
+            }
+            early = nil
+            Output.writeStandardOutput(Array(([line] + held).map { $0 + "\n" }.joined().utf8))
+        }
     }
 
     static func jsonString(_ text: String) -> String {

@@ -27,6 +27,27 @@ struct PresentCommandTests {
         #expect(await present.wait().status == 0)
     }
 
+    @Test("ready is the first line even when changes arrive while the presenter is being set up", .timeLimit(.minutes(1)))
+    func readyFirst() async throws {
+        let scratch = Scratch()
+        let tree = scratch.path + "/tree"
+        for index in 0 ..< 1000 {
+            try FileManager.default.createDirectory(atPath: "\(tree)/d\(index)", withIntermediateDirectories: true)
+        }
+        // Changes all over the tree while the watches are added, one directory at a time.
+        let writer = try LineProcess(["-c", "echo go; i=0; while [ $i -lt 4000 ]; do echo x > '\(tree)'/d$((i % 1000))/f; i=$((i+1)); done"],
+                                     executable: "/bin/sh")
+        var writerLines = writer.lines.makeAsyncIterator()
+        #expect(await writerLines.next() == "go")
+        let present = try LineProcess(["present", tree, "--json", "--space", scratch.path + "/space"])
+        var lines = present.lines.makeAsyncIterator()
+        let first = try #require(await lines.next())
+        #expect(first.contains(#""event":"ready""#), "\(first)")
+        _ = await writer.wait()
+        present.signal(SIGTERM)
+        #expect(await present.wait().status == 0)
+    }
+
     @Test("a path that does not exist is a one-line error, exit 1")
     func missing() async throws {
         let result = try await filecoord("present", "/nonexistent-\(UInt32.random(in: 0 ... .max))")
