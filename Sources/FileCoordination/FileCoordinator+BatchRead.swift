@@ -14,7 +14,11 @@ extension FileCoordinator {
     /// claim covers them together, and their presenters are messaged once. (Snapshots,
     /// links to resolve and the DispatchIO engine take every file that way, in windows
     /// whose claim lasts until the consumer moves past them.) A file that fails is
-    /// reported in its result; the others are still read.
+    /// reported in its result; the others are still read. That includes a claim that
+    /// waits past the claim timeout, and a presenter that times out under a failing
+    /// policy or refuses: a window whose coordination fails is claimed again one file at
+    /// a time (and so are the files after it), and only the files in the way fail.
+    /// Cancellation ends the batch.
     public func readFiles(
         at urls: [URL], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
         window: Int = 256
@@ -79,11 +83,27 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             remaining = gate.skipped.sorted()
         }
         var start = 0
+        var oneByOne = false
         while start < remaining.count {
-            let count = try await windowCount(remaining[start...].lazy.map(url))
+            let count = oneByOne ? 1 : try await windowCount(remaining[start...].lazy.map(url))
             let positions = Array(remaining[start ..< start + count])
             start += positions.count
-            let (session, current) = try await claimWindow(positions.map(url))
+            let session: CoordinationSession, current: [URL]
+            do {
+                (session, current) = try await claimWindow(positions.map(url))
+            } catch {
+                guard let failure = Self.failureOfItsFiles(error) else { throw error }
+                if positions.count > 1 {
+                    // Claimed one by one from here, so that only the files in the way fail.
+                    oneByOne = true
+                    start -= positions.count
+                    continue
+                }
+                var partial = initial
+                body(&partial, BatchFileContents(index: positions[0], platformPath: platformPath(positions[0]), bytes: .failure(failure)))
+                partials.append(partial)
+                continue
+            }
             do {
                 partials += try await FileBatchReader(urls: current, options: batchOptions).forEachFile(perWorker: initial) { partial, file in
                     body(&partial, BatchFileContents(index: positions[file.index], platformPath: file.platformPath, bytes: file.bytes))
@@ -126,6 +146,23 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         case .urls(let urls): urls[index]
         case .paths(let paths): paths[index].fileURL
         }
+    }
+
+    /// The `index`th file's path, for a result that reports its failure.
+    fileprivate func platformPath(_ index: Int) -> PlatformPath {
+        switch files {
+        case .urls(let urls): (try? PlatformPath(fileURL: urls[index])) ?? PlatformPath(FilePath(urls[index].absoluteString))
+        case .paths(let paths): PlatformPath(paths[index])
+        }
+    }
+
+    /// The error to report for each file of a window whose coordination failed (a
+    /// conflicting claim or a presenter that timed out, a presenter that refused): the
+    /// batch reports it and reads the other files. Nil for cancellation, which ends the
+    /// batch.
+    fileprivate static func failureOfItsFiles(_ error: any Error) -> FileCoordinationError? {
+        guard let error = error as? FileCoordinationError, error.code != .cancelled else { return nil }
+        return error
     }
 
     /// The gate through which the workers claim their files. Joins the space (if the
@@ -189,6 +226,11 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         private var skipped: SkippedWindow?
         /// The iteration threw: it is over.
         private var failed = false
+        /// A window's coordination failed: files are claimed one at a time from then on,
+        /// so that only those in the way fail.
+        private var oneByOne = false
+        /// A window of one file whose coordination failed: its result, next.
+        private var failedFile: BatchReadResult?
 
         private struct SkippedWindow {
             var indices: [Int]
@@ -236,6 +278,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     }
                 }
                 await endWindow()
+                if let failedFile {
+                    self.failedFile = nil
+                    return failedFile
+                }
                 guard next < owner.count else { return nil }
                 try await beginWindow()
             }
@@ -252,10 +298,32 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 // the files after it they skipped so far (one claim, presenters asked once).
                 // One window at a time: another skipped file met meanwhile (possible only in
                 // completion order) gets a window of its own.
-                let indices = skipped == nil
+                var indices = skipped == nil && !oneByOne
                     ? [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
                     : [result.index]
-                let (session, current) = try await owner.claimWindow(indices.map(owner.url))
+                let session: CoordinationSession, current: [URL]
+                do {
+                    (session, current) = try await owner.claimWindow(indices.map(owner.url))
+                } catch {
+                    guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
+                    guard indices.count == 1 else {
+                        // One by one from here, so that only the files in the way fail: the
+                        // others wait for the consumer again.
+                        oneByOne = true
+                        for index in indices.dropFirst() { gate.skip(index) }
+                        indices = [result.index]
+                        do {
+                            (session, current) = try await owner.claimWindow(indices.map(owner.url))
+                        } catch {
+                            guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
+                            return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                        }
+                        let window = SkippedWindow(indices: indices, left: 1, session: session,
+                                                   reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
+                        return try await readAlone(window, result.index)
+                    }
+                    return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                }
                 let window = SkippedWindow(indices: indices, left: indices.count, session: session,
                                            reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
                 guard skipped == nil else { return try await readAlone(window, result.index) }
@@ -304,12 +372,27 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             return BatchReadResult(index: index, platformPath: read.platformPath, result: read.result)
         }
 
+        /// Claims the next window and starts reading it. When its coordination fails, a
+        /// window of several files is tried again one file at a time; a window of one
+        /// file becomes that file's failed result.
         private func beginWindow() async throws {
-            let count = try await owner.windowCount((next ..< owner.count).lazy.map(owner.url))
+            let count = oneByOne ? 1 : try await owner.windowCount((next ..< owner.count).lazy.map(owner.url))
             let slice = (next ..< next + count).map(owner.url)
             base = next
             next += slice.count
-            let (session, current) = try await owner.claimWindow(slice)
+            let session: CoordinationSession, current: [URL]
+            do {
+                (session, current) = try await owner.claimWindow(slice)
+            } catch {
+                guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
+                if slice.count > 1 {
+                    oneByOne = true
+                    next = base
+                } else {
+                    failedFile = BatchReadResult(index: base, platformPath: owner.platformPath(base), result: .failure(failure))
+                }
+                return
+            }
             self.session = session
             inner = FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator()
         }

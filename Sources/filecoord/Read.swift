@@ -123,13 +123,13 @@ struct Read: AsyncParsableCommand {
         let failures = partials.flatMap(\.failures).sorted { $0.index < $1.index }
         for failure in failures { Output.report(failure.error) }
         try await summarize(files: partials.reduce(0) { $0 + $1.files }, bytes: partials.reduce(0) { $0 + $1.bytes },
-                            failed: failures.count, elapsed: elapsed)
+                            failed: failures.count, timedOut: failures.contains { $0.error.code == .timedOut }, elapsed: elapsed)
     }
 
     /// Reads the results; `seconds` covers this phase only (not start-up or joining the space).
     private func consume(_ results: any AsyncSequence<BatchReadResult, any Error>, output: DescriptorWriter?,
                          progress: Progress?) async throws {
-        var files = 0, failed = 0, bytes = 0
+        var files = 0, failed = 0, bytes = 0, timedOut = false
         let clock = ContinuousClock()
         let start = clock.now
         for try await file in results {
@@ -140,6 +140,7 @@ struct Read: AsyncParsableCommand {
                 try await output?.write(data)
             case .failure(let error):
                 failed += 1
+                timedOut = timedOut || error.code == .timedOut
                 progress?.clear()
                 Output.report(error)
             }
@@ -147,11 +148,12 @@ struct Read: AsyncParsableCommand {
         }
         let elapsed = clock.now - start
         progress?.clear()
-        try await summarize(files: files, bytes: bytes, failed: failed, elapsed: elapsed)
+        try await summarize(files: files, bytes: bytes, failed: failed, timedOut: timedOut, elapsed: elapsed)
     }
 
-    /// The summary line (stderr), or the JSON object (stdout); exit 1 if any file failed.
-    private func summarize(files: Int, bytes: Int, failed: Int, elapsed: Duration) async throws {
+    /// The summary line (stderr), or the JSON object (stdout); exit 3 if a file's claim or
+    /// presenter timed out, else 1 if any file failed.
+    private func summarize(files: Int, bytes: Int, failed: Int, timedOut: Bool, elapsed: Duration) async throws {
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         let perSecond = seconds > 0 ? Double(files) / seconds : 0
         let mibPerSecond = seconds > 0 ? Double(bytes) / 1_048_576 / seconds : 0
@@ -165,7 +167,7 @@ struct Read: AsyncParsableCommand {
                 files, bytes, seconds, perSecond, mibPerSecond, failed > 0 ? ", \(failed) failed" as NSString : "" as NSString
             ).utf8))
         }
-        if failed > 0 { throw Status.failed }
+        if failed > 0 { throw timedOut ? Status.timedOut : Status.failed }
     }
 
     /// Reads a list of paths from a file or stdin, split on `separator`.

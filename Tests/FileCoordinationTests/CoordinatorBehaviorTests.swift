@@ -367,6 +367,50 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
+    @Test("a coordinated batch whose claim on one file times out fails only that file, in the sequence and in place; a presented file in the same window is read",
+          .timeLimit(.minutes(1)), arguments: [false, true])
+    func batchClaimTimeoutFailsOneFile(inPlace: Bool) async throws {
+        let box = Sandbox(), log = EventLog()
+        let urls = (0 ..< 40).map { box.file("f\($0)", "\($0)") }
+        let held = urls[5], presented = urls[7]
+        let writerInside = Gate(), done = Gate()
+        let writer = Task {
+            try await FileCoordinator().coordinate(writingItemAt: held) { _ in
+                writerInside.open()
+                await done.wait()
+            }
+        }
+        await writerInside.wait()
+        let reader = FileCoordinator()
+        reader.setClaimTimeout(.milliseconds(300))
+        // The workers skip both; the consumer claims them together (one window), which
+        // times out, then one by one: only the held file fails.
+        var seen: [Int: String] = [:]
+        try await withPresenters([Recorder("P", url: presented, log: log)]) {
+            if inPlace {
+                let partials = try await reader.readFiles(at: urls).forEachFile(perWorker: [Int: String]()) { seen, file in
+                    switch file.bytes {
+                    case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
+                    case .failure(let error): seen[file.index] = "\(error.code)"
+                    }
+                }
+                seen = partials.reduce(into: [:]) { $0.merge($1) { first, _ in first } }
+            } else {
+                for try await result in reader.readFiles(at: urls) {
+                    switch result.result {
+                    case .success(let bytes): seen[result.index] = String(decoding: bytes, as: UTF8.self)
+                    case .failure(let error): seen[result.index] = "\(error.code)"
+                    }
+                }
+            }
+        }
+        done.open()
+        try await writer.value
+        #expect(seen.count == urls.count)
+        #expect(seen[5] == "timedOut")
+        for index in urls.indices where index != 5 { #expect(seen[index] == "\(index)", "file \(index)") }
+    }
+
     @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination",
           arguments: [false, true])
     func batchReadInPlace(byPath: Bool) async throws {

@@ -383,7 +383,7 @@ struct CrossProcessTests {
         #expect(fileManager.fileExists(atPath: space + "/mail/" + young) && fileManager.fileExists(atPath: space + "/procs/." + young))
     }
 
-    @Test("a coordinated read waits for another process's writer; --timeout ends the wait with exit 3")
+    @Test("a coordinated read waits for another process's writer; --timeout ends the wait with exit 3, failing only that file of a batch")
     func readWaitsForWriter() async throws {
         let file = scratch.write("doc", "content")
         let free = try await filecoord("read", file, "--cat", "--space", space)
@@ -394,6 +394,17 @@ struct CrossProcessTests {
         let blocked = try await filecoord("read", file, "--cat", "--space", space, "--timeout", "0.3")
         #expect(blocked.status == 3, "\(blocked.errorText)")
         #expect(blocked.outputText.isEmpty)
+        // In a batch only that file fails: the others are read, in the sequence (--cat) and
+        // in place (--json), and the exit status is still 3.
+        let before = scratch.write("before", "B"), after = scratch.write("after", "A")
+        let mixed = try await filecoord("read", before, file, after, "--cat", "--space", space, "--timeout", "0.3")
+        #expect(mixed.status == 3, "\(mixed.errorText)")
+        #expect(mixed.outputText == "BA")
+        #expect(mixed.errorText.contains("\(file): coordinate failed"), "\(mixed.errorText)")
+        let summary = try await filecoord("read", before, file, after, "--json", "--space", space, "--timeout", "0.3")
+        #expect(summary.status == 3, "\(summary.errorText)")
+        let object = try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any]
+        #expect(object?["files"] as? Int == 2 && object?["failed"] as? Int == 1, "\(summary.outputText)")
         holder.signal(SIGKILL)
         _ = await holder.wait()
         _ = try await shell("pkill -f 'sleep 63' || true")
