@@ -299,7 +299,12 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         for cookie in cookies { cookie.resume(throwing: CancellationError()) }
         InotifyThread.shared.perform { thread in
             self.stopped = true
-            for wd in self.watches.keys { thread.removeWatch(wd, client: self) }
+            for (wd, directory) in self.watches {
+                // A directory already gone (a tree deleted right after its watcher was
+                // cancelled) may have had its watch dropped by the kernel.
+                let gone = directory.withPlatformString { access($0, F_OK) } != 0
+                thread.removeWatch(wd, client: self, mayBeGone: gone)
+            }
             self.watches.removeAll()
         }
     }
