@@ -121,8 +121,10 @@ struct CrossProcessTests {
         let elapsed = Duration.nanoseconds(started - killed)
         #expect(elapsed < .milliseconds(100), "the waiter's command started \(elapsed) after the kill")
         #expect(await waiter.wait().status == 0)
-        _ = await holder.wait()
+        // The command first: exec passes on the descriptors filecoord was started with,
+        // among them the socket through which Foundation's Process sees its child end.
         _ = try await shell("pkill -f 'sleep 61' || true")
+        _ = await holder.wait()
     }
 
     @Test("a presenter stopped with SIGSTOP: the writer proceeds after the presenter timeout, or fails with --strict (exit 3)")
@@ -277,8 +279,8 @@ struct CrossProcessTests {
         var killedLines = killed.lines.makeAsyncIterator()
         #expect(await killedLines.next() == "held")
         killed.signal(SIGKILL)
-        _ = await killed.wait()
         _ = try await shell("pkill -f 'sleep 61' || true")
+        _ = await killed.wait()
         // The presenter reads its mailbox in order: once it has answered `status`, it has
         // seen both writers' files closed.
         #expect(try await filecoord("status", "--space", space).status == 0)
@@ -358,8 +360,8 @@ struct CrossProcessTests {
         #expect((cleaned["cleanedUp"] as? [Int32]) == [presenter.pid])
         #expect(try FileManager.default.contentsOfDirectory(atPath: space + "/presenters").filter { !$0.hasPrefix(".") }.isEmpty)
         holder.signal(SIGKILL)
-        _ = await holder.wait()
         _ = try await shell("pkill -f 'sleep 62' || true")
+        _ = await holder.wait()
     }
 
     @Test("what a process that died while joining left (a mailbox with no record, a record never renamed) is removed once old")
@@ -406,8 +408,8 @@ struct CrossProcessTests {
         let object = try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any]
         #expect(object?["files"] as? Int == 2 && object?["failed"] as? Int == 1, "\(summary.outputText)")
         holder.signal(SIGKILL)
-        _ = await holder.wait()
         _ = try await shell("pkill -f 'sleep 63' || true")
+        _ = await holder.wait()
     }
 
     @Test("a space writable by others, or a symbolic link, is refused with a clear error")
@@ -671,8 +673,8 @@ struct CrossProcessTests {
             #expect(error.code == .cancelled)
         }
         holder.signal(SIGKILL)
-        _ = await holder.wait()
         _ = try await shell("pkill -f 'sleep 64' || true")
+        _ = await holder.wait()
     }
 }
 
