@@ -9,6 +9,11 @@ struct SpaceOption: ParsableArguments {
                                valueName: "DIR"))
     var space: String?
 
+    func validate() throws {
+        // An empty name would make the current directory the space.
+        if space?.isEmpty == true { throw ValidationError("--space names no directory") }
+    }
+
     /// Routes library warnings to stderr, then joins the space; a space that cannot be
     /// joined is reported and exits 1.
     @discardableResult

@@ -65,7 +65,7 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 2)
     }
 
-    @Test("usage errors exit 2", arguments: [["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"]])
+    @Test("usage errors exit 2", arguments: [["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"], ["read", "x", "--space", ""]])
     func usage(arguments: [String]) async throws {
         let result = try await run(filecoordBinary, arguments)
         #expect(result.status == 2, "\(arguments): \(result.errorText)")
