@@ -8,6 +8,14 @@ func privateCoordinator(_ center: CoordinationCenter, purpose: String? = nil) ->
     FileCoordinator(filePresenter: nil, purposeIdentifier: purpose, center: center)
 }
 
+/// A batch file's content as text, or its error's code.
+func outcome(_ result: Result<some Collection<UInt8>, FileCoordinationError>) -> String {
+    switch result {
+    case .success(let bytes): String(decoding: bytes, as: UTF8.self)
+    case .failure(let error): "\(error.code)"
+    }
+}
+
 @Suite("FileCoordinator behaviour")
 struct CoordinatorBehaviorTests {
     @Test("a writer waits for the reader; the reader's accessor ends before the writer's starts")
@@ -389,19 +397,11 @@ struct CoordinatorBehaviorTests {
         try await withPresenters([Recorder("P", url: presented, log: log)]) {
             if inPlace {
                 let partials = try await reader.readFiles(at: urls).forEachFile(perWorker: [Int: String]()) { seen, file in
-                    switch file.bytes {
-                    case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
-                    case .failure(let error): seen[file.index] = "\(error.code)"
-                    }
+                    seen[file.index] = outcome(file.bytes)
                 }
                 seen = partials.reduce(into: [:]) { $0.merge($1) { first, _ in first } }
             } else {
-                for try await result in reader.readFiles(at: urls) {
-                    switch result.result {
-                    case .success(let bytes): seen[result.index] = String(decoding: bytes, as: UTF8.self)
-                    case .failure(let error): seen[result.index] = "\(error.code)"
-                    }
-                }
+                for try await result in reader.readFiles(at: urls) { seen[result.index] = outcome(result.result) }
             }
         }
         done.open()
@@ -432,10 +432,7 @@ struct CoordinatorBehaviorTests {
         let total = urls.count
         let partials = try await withPresenters([Recorder("P", url: presented, log: log)]) {
             try await reads(urls, byPath: byPath).forEachFile(perWorker: [Int: String]()) { seen, file in
-                switch file.bytes {
-                case .success(let bytes): seen[file.index] = String(decoding: bytes, as: UTF8.self)
-                case .failure(let error): seen[file.index] = "\(error.code)"
-                }
+                seen[file.index] = outcome(file.bytes)
                 // Everything but the held and the presented file: read on the workers.
                 if delivered.withLock({ $0 += 1; return $0 }) == total - 2 { othersRead.open() }
             }
