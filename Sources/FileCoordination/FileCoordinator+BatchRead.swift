@@ -83,25 +83,28 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             remaining = gate.skipped.sorted()
         }
         var start = 0
-        var oneByOne = false
-        while start < remaining.count {
-            let count = oneByOne ? 1 : try await windowCount(remaining[start...].lazy.map(url))
-            let positions = Array(remaining[start ..< start + count])
-            start += positions.count
+        // A window made of the files of a failed window that were free: it is not split again.
+        var retryWindow: [Int]?
+        while start < remaining.count || retryWindow != nil {
+            let positions: [Int]
+            if let retry = retryWindow {
+                positions = retry
+            } else {
+                let count = try await windowCount(remaining[start...].lazy.map(url))
+                positions = Array(remaining[start ..< start + count])
+                start += positions.count
+            }
+            let retrying = retryWindow != nil
+            retryWindow = nil
             let session: CoordinationSession, current: [URL]
             do {
                 (session, current) = try await claimWindow(positions.map(url))
             } catch {
                 guard let failure = Self.failureOfItsFiles(error) else { throw error }
-                if positions.count > 1 {
-                    // Claimed one by one from here, so that only the files in the way fail.
-                    oneByOne = true
-                    start -= positions.count
-                    continue
-                }
-                var partial = initial
-                body(&partial, BatchFileContents(index: positions[0], platformPath: platformPath(positions[0]), bytes: .failure(failure)))
-                partials.append(partial)
+                let free = retrying ? [] : claimableNow(positions, after: failure)
+                if !free.isEmpty { retryWindow = free }
+                let failed = positions.filter { !free.contains($0) }
+                partials.append(await reportFailures(failed, failure, initial, body))
                 continue
             }
             do {
@@ -156,13 +159,45 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         }
     }
 
-    /// The error to report for each file of a window whose coordination failed (a
-    /// conflicting claim or a presenter that timed out, a presenter that refused): the
-    /// batch reports it and reads the other files. Nil for cancellation, which ends the
-    /// batch.
+    /// The error to report for the files of a window whose coordination failed: a
+    /// conflicting claim or a presenter that timed out, or a presenter that refused. The
+    /// batch reports it for those files and reads the others. Nil for anything else
+    /// (cancellation, a space that cannot be used), which ends the batch.
     fileprivate static func failureOfItsFiles(_ error: any Error) -> FileCoordinationError? {
-        guard let error = error as? FileCoordinationError, error.code != .cancelled else { return nil }
+        guard let error = error as? FileCoordinationError, [.timedOut, .presenterFailed].contains(error.code) else { return nil }
         return error
+    }
+
+    /// The files of a window whose claim waited past the claim timeout that could be
+    /// claimed right now (checked without waiting): claimed again together, once, they are
+    /// read, and only the others fail. None when a presenter failed or refused: the whole
+    /// window fails, so that a presenter is not asked again for each of its files.
+    fileprivate func claimableNow(_ positions: [Int], after failure: FileCoordinationError) -> [Int] {
+        guard failure.code == .timedOut, failure.operation == "coordinate" else { return [] }
+        let center = coordinator.center, purpose = coordinator.purposeIdentifier
+        return positions.filter { position in
+            guard let path = try? PlatformPath(fileURL: url(position)) else { return false }
+            let claim = CoordinationRules.Claim(key: PathKey(FileCoordinator.normalizedBytes(path)), access: .reading)
+            guard let id = center.tryAcquireNow([claim], purpose: purpose, openingShards: true) else { return false }
+            center.release(id)
+            return true
+        }
+    }
+
+    /// Hands `body` a failed result for each of `positions`, on an I/O thread as for
+    /// the files read (one partial for them all).
+    fileprivate func reportFailures<Partial: Sendable>(
+        _ positions: [Int], _ failure: FileCoordinationError, _ initial: Partial,
+        _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
+    ) async -> Partial {
+        let paths = positions.map(platformPath)
+        return (try? await runOnIOThread {
+            var partial = initial
+            for (position, path) in zip(positions, paths) {
+                body(&partial, BatchFileContents(index: position, platformPath: path, bytes: .failure(failure)))
+            }
+            return partial
+        }) ?? initial
     }
 
     /// The gate through which the workers claim their files. Joins the space (if the
@@ -226,11 +261,11 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         private var skipped: SkippedWindow?
         /// The iteration threw: it is over.
         private var failed = false
-        /// A window's coordination failed: files are claimed one at a time from then on,
-        /// so that only those in the way fail.
-        private var oneByOne = false
-        /// A window of one file whose coordination failed: its result, next.
-        private var failedFile: BatchReadResult?
+        /// Files whose window's coordination failed, with the error each reports when
+        /// the consumer gets there.
+        private var failures: [Int: FileCoordinationError] = [:]
+        /// Failed results of the current window (the windows path), delivered in order.
+        private var failedResults: [BatchReadResult] = []
 
         private struct SkippedWindow {
             var indices: [Int]
@@ -278,10 +313,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     }
                 }
                 await endWindow()
-                if let failedFile {
-                    self.failedFile = nil
-                    return failedFile
-                }
+                if !failedResults.isEmpty { return failedResults.removeFirst() }
                 guard next < owner.count else { return nil }
                 try await beginWindow()
             }
@@ -292,37 +324,49 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             do {
                 guard let result = try await inner?.next() else { return nil }
                 guard case .failure = result.result else { return result }
+                if let failure = failures.removeValue(forKey: result.index) {
+                    return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                }
                 if skipped?.indices.contains(result.index) == true { return try await readSkipped(result.index) }
                 guard gate.takeSkipped(result.index) else { return result }
                 // The workers could not claim it at once: the full coordination, for it and
                 // the files after it they skipped so far (one claim, presenters asked once).
                 // One window at a time: another skipped file met meanwhile (possible only in
                 // completion order) gets a window of its own.
-                var indices = skipped == nil && !oneByOne
+                var indices = skipped == nil
                     ? [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
                     : [result.index]
-                let session: CoordinationSession, current: [URL]
+                var session: CoordinationSession, current: [URL]
                 do {
                     (session, current) = try await owner.claimWindow(indices.map(owner.url))
                 } catch {
                     guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
-                    guard indices.count == 1 else {
-                        // One by one from here, so that only the files in the way fail: the
-                        // others wait for the consumer again.
-                        oneByOne = true
-                        for index in indices.dropFirst() { gate.skip(index) }
-                        indices = [result.index]
-                        do {
-                            (session, current) = try await owner.claimWindow(indices.map(owner.url))
-                        } catch {
-                            guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
-                            return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
-                        }
-                        let window = SkippedWindow(indices: indices, left: 1, session: session,
-                                                   reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
-                        return try await readAlone(window, result.index)
+                    // The files free right now are claimed again together, once; the
+                    // others (all of them if that fails too) report the failure.
+                    let free = owner.claimableNow(indices, after: failure)
+                    for index in indices where !free.contains(index) { failures[index] = failure }
+                    do {
+                        guard !free.isEmpty else { throw failure }
+                        (session, current) = try await owner.claimWindow(free.map(owner.url))
+                        indices = free
+                    } catch {
+                        guard let again = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
+                        for index in free { failures[index] = again }
+                        let failure = failures.removeValue(forKey: result.index) ?? again
+                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
                     }
-                    return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                    if let failure = failures.removeValue(forKey: result.index) {
+                        // The window of the free files is read as the consumer reaches them.
+                        let window = SkippedWindow(indices: indices, left: indices.count, session: session,
+                                                   reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
+                        if skipped == nil {
+                            skipped = window
+                        } else {
+                            await owner.coordinator.finish(session, accessorSucceeded: true)
+                            for index in indices { failures[index] = failure }
+                        }
+                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                    }
                 }
                 let window = SkippedWindow(indices: indices, left: indices.count, session: session,
                                            reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
@@ -372,11 +416,12 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             return BatchReadResult(index: index, platformPath: read.platformPath, result: read.result)
         }
 
-        /// Claims the next window and starts reading it. When its coordination fails, a
-        /// window of several files is tried again one file at a time; a window of one
-        /// file becomes that file's failed result.
+        /// Claims the next window and starts reading it. When its coordination fails
+        /// (see ``CoordinatedFileReads/failureOfItsFiles(_:)``), each of its files gets
+        /// that failure as its result: this path serves reads with options, in windows
+        /// whose files cannot be read apart from their claim.
         private func beginWindow() async throws {
-            let count = oneByOne ? 1 : try await owner.windowCount((next ..< owner.count).lazy.map(owner.url))
+            let count = try await owner.windowCount((next ..< owner.count).lazy.map(owner.url))
             let slice = (next ..< next + count).map(owner.url)
             base = next
             next += slice.count
@@ -385,12 +430,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 (session, current) = try await owner.claimWindow(slice)
             } catch {
                 guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
-                if slice.count > 1 {
-                    oneByOne = true
-                    next = base
-                } else {
-                    failedFile = BatchReadResult(index: base, platformPath: owner.platformPath(base), result: .failure(failure))
-                }
+                failedResults = (base ..< base + count).map { BatchReadResult(index: $0, platformPath: owner.platformPath($0), result: .failure(failure)) }
                 return
             }
             self.session = session

@@ -411,6 +411,42 @@ struct CoordinatorBehaviorTests {
         for index in urls.indices where index != 5 { #expect(seen[index] == "\(index)", "file \(index)") }
     }
 
+    @Test("a claim timeout in a window of a presented directory's files: the free files are claimed again together (the presenter is asked once, not per file), the held one fails",
+          .timeLimit(.minutes(1)), arguments: [false, true])
+    func batchClaimTimeoutInPresentedDirectory(inPlace: Bool) async throws {
+        let box = Sandbox(), log = EventLog()
+        let urls = (0 ..< 20).map { box.file("f\($0)", "\($0)") }
+        let writerInside = Gate(), done = Gate()
+        let writer = Task {
+            try await FileCoordinator().coordinate(writingItemAt: urls[3]) { _ in
+                writerInside.open()
+                await done.wait()
+            }
+        }
+        await writerInside.wait()
+        let reader = FileCoordinator()
+        reader.setClaimTimeout(.milliseconds(300))
+        var seen: [Int: String] = [:]
+        // The presenter concerns every file: the workers skip them all, one window claims them.
+        try await withPresenters([Recorder("D", url: box.url, log: log)]) {
+            if inPlace {
+                let partials = try await reader.readFiles(at: urls).forEachFile(perWorker: [Int: String]()) { seen, file in
+                    seen[file.index] = outcome(file.bytes)
+                }
+                seen = partials.reduce(into: [:]) { $0.merge($1) { first, _ in first } }
+            } else {
+                for try await result in reader.readFiles(at: urls) { seen[result.index] = outcome(result.result) }
+            }
+        }
+        done.open()
+        try await writer.value
+        #expect(seen[3] == "timedOut")
+        for index in urls.indices where index != 3 { #expect(seen[index] == "\(index)", "file \(index)") }
+        // Claims come before presenters are asked: the window that timed out never reached
+        // the presenter, the window of the 19 free files asked it once.
+        #expect(log.all.filter { $0 == "D:relinquishToReader" }.count == 1, "\(log.all)")
+    }
+
     @Test("coordinated batch read in place: every file once with its bytes; a file a writer holds, and a presented one, take the full coordination",
           arguments: [false, true])
     func batchReadInPlace(byPath: Bool) async throws {
