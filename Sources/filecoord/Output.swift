@@ -151,8 +151,11 @@ enum RawArguments {
                 value = bytes[(equals + 1)...]
             }
             let unique = String(decoding: value, as: UTF8.self) + "\u{F8FF}\(index)"
+            let whole = String(decoding: prefix, as: UTF8.self) + unique
             decoded.bytes[unique] = Array(value)
-            decoded.arguments.append(String(decoding: prefix, as: UTF8.self) + unique)
+            // The whole argument too: after `--` (exec's command) it is not an option.
+            decoded.bytes[whole] = bytes
+            decoded.arguments.append(whole)
         }
         return decoded
     }()

@@ -34,6 +34,13 @@ struct ReadCommandTests {
             """)
         #expect(two.status == 0, "\(two.errorText)")
         #expect(two.outputText == "FFFE")
+        // An `--x=VALUE` argument of exec's command keeps its bytes whole.
+        let passed = try await shell("""
+            cd '\(scratch.path)' && "$FILECOORD" exec --space '\(scratch.path)/space' --read "$(printf 'u\\377')" -- \
+            printf '%s' "--x=$(printf 'u\\377')"
+            """)
+        #expect(passed.status == 0, "\(passed.errorText)")
+        #expect(passed.stdout == Data("--x=u".utf8) + Data([0xFF]))
     }
 
     @Test("--json summarises on stdout; a list file gives one path a line")
