@@ -35,6 +35,15 @@ struct DataAsyncTests {
         #expect(error?.code == .unsupportedFileType)
         #expect(error?.path == fifo)
         #expect(lstat(fifo.string, &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
+        // Without overwriting, a dangling link is something that exists: the file it names
+        // is not created.
+        let dangling = directory.file("dangling")
+        #expect(symlink("elsewhere", dangling.string) == 0)
+        let exists = await #expect(throws: FileCoordinationError.self) {
+            try await Data("x".utf8).asyncWrite(to: dangling, options: [.atomic, .withoutOverwriting], engine: engine)
+        }
+        #expect(exists?.code == .fileExists)
+        #expect(access(directory.file("elsewhere").string, F_OK) != 0)
     }
 
     @Test("withoutOverwriting refuses an existing file and creates a new one")

@@ -334,10 +334,20 @@ struct AtomicReplacement: Sendable {
     /// Opens the temporary file. Keeps the target's permission bits when it exists.
     static func begin(target given: FilePath, withoutOverwriting: Bool) -> Result<AtomicReplacement, FileCoordinationError> {
         // Through symbolic links, as `cat >` writes: the link stays, its file is replaced.
+        // Not when nothing may be overwritten: then a link there, even a dangling one, is
+        // something that exists (following it would create the file it names, wherever
+        // that is: the classic attack in a shared directory).
         let target: FilePath
-        switch resolvingLinks(given) {
-        case .success(let resolved): target = resolved
-        case .failure(let error): return .failure(error)
+        if withoutOverwriting {
+            if case .success = given.withPlatformString({ Syscall.lstat(path: $0) }) {
+                return .failure(FileCoordinationError("open", errno: .fileExists, path: given))
+            }
+            target = given
+        } else {
+            switch resolvingLinks(given) {
+            case .success(let resolved): target = resolved
+            case .failure(let error): return .failure(error)
+            }
         }
         var directory = target.removingLastComponent()
         if directory.isEmpty { directory = "." }
