@@ -63,6 +63,14 @@ extension FilePath {
         if bytes.last != UInt8(ascii: "/") { bytes.append(UInt8(ascii: "/")) }
     }
 
+    /// This path with the symbolic links of its last component followed, as a write
+    /// follows them (for the claim of a write to name the file that changes). Blocks:
+    /// call it on an I/O thread.
+    @_spi(FileCoordinationInternal)
+    public func resolvingSymbolicLinks() throws(FileCoordinationError) -> FilePath {
+        try AtomicReplacement.resolvingLinks(self).get()
+    }
+
     private static func isUnreserved(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a") ... UInt8(ascii: "z"), UInt8(ascii: "A") ... UInt8(ascii: "Z"),

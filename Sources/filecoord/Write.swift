@@ -1,4 +1,5 @@
 import ArgumentParser
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
 import Foundation
 
@@ -43,7 +44,9 @@ struct Write: AsyncParsableCommand {
         }
         let coordinator = try await coordination.coordinator()
         try await coordination.run {
-            try await coordinator.coordinate(writingItemAt: target.fileURL, options: []) { url in
+            // The claim names the file that changes: through a symbolic link, its target.
+            let resolved = try await runOnIOThread { try target.resolvingSymbolicLinks() }
+            try await coordinator.coordinate(writingItemAt: resolved.fileURL, options: []) { url in
                 try await input.asyncWrite(to: try FilePath(fileURL: url), options: options)
             }
         }

@@ -11,15 +11,26 @@ struct WriteTargetTests {
         try await run(filecoordBinary, ["write", target, "--space", space] + extra, stdin: Data(input.utf8))
     }
 
-    @Test("through a symbolic link the linked file is replaced and the link stays, dangling links included")
+    @Test("through a symbolic link the linked file is replaced, under its own claim, and the link stays; dangling links included",
+          .timeLimit(.minutes(1)))
     func symbolicLinks() async throws {
         let real = scratch.write("real.txt", "old")
         let link = scratch.path + "/link.txt"
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: "real.txt")
+        // The claim names the file that changes: its presenter is asked, as for a write
+        // that names it.
+        let presenter = try LineProcess(["present", real, "--json", "--space", space])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next()?.contains(#""event":"ready""#) == true)
         let result = try await write(link, "new")
         #expect(result.status == 0, "\(result.errorText)")
         #expect(try FileManager.default.destinationOfSymbolicLink(atPath: link) == "real.txt")
         #expect(try String(contentsOfFile: real, encoding: .utf8) == "new")
+        var heard: [String] = []
+        while heard.count < 4, let line = await lines.next() { heard.append(event(line).event) }
+        #expect(heard == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
         let dangling = scratch.path + "/dangling"
         try FileManager.default.createSymbolicLink(atPath: dangling, withDestinationPath: "made-by-write")
         #expect(try await write(dangling, "created").status == 0)
