@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
@@ -155,29 +156,72 @@ int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *con
     return result;
 }
 
+/// 0: not forwarding; -1: the command is being started (a signal waits in
+/// fc_pending_signal); above 0: the command.
 static volatile sig_atomic_t fc_forward_pid;
+static volatile sig_atomic_t fc_pending_signal;
+static const int fc_forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
+enum { fc_forwarded_count = sizeof fc_forwarded / sizeof fc_forwarded[0] };
+static struct sigaction fc_previous[fc_forwarded_count];
+static int fc_replaced[fc_forwarded_count];
 
 static void fc_forward(int number, siginfo_t *info, void *context) {
     (void)context;
+    int saved = errno;
     pid_t pid = (pid_t)fc_forward_pid;
     // si_code <= 0: sent by a process (kill, sigqueue, tgkill). A terminal's signal
     // (SI_KERNEL) went to the command's process group already.
-    if (pid > 0 && info != NULL && info->si_code <= 0) kill(pid, number);
+    if (info != NULL && info->si_code <= 0) {
+        if (pid > 0) kill(pid, number);
+        else if (pid == -1) fc_pending_signal = number;
+    }
+    errno = saved;
 }
 
-void fc_forward_signals_to(pid_t pid) {
-    static int installed;
-    fc_forward_pid = pid;
-    if (installed || pid <= 0) return;
-    installed = 1;
-    const int numbers[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
-    for (size_t index = 0; index < sizeof numbers / sizeof numbers[0]; index++) {
-        struct sigaction current, forward;
-        if (sigaction(numbers[index], NULL, &current) != 0 || current.sa_handler == SIG_IGN) continue;
+void fc_forward_signals_begin(void) {
+    fc_pending_signal = 0;
+    fc_forward_pid = -1;
+    for (int index = 0; index < fc_forwarded_count; index++) {
+        struct sigaction forward;
+        fc_replaced[index] = 0;
+        if (sigaction(fc_forwarded[index], NULL, &fc_previous[index]) != 0 || fc_previous[index].sa_handler == SIG_IGN) continue;
         memset(&forward, 0, sizeof forward);
         forward.sa_sigaction = fc_forward;
         forward.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&forward.sa_mask);
-        sigaction(numbers[index], &forward, NULL);
+        fc_replaced[index] = sigaction(fc_forwarded[index], &forward, NULL) == 0;
     }
+}
+
+void fc_forward_signals_to(pid_t pid) {
+    fc_forward_pid = pid;
+    int pending = __atomic_exchange_n(&fc_pending_signal, 0, __ATOMIC_SEQ_CST);
+    if (pending) kill(pid, pending);
+}
+
+void fc_forward_signals_end(void) {
+    fc_forward_pid = 0;
+    for (int index = 0; index < fc_forwarded_count; index++) {
+        if (fc_replaced[index]) sigaction(fc_forwarded[index], &fc_previous[index], NULL);
+        fc_replaced[index] = 0;
+    }
+    // Sent while the command was being started, which failed: this process's own now.
+    int pending = __atomic_exchange_n(&fc_pending_signal, 0, __ATOMIC_SEQ_CST);
+    if (pending) raise(pending);
+}
+
+int fc_wait_command(pid_t pid) {
+    // Waited for without reaping it first, so that no signal is passed on to another
+    // process that gets the number once it is reaped.
+    siginfo_t info;
+    while (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) != 0) {
+        if (errno != EINTR) return -errno;
+    }
+    fc_forward_signals_end();
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return -errno;
+    }
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + WTERMSIG(status);
 }

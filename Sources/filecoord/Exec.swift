@@ -15,7 +15,9 @@ struct Exec: AsyncParsableCommand {
             two exec's over the same items never deadlock, and every claim is released when \
             either process dies. COMMAND inherits the descriptors and ignored signals \
             filecoord was started with; SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to \
-            filecoord are passed on to it, and the claims are held until it exits. The exit \
+            filecoord by another process are passed on to it (one sent to the whole process \
+            group by a process, as `kill -- -PGID` does, so reaches it twice), and the claims \
+            are held until it exits. The exit \
             status is COMMAND's (128+N if a signal N ended it; 127 if it was not found, 126 if \
             it could not be run).
             """
@@ -77,8 +79,12 @@ enum Child {
             argv.append(nil)
             defer { for pointer in argv { pointer?.deallocate() } }
             var pid: pid_t = 0
+            fc_forward_signals_begin()
             let result = fc_spawn_command(&pid, argv[0]!, argv, environ)
-            guard result == 0 else { return .failure(Errno(rawValue: result)) }
+            guard result == 0 else {
+                fc_forward_signals_end()
+                return .failure(Errno(rawValue: result))
+            }
             fc_forward_signals_to(pid)
             return .success(pid)
         }
@@ -91,14 +97,9 @@ enum Child {
             return errno == .noSuchFileOrDirectory ? 127 : 126
         }
         return try await runOnIOThread {
-            var status: Int32 = 0
-            while waitpid(pid, &status, 0) < 0 {
-                guard errno == EINTR else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: errno), path: nil) }
-            }
-            fc_forward_signals_to(0)
-            // WIFEXITED / WEXITSTATUS / WTERMSIG, which Swift does not import.
-            if status & 0x7f == 0 { return (status >> 8) & 0xff }
-            return 128 + (status & 0x7f)
+            let status = fc_wait_command(pid)
+            guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
+            return status
         }
     }
 }

@@ -61,10 +61,19 @@ void fc_note_startup(void);
 /// not ignored at its start reset to default; the descriptors noted at start passed on
 /// (when still the same files) and every other one closed. Returns 0 or an errno value.
 int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[]);
-/// Until `fc_forward_signals_to(0)`, SIGINT, SIGTERM, SIGHUP and SIGQUIT (those not
-/// ignored) are passed on to `pid` when another process sent them; when the terminal sent
-/// them (to the whole process group, the command included) they are dropped. Either way
-/// this process does not die of them while the command runs.
+/// From now until `fc_wait_command` returns (or `fc_forward_signals_end`), SIGINT,
+/// SIGTERM, SIGHUP and SIGQUIT (those not ignored) sent by another process are passed on
+/// to the command; those a terminal sent (to the whole process group, the command
+/// included) are dropped. Either way this process does not die of them meanwhile. One
+/// that comes before the command's pid is known is passed on once it is.
+void fc_forward_signals_begin(void);
+/// The command's pid, once started.
 void fc_forward_signals_to(pid_t pid);
+/// Puts the previous handlers back; a signal that came while the command could not be
+/// started is raised in this process.
+void fc_forward_signals_end(void);
+/// Waits for the command, stops forwarding before reaping it, and returns its exit
+/// status (128+N for signal N), or -errno.
+int fc_wait_command(pid_t pid);
 
 #endif
