@@ -17,8 +17,8 @@ extension FilePath {
     }
 
     /// A `file:` URL for this path. Every byte outside the unreserved set is
-    /// percent-escaped, so any name a Linux file can have round-trips exactly through
-    /// ``init(fileURL:)``.
+    /// percent-escaped, so any absolute path a Linux file can have round-trips exactly
+    /// through ``init(fileURL:)``.
     ///
     /// A relative path is taken from the current directory now, as
     /// `URL(fileURLWithPath:)` does: `FilePath("notes/a.txt").fileURL` names

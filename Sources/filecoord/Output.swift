@@ -109,6 +109,12 @@ final class DescriptorWriter: Sendable {
                 while true {
                     let n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, $0.count) }
                     if n < 0 && errno == EINTR { continue }
+                    if n < 0 && errno == EAGAIN {
+                        // Inherited non-blocking: wait for input here (this queue's own thread).
+                        var wanted = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                        _ = poll(&wanted, 1, -1)
+                        continue
+                    }
                     if n < 0 {
                         continuation.resume(returning: .failure(FileCoordinationError("read", errno: Errno(rawValue: errno), path: FilePath(name))))
                         return

@@ -48,6 +48,23 @@ struct WriteTargetTests {
         #expect(lstat(fifo, &info) == 0 && info.st_mode & S_IFMT == S_IFIFO)
     }
 
+    @Test("a file this user may not write is not replaced, although the directory would allow the rename",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && getuid() == 0))
+    func readOnlyFile() async throws {
+        let open = scratch.path + "/open"
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
+        #expect(chmod(open, 0o777) == 0)
+        let file = open + "/read-only"
+        _ = FileManager.default.createFile(atPath: file, contents: Data("kept".utf8))
+        #expect(chmod(file, 0o444) == 0)
+        let result = try await shell("""
+            printf new | setpriv --reuid=65534 --regid=65534 --clear-groups "$FILECOORD" write --no-coordination '\(file)'
+            """)
+        #expect(result.status == 1, "\(result.errorText)")
+        #expect(result.errorText.contains("\(file): open failed: Permission denied (EACCES)"), "\(result.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "kept")
+    }
+
     @Test("stdin that cannot be read (closed, a directory) fails the write and leaves the file as it was")
     func unreadableInput() async throws {
         let file = scratch.write("keep", "kept")
