@@ -56,9 +56,10 @@ struct FileCoord: ParsableCommand {
                 await FileCoordinator.leaveCoordinationSpace()
                 self.exit(withError: error)
             }
-            // Usage errors exit 2 per the contract (ArgumentParser's own default is 64).
-            let message = fullMessage(for: error)
-            if !message.isEmpty { Output.error(message) }
+            // Usage errors exit 2 per the contract (ArgumentParser's own default is 64), and
+            // take one line, as every error does (the usage is what --help prints).
+            let message = self.message(for: error).split(separator: "\n").joined(separator: " ")
+            if !message.isEmpty { Output.error(message + " (see 'filecoord help')") }
             status = code == .validationFailure ? 2 : code.rawValue
         }
         await FileCoordinator.leaveCoordinationSpace()
