@@ -15,10 +15,10 @@ extension FileCoordinator {
     /// links to resolve and the DispatchIO engine take every file that way, in windows
     /// whose claim lasts until the consumer moves past them.) A file that fails is
     /// reported in its result; the others are still read. That includes a claim that
-    /// waits past the claim timeout, and a presenter that times out under a failing
-    /// policy or refuses: a window whose coordination fails is claimed again one file at
-    /// a time (and so are the files after it), and only the files in the way fail.
-    /// Cancellation ends the batch.
+    /// waits past the claim timeout: the files of that window whose claims are free at
+    /// that moment are claimed again together, once, and only the others fail. A
+    /// presenter that times out under a failing policy, or refuses, fails the files of
+    /// its window. Cancellation ends the batch.
     public func readFiles(
         at urls: [URL], options: ReadingOptions = [], batchOptions: BatchReadOptions = BatchReadOptions(),
         window: Int = 256
@@ -101,7 +101,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 (session, current) = try await claimWindow(positions.map(url))
             } catch {
                 guard let failure = Self.failureOfItsFiles(error) else { throw error }
-                let free = retrying ? [] : claimableNow(positions, after: failure)
+                let free = retrying ? [] : await claimableNow(positions, after: failure)
                 if !free.isEmpty { retryWindow = free }
                 let failed = positions.filter { !free.contains($0) }
                 partials.append(await reportFailures(failed, failure, initial, body))
@@ -172,16 +172,22 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     /// claimed right now (checked without waiting): claimed again together, once, they are
     /// read, and only the others fail. None when a presenter failed or refused: the whole
     /// window fails, so that a presenter is not asked again for each of its files.
-    fileprivate func claimableNow(_ positions: [Int], after failure: FileCoordinationError) -> [Int] {
+    fileprivate func claimableNow(_ positions: [Int], after failure: FileCoordinationError) async -> [Int] {
         guard failure.code == .timedOut, failure.operation == "coordinate" else { return [] }
         let center = coordinator.center, purpose = coordinator.purposeIdentifier
-        return positions.filter { position in
-            guard let path = try? PlatformPath(fileURL: url(position)) else { return false }
-            let claim = CoordinationRules.Claim(key: PathKey(FileCoordinator.normalizedBytes(path)), access: .reading)
-            guard let id = center.tryAcquireNow([claim], purpose: purpose, openingShards: true) else { return false }
-            center.release(id)
-            return true
+        let keys = positions.map { position in
+            (try? PlatformPath(fileURL: url(position))).map { PathKey(FileCoordinator.normalizedBytes($0)) }
         }
+        // The kernel claims may open shard files: on an I/O thread.
+        return (try? await runOnIOThread {
+            zip(positions, keys).compactMap { position, key -> Int? in
+                guard let key else { return nil }
+                guard let id = center.tryAcquireNow([CoordinationRules.Claim(key: key, access: .reading)], purpose: purpose,
+                                                    openingShards: true) else { return nil }
+                center.release(id)
+                return position
+            }
+        }) ?? []
     }
 
     /// Hands `body` a failed result for each of `positions`, on an I/O thread as for
@@ -343,7 +349,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
                     // The files free right now are claimed again together, once; the
                     // others (all of them if that fails too) report the failure.
-                    let free = owner.claimableNow(indices, after: failure)
+                    let free = await owner.claimableNow(indices, after: failure)
                     for index in indices where !free.contains(index) { failures[index] = failure }
                     do {
                         guard !free.isEmpty else { throw failure }
