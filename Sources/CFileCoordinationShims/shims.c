@@ -90,9 +90,6 @@ void *fc_map_shared(int fd, size_t length) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-int fc_cloexec_from(unsigned int first) {
-    return (int)syscall(SYS_close_range, first, ~0U, CLOSE_RANGE_CLOEXEC);
-}
 
 // MARK: exec's command
 

@@ -38,10 +38,6 @@ uint64_t fc_atomic_add_u64(uint64_t *word, uint64_t value);
 /// Maps `length` bytes of `fd` shared and writable; NULL on failure (errno set).
 void *fc_map_shared(int fd, size_t length);
 
-/// Marks every descriptor from `first` up close-on-exec (close_range with
-/// CLOSE_RANGE_CLOEXEC), so a spawned command inherits only its standard streams.
-int fc_cloexec_from(unsigned int first);
-
 /// Constants that Swift imports poorly or not at all.
 extern const int fc_O_TMPFILE;
 extern const int fc_O_PATH;
