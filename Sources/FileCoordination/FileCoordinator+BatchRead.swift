@@ -363,14 +363,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     }
                     if let failure = failures.removeValue(forKey: result.index) {
                         // The window of the free files is read as the consumer reaches them.
-                        let window = SkippedWindow(indices: indices, left: indices.count, session: session,
-                                                   reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
-                        if skipped == nil {
-                            skipped = window
-                        } else {
-                            await owner.coordinator.finish(session, accessorSucceeded: true)
-                            for index in indices { failures[index] = failure }
-                        }
+                        // (Free files besides this one mean a window of several: only
+                        // formed when no other window was open.)
+                        skipped = SkippedWindow(indices: indices, left: indices.count, session: session,
+                                                reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
                         return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
                     }
                 }
