@@ -39,10 +39,9 @@ struct Present: AsyncParsableCommand {
             throw Status.failed
         }
         let printer = EventPrinter(json: json)
-        // Every line names the item as its events do: absolute (a relative PATH is taken
-        // from the current directory).
-        let url = target.fileURL
-        let presenter = PrintingPresenter(url: url, printer: printer, ackDelay: .milliseconds(ackDelay),
+        // A relative PATH is taken from the current directory: every line names the item
+        // absolute, `ready` included.
+        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
                                           refuseWriters: refuseWriters, settle: settle.map { .milliseconds($0) })
         // Signals end the session cleanly: unregister, exit 0.
         signal(SIGINT, SIG_IGN)
@@ -56,7 +55,7 @@ struct Present: AsyncParsableCommand {
         }
         try await space.join()
         await FileCoordinator.addFilePresenter(presenter)
-        printer.print("ready", (try? FilePath(fileURL: url)) ?? target)
+        printer.print("ready", presenter.path)
         for await _ in stop.stream { break }
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()
@@ -130,7 +129,8 @@ final class PrintingPresenter: FilePresenter {
         var description: String { "filecoord present refuses writers of \(path)" }
     }
 
-    private var path: FilePath { (try? FilePath(fileURL: presentedItemURL!)) ?? FilePath("") }
+    /// The presented item's path, as every line names it (absolute).
+    var path: FilePath { (try? FilePath(fileURL: presentedItemURL!)) ?? FilePath("") }
     private func path(_ url: URL) -> FilePath { (try? FilePath(fileURL: url)) ?? FilePath(url.path) }
 
     func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
