@@ -46,6 +46,21 @@ struct DataAsyncTests {
         #expect(access(directory.file("elsewhere").string, F_OK) != 0)
     }
 
+    @Test("an atomic write keeps the replaced file's owner, group and mode", .enabled(if: isRoot, "only root may give a file away"),
+          arguments: [FileIOEngine.threadPool, .dispatchIO])
+    func keepsOwner(engine: FileIOEngine) async throws {
+        let directory = TemporaryDirectory("owner")
+        let file = directory.file("theirs")
+        try await Data("old".utf8).asyncWrite(to: file)
+        #expect(chown(file.string, 65534, 65534) == 0 && chmod(file.string, 0o640) == 0)
+        try await Data("new".utf8).asyncWrite(to: file, engine: engine)
+        var info = stat()
+        #expect(stat(file.string, &info) == 0)
+        #expect(info.st_uid == 65534 && info.st_gid == 65534)
+        #expect(info.st_mode & 0o7777 == 0o640)
+        #expect(try await Data(asyncContentsOf: file) == Data("new".utf8))
+    }
+
     @Test("withoutOverwriting refuses an existing file and creates a new one")
     func withoutOverwriting() async throws {
         let directory = TemporaryDirectory("noover")
@@ -70,6 +85,8 @@ struct DataAsyncTests {
         try await Data("b".utf8).asyncWrite(to: path, options: [.append])
         try await Data("c".utf8).asyncWrite(to: path, options: [.append, .skipSync])
         #expect(try await Data(asyncContentsOf: path) == Data("abc".utf8))
+        // A device has nothing to fsync (fsync fails with EINVAL there): still a success.
+        try await Data("d".utf8).asyncWrite(to: FilePath("/dev/null"), options: [.append])
     }
 
     @Test("writing into a missing directory names the path and ENOENT")

@@ -15,6 +15,27 @@ struct files_job {
     atomic_ullong sum;
 };
 
+/* open, fstat, read up to the size at open, close. Into *buffer, replaced by a larger one
+ * when *capacity is too small (a new one for every file when *capacity is 0). Returns the
+ * bytes read, or -1 when the file could not be opened. */
+static long long read_file(const char *path, unsigned char **buffer, size_t *capacity) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat info;
+    if (fstat(fd, &info) != 0) { close(fd); return -1; }
+    size_t want = (size_t)info.st_size;
+    if (want > *capacity || *buffer == NULL) {
+        free(*buffer);
+        *capacity = want > *capacity ? want : *capacity;
+        *buffer = malloc(*capacity ? *capacity : 1);
+    }
+    size_t got = 0;
+    ssize_t n;
+    while (got < want && (n = read(fd, *buffer + got, want - got)) > 0) got += (size_t)n;
+    close(fd);
+    return (long long)got;
+}
+
 static void *files_worker(void *raw) {
     struct files_job *job = raw;
     size_t capacity = 1 << 20;
@@ -24,16 +45,9 @@ static void *files_worker(void *raw) {
     for (;;) {
         size_t index = atomic_fetch_add(&job->next, 1);
         if (index >= job->count) break;
-        int fd = open(job->paths[index], O_RDONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct stat info;
-        if (fstat(fd, &info) != 0) { close(fd); continue; }
-        size_t want = (size_t)info.st_size;
-        if (want > capacity) { free(buffer); capacity = want; buffer = malloc(capacity); }
-        size_t got = 0;
-        ssize_t n;
-        while (got < want && (n = read(fd, buffer + got, want - got)) > 0) got += (size_t)n;
-        close(fd);
+        long long read = read_file(job->paths[index], &buffer, &capacity);
+        if (read < 0) continue;
+        size_t got = (size_t)read;
         bytes += (long long)got;
         if (got) sum += buffer[0] + buffer[got - 1] + got;
     }
@@ -78,4 +92,95 @@ uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsign
     uint64_t sum = 0;
     for (int k = 0; k < threads; k++) { pthread_join(handles[k], NULL); sum += jobs[k].sum; }
     return sum;
+}
+
+/* The C pool with a hand-off, as any API that delivers each file's bytes to one consumer
+ * must do it: each file is read into its own malloc'ed buffer, workers pass finished files
+ * to the consumer in groups of 16 through a bounded ring under a mutex, and the consumer
+ * (the calling thread) digests and frees them. */
+struct handoff_item { unsigned char *data; size_t size; };
+
+struct handoff_job {
+    const char *const *paths;
+    size_t count;
+    atomic_size_t next;
+    pthread_mutex_t lock;
+    pthread_cond_t ready, room;
+    struct handoff_item ring[1024];
+    size_t head, tail; /* tail - head items are queued */
+    int workers_left;
+    int consumer_waiting;
+};
+
+enum { handoff_group = 16 };
+
+static void handoff_push(struct handoff_job *job, struct handoff_item *group, size_t n, int exiting) {
+    pthread_mutex_lock(&job->lock);
+    while (job->tail - job->head + n > sizeof job->ring / sizeof job->ring[0])
+        pthread_cond_wait(&job->room, &job->lock);
+    for (size_t k = 0; k < n; k++) job->ring[job->tail++ % (sizeof job->ring / sizeof job->ring[0])] = group[k];
+    if (exiting) job->workers_left--;
+    if (job->consumer_waiting) pthread_cond_signal(&job->ready);
+    pthread_mutex_unlock(&job->lock);
+}
+
+static void *handoff_worker(void *raw) {
+    struct handoff_job *job = raw;
+    struct handoff_item group[handoff_group];
+    size_t n = 0;
+    for (;;) {
+        size_t index = atomic_fetch_add(&job->next, 1);
+        if (index >= job->count) break;
+        unsigned char *buffer = NULL;
+        size_t capacity = 0;
+        long long got = read_file(job->paths[index], &buffer, &capacity);
+        if (got < 0) continue;
+        group[n++] = (struct handoff_item){ buffer, (size_t)got };
+        if (n == handoff_group) { handoff_push(job, group, n, 0); n = 0; }
+    }
+    handoff_push(job, group, n, 1);
+    return NULL;
+}
+
+int64_t peer_read_files_handoff(const char *const *paths, size_t count, int threads, uint64_t *checksum) {
+    struct handoff_job *job = calloc(1, sizeof *job);
+    job->paths = paths;
+    job->count = count;
+    pthread_mutex_init(&job->lock, NULL);
+    pthread_cond_init(&job->ready, NULL);
+    pthread_cond_init(&job->room, NULL);
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    job->workers_left = threads;
+    pthread_t handles[64];
+    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, handoff_worker, job);
+    long long bytes = 0;
+    unsigned long long sum = 0;
+    struct handoff_item taken[sizeof job->ring / sizeof job->ring[0]];
+    for (;;) {
+        pthread_mutex_lock(&job->lock);
+        while (job->tail == job->head && job->workers_left > 0) {
+            job->consumer_waiting = 1;
+            pthread_cond_wait(&job->ready, &job->lock);
+            job->consumer_waiting = 0;
+        }
+        size_t n = 0;
+        while (job->head < job->tail) taken[n++] = job->ring[job->head++ % (sizeof job->ring / sizeof job->ring[0])];
+        int done = n == 0 && job->workers_left == 0;
+        pthread_cond_broadcast(&job->room);
+        pthread_mutex_unlock(&job->lock);
+        if (done) break;
+        for (size_t k = 0; k < n; k++) {
+            bytes += (long long)taken[k].size;
+            if (taken[k].size) sum += taken[k].data[0] + taken[k].data[taken[k].size - 1] + taken[k].size;
+            free(taken[k].data);
+        }
+    }
+    for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->ready);
+    pthread_cond_destroy(&job->room);
+    free(job);
+    *checksum = sum;
+    return bytes;
 }

@@ -8,6 +8,11 @@
 /// path from a shared counter. Returns the bytes read; *checksum gets first+last+size sums.
 int64_t peer_read_files(const char *const *paths, size_t count, int threads, uint64_t *checksum);
 
+/// `peer_read_files` delivering each file to one consumer, as an API that hands over
+/// every file's bytes must: a malloc'ed buffer per file, passed to the calling thread in
+/// groups of 16 through a bounded ring; the caller digests and frees each.
+int64_t peer_read_files_handoff(const char *const *paths, size_t count, int threads, uint64_t *checksum);
+
 /// `count` random 4 KiB preads at 4 KiB-aligned offsets of `fd` (file of `size` bytes),
 /// split over `threads` threads. Returns a checksum of one byte per read.
 uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsigned seed);
