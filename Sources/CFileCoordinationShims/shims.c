@@ -94,15 +94,26 @@ void *fc_map_shared(int fd, size_t length) {
 // MARK: exec's command
 
 enum { fc_max_inherited = 256 };
-static sigset_t fc_ignored_at_start;
+static sigset_t fc_ignored_at_start_set;
+/// The signals `exec` passes on to its command, and that every filecoord process unblocks.
+static const int fc_forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
+enum { fc_forwarded_count = sizeof fc_forwarded / sizeof fc_forwarded[0] };
 static int fc_inherited_count;
 static struct { int fd; dev_t dev; ino_t ino; } fc_inherited[fc_max_inherited];
 
+int fc_ignored_at_start(int number) {
+    return sigismember(&fc_ignored_at_start_set, number) == 1;
+}
+
 void fc_note_startup(void) {
-    sigemptyset(&fc_ignored_at_start);
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int index = 0; index < fc_forwarded_count; index++) sigaddset(&handled, fc_forwarded[index]);
+    pthread_sigmask(SIG_UNBLOCK, &handled, NULL);
+    sigemptyset(&fc_ignored_at_start_set);
     for (int number = 1; number < 32; number++) {
         struct sigaction action;
-        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN) sigaddset(&fc_ignored_at_start, number);
+        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN) sigaddset(&fc_ignored_at_start_set, number);
     }
     DIR *directory = opendir("/proc/self/fd");
     if (directory == NULL) return;
@@ -141,7 +152,7 @@ int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *con
     for (int number = 1; number < 32; number++) {
         struct sigaction action;
         if (number == SIGKILL || number == SIGSTOP) continue;
-        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN && !sigismember(&fc_ignored_at_start, number))
+        if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN && !sigismember(&fc_ignored_at_start_set, number))
             sigaddset(&reset, number);
     }
     posix_spawnattr_setsigmask(&attributes, &none);
@@ -157,8 +168,6 @@ int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *con
 /// fc_pending_signal); above 0: the command.
 static volatile sig_atomic_t fc_forward_pid;
 static volatile sig_atomic_t fc_pending_signal;
-static const int fc_forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
-enum { fc_forwarded_count = sizeof fc_forwarded / sizeof fc_forwarded[0] };
 static struct sigaction fc_previous[fc_forwarded_count];
 static int fc_replaced[fc_forwarded_count];
 
@@ -221,4 +230,39 @@ int fc_wait_command(pid_t pid) {
     }
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
+}
+
+
+// MARK: signals caught into a pipe
+
+static int fc_caught_pipe[2] = { -1, -1 };
+
+static void fc_catch(int number) {
+    int saved = errno;
+    unsigned char byte = (unsigned char)number;
+    // Non-blocking: with the pipe full (thousands of signals not yet read) one is dropped.
+    ssize_t written = write(fc_caught_pipe[1], &byte, 1);
+    (void)written;
+    errno = saved;
+}
+
+int fc_catch_signals(const int *numbers, int count) {
+    if (fc_caught_pipe[0] < 0) {
+        if (pipe2(fc_caught_pipe, O_CLOEXEC) != 0) return -1;
+        if (fcntl(fc_caught_pipe[1], F_SETFL, O_NONBLOCK) != 0) return -1;
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = fc_catch;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (int index = 0; index < count; index++) sigaddset(&action.sa_mask, numbers[index]);
+    for (int index = 0; index < count; index++) {
+        if (sigaction(numbers[index], &action, NULL) != 0) return -1;
+    }
+    return fc_caught_pipe[0];
+}
+
+void fc_uncatch_signals(const int *numbers, int count) {
+    for (int index = 0; index < count; index++) signal(numbers[index], SIG_DFL);
 }

@@ -10,7 +10,12 @@ struct SpaceOption: ParsableArguments {
     var space: String?
 
     func validate() throws {
-        // An empty name would make the current directory the space.
+        try Self.validate(space)
+    }
+
+    /// A `--space` value must name a directory: an empty one would make the current
+    /// directory the space.
+    static func validate(_ space: String?) throws {
         if space?.isEmpty == true { throw ValidationError("--space names no directory") }
     }
 

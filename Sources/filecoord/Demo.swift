@@ -1,6 +1,8 @@
 import ArgumentParser
+import CFileCoordinationShims
 import FileCoordination
 import Foundation
+import Synchronization
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -10,16 +12,34 @@ struct Demo: AsyncParsableCommand {
     @Option(help: "How many small files the batch read uses.")
     var files = 5000
 
+    @Option(help: ArgumentHelp("The coordination space of the demo's processes (default: one of its own, in its directory).",
+                               valueName: "DIR"))
+    var space: String?
+
+    func validate() throws {
+        try SpaceOption.validate(space)
+    }
+
     func run() async throws {
         let root = FilePath(NSTemporaryDirectory()).appending("filecoord-demo-\(getpid())")
         try FileManager.default.createDirectory(atPath: root.string, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: root.string) }
+        let interruption = try DemoInterruption(root: root)
+        do {
+            try await show(root, interruption)
+        } catch {
+            await interruption.finish()
+            throw error
+        }
+        await interruption.finish()
+    }
+
+    private func show(_ root: FilePath, _ interruption: DemoInterruption) async throws {
         say("FileCoordination demo in \(root)\n")
 
         try await batchRead(root)
         try await atomicReplace(root)
         try await coordination(root)
-        try await acrossProcesses(root)
+        try await acrossProcesses(root, interruption)
         say("""
 
             What happened:
@@ -132,9 +152,9 @@ struct Demo: AsyncParsableCommand {
         say("   writer:    done; the file now says \"\(String(decoding: try await Data(asyncContentsOf: url), as: UTF8.self))\"")
     }
 
-    private func acrossProcesses(_ root: FilePath) async throws {
+    private func acrossProcesses(_ root: FilePath, _ interruption: DemoInterruption) async throws {
         say("\n4. Across processes: `filecoord present` in one process, `filecoord write` and `exec` in others")
-        let space = root.appending("space").string, file = root.appending("shared.txt").string
+        let space = self.space ?? root.appending("space").string, file = root.appending("shared.txt").string
         _ = FileManager.default.createFile(atPath: file, contents: Data("first version\n".utf8))
         let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
         let presenter = Process()
@@ -142,7 +162,7 @@ struct Demo: AsyncParsableCommand {
         presenter.arguments = ["present", file, "--space", space, "--ack-delay", "200"]
         let output = Pipe()
         presenter.standardOutput = output
-        try presenter.run()
+        try interruption.start(presenter)
         // Its lines, read on a thread of their own (a pipe read blocks).
         let (lines, sink) = AsyncStream.makeStream(of: String.self)
         let handle = output.fileHandleForReading
@@ -159,7 +179,15 @@ struct Demo: AsyncParsableCommand {
         }
         let pid = presenter.processIdentifier
         var iterator = lines.makeAsyncIterator()
-        if let ready = await iterator.next() { say("   presenter (pid \(pid)): \(ready)") }
+        guard let ready = await iterator.next() else {
+            // It never got as far as `ready`: what it printed on stderr is above.
+            let ended = await interruption.end(of: presenter)
+            let how = ended.terminationReason == .exit ? "with status \(ended.terminationStatus)"
+                : "killed by signal \(ended.terminationStatus)"
+            Output.error("the presenter process (pid \(pid)) ended \(how) before it was ready")
+            throw Status.failed
+        }
+        say("   presenter (pid \(pid)): \(ready)")
         let printer = Task {
             for await line in lines { say("   presenter (pid \(pid)): \(line)") }
         }
@@ -169,12 +197,10 @@ struct Demo: AsyncParsableCommand {
             process.arguments = arguments
             let stdin = Pipe()
             process.standardInput = stdin
-            try process.run()
+            try interruption.start(process)
             if let input { stdin.fileHandleForWriting.write(Data(input.utf8)) }
             try stdin.fileHandleForWriting.close()
-            return await withCheckedContinuation { continuation in
-                Thread.detachNewThread { process.waitUntilExit(); continuation.resume(returning: process.terminationStatus) }
-            }
+            return await interruption.end(of: process).terminationStatus
         }
         say("   writer process: filecoord write shared.txt (the presenter takes 200 ms to acknowledge)")
         let start = ContinuousClock.now
@@ -197,7 +223,7 @@ struct Demo: AsyncParsableCommand {
         let total = (try? String(contentsOfFile: counter, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
         say("   counter: \(total) (of 100; without coordination such a loop loses updates)")
         presenter.terminate()
-        presenter.waitUntilExit()
+        _ = await interruption.end(of: presenter)
         printer.cancel()
         _ = await printer.result
     }
@@ -205,6 +231,75 @@ struct Demo: AsyncParsableCommand {
     private func rate(_ count: Int, _ duration: Duration) -> String {
         let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
         return String(format: "%8.0f", Double(count) / max(seconds, 1e-9))
+    }
+}
+
+/// The demo's directory and processes, and what an interrupted demo undoes: SIGINT,
+/// SIGTERM or SIGHUP sent to it stops the processes it started (its presenter would
+/// otherwise run on, waiting for a signal of its own) and removes its directory, then it
+/// exits with 128 + the signal's number. A signal ignored when `filecoord` started
+/// (`nohup`) stays ignored; one that comes while the demo is finishing on its own is.
+final class DemoInterruption: Sendable {
+    /// The pids of the processes the demo started and has not seen end.
+    private let children = Mutex<Set<Int32>>([])
+    /// Set by whichever removes the directory first: the end of the demo or a signal.
+    private let cleaning = Atomic<Bool>(false)
+    private let root: FilePath
+    private let handled = [SIGINT, SIGTERM, SIGHUP].filter { fc_ignored_at_start($0) == 0 }
+
+    init(root: FilePath) throws {
+        self.root = root
+        try CaughtSignals.shared.catchSignals(handled) { [self] number in interrupted(by: number) }
+    }
+
+    private func interrupted(by number: Int32) {
+        guard !cleaning.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        // `exec` passes SIGTERM on to its command and ends with it. Each is waited for
+        // without being reaped: Foundation's `Process` reaps its own children.
+        // (Under the lock that `start` takes: no process starts after this.)
+        for pid in children.withLock({ $0 }) where kill(pid, SIGTERM) == 0 {
+            var info = siginfo_t()
+            _ = waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT)
+        }
+        // The demo's tasks may still be creating files in it: moved aside first, the
+        // directory takes no new ones by its path.
+        let aside = root.string + ".removing"
+        let gone = rename(root.string, aside) == 0 ? aside : root.string
+        for _ in 0 ..< 3 where (try? FileManager.default.removeItem(atPath: gone)) == nil {}
+        exit(128 + number)
+    }
+
+    /// Starts `process`, noted as one to stop if the demo is interrupted; once it is
+    /// interrupted, starts nothing (and throws `CancellationError`).
+    func start(_ process: Process) throws {
+        try children.withLock { pids in
+            guard !cleaning.load(ordering: .acquiring) else { throw CancellationError() }
+            try process.run()
+            pids.insert(process.processIdentifier)
+        }
+    }
+
+    /// `process`, once it has ended (waited for on a thread of its own: the wait blocks),
+    /// no longer one to stop.
+    func end(of process: Process) async -> Process {
+        await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [self] in
+                process.waitUntilExit()
+                _ = children.withLock { $0.remove(process.processIdentifier) }
+                continuation.resume(returning: process)
+            }
+        }
+    }
+
+    /// The demo is over: removes its directory, and the signals act as before. If a signal
+    /// came first, this waits for its handler to end the process instead.
+    func finish() async {
+        guard !cleaning.exchange(true, ordering: .acquiringAndReleasing) else {
+            await withUnsafeContinuation { (_: UnsafeContinuation<Void, Never>) in }
+            return
+        }
+        try? FileManager.default.removeItem(atPath: root.string)
+        CaughtSignals.shared.release(handled)
     }
 }
 

@@ -18,6 +18,12 @@ struct FileCoord: ParsableCommand {
         subcommands: [Read.self, Write.self, Exec.self, Present.self, StatusCommand.self, Demo.self]
     )
 
+    /// Bare `filecoord` is a usage error (exit 2, one line), not a silent success; the
+    /// help is `filecoord help` or `--help`.
+    func run() throws {
+        throw ValidationError("a subcommand is required: read, write, exec, present, status or demo")
+    }
+
     /// Runs the command in a task while the main thread waits for it.
     ///
     /// Not an `async` main: that hands the main thread to `dispatch_main`, which needs a
@@ -27,6 +33,13 @@ struct FileCoord: ParsableCommand {
     /// EMFILE. The main thread is not one of the cooperative pool's.
     static func main() {
         fc_note_startup()
+        // Below 5 descriptors the concurrency runtime cannot start its threads and stops
+        // the process with SIGILL; with 5 or more every shortage is reported as EMFILE.
+        var limit = rlimit()
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 5 {
+            Output.error("too few file descriptors: the limit is \(limit.rlim_cur) (ulimit -n); filecoord needs at least 5")
+            Foundation.exit(1)
+        }
         let done = DispatchSemaphore(value: 0)
         // Detached: `main` is on the main actor, whose queue nothing drains here.
         Task.detached {

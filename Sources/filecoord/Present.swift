@@ -10,8 +10,11 @@ struct Present: AsyncParsableCommand {
             Registers a presenter for PATH (a file, or a directory covering its whole subtree). \
             It hears changes made by any program, coordinated or not. The first line is \
             "ready", printed once the presenter is registered and its watches are in place. \
-            With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}. \
-            Coordinated readers and writers in every process of the space message it first.
+            With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}; pid is \
+            this process's for ready, and the asking process's for relinquishToReader, \
+            relinquishToWriter and the reacquire after them (other events do not know who \
+            made the change). Coordinated readers and writers in every process of the space \
+            message it first.
             """
     )
 
@@ -43,23 +46,16 @@ struct Present: AsyncParsableCommand {
         // absolute, `ready` included.
         let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
                                           refuseWriters: refuseWriters, settle: settle.map { .milliseconds($0) })
-        // Signals end the session cleanly: unregister, exit 0.
-        signal(SIGINT, SIG_IGN)
-        signal(SIGTERM, SIG_IGN)
+        // Signals end the session cleanly: unregister, exit 0. Until they are caught a
+        // signal ends it the default way.
         let stop = AsyncStream.makeStream(of: Void.self)
-        let sources = [SIGINT, SIGTERM].map { number in
-            let source = DispatchSource.makeSignalSource(signal: number)
-            source.setEventHandler { stop.continuation.yield() }
-            source.resume()
-            return source
-        }
+        try CaughtSignals.shared.catchSignals([SIGINT, SIGTERM]) { _ in stop.continuation.yield() }
         try await space.join()
         await FileCoordinator.addFilePresenter(presenter)
-        printer.print("ready", presenter.path)
+        printer.print("ready", presenter.path, pid: getpid())
         for await _ in stop.stream { break }
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()
-        sources.forEach { $0.cancel() }
     }
 }
 
@@ -72,13 +68,15 @@ final class EventPrinter: Sendable {
     private let early = Mutex<[String]?>([])
     init(json: Bool) { self.json = json }
 
-    func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil) {
+    /// Prints one line; `pid` is the process the event is about, when known.
+    func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil, pid: Int32? = nil) {
         let time = Date().timeIntervalSince1970
         var line: String
         if json {
             line = #"{"event":"\#(event)","path":\#(Self.jsonString(path.string))"#
             if let destination { line += #","to":\#(Self.jsonString(destination.string))"# }
-            line += #","pid":\#(getpid()),"time":\#(String(format: "%.6f", time))}"#
+            if let pid { line += #","pid":\#(pid)"# }
+            line += #","time":\#(String(format: "%.6f", time))}"#
         } else {
             line = "\(event) \(path)" + (destination.map { " -> \($0)" } ?? "")
         }
@@ -134,16 +132,16 @@ final class PrintingPresenter: FilePresenter {
     private func path(_ url: URL) -> FilePath { (try? FilePath(fileURL: url)) ?? FilePath(url.path) }
 
     func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
-        printer.print("relinquishToReader", path(reader.url))
+        printer.print("relinquishToReader", path(reader.url), pid: reader.processIdentifier)
         if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        return { [printer, path] in printer.print("reacquire", path) }
+        return { [printer, path] in printer.print("reacquire", path, pid: reader.processIdentifier) }
     }
 
     func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
-        printer.print("relinquishToWriter", path(writer.url))
+        printer.print("relinquishToWriter", path(writer.url), pid: writer.processIdentifier)
         if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
         if refuseWriters { throw Refused(path: path.string) }
-        return { [printer, path] in printer.print("reacquire", path) }
+        return { [printer, path] in printer.print("reacquire", path, pid: writer.processIdentifier) }
     }
 
     func savePresentedItemChanges() async throws { printer.print("save", path) }

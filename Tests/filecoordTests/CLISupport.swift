@@ -89,10 +89,21 @@ final class LineProcess: @unchecked Sendable {
     let process = Process()
     let lines: AsyncStream<String>
     private let errors: Thread.Reader
+    /// The lines read so far, and a signal to send once a line matches (see
+    /// `signal(_:onceALineMatches:)`); under `watchLock`.
+    private var seen: [String] = []
+    private var trigger: (number: Int32, matches: @Sendable (String) -> Bool)?
+    private let watchLock = NSLock()
 
-    init(_ arguments: [String], executable: String = filecoordBinary) throws {
+    /// Starts `executable`; `blocked` are the signals it starts with blocked (as a process
+    /// started from any libdispatch thread, a Swift task's among them, does).
+    init(_ arguments: [String], executable: String = filecoordBinary, environment: [String: String] = [:],
+         blocked: [Int32] = []) throws {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         let output = Pipe(), errorPipe = Pipe()
         process.standardOutput = output
         process.standardError = errorPipe
@@ -100,17 +111,25 @@ final class LineProcess: @unchecked Sendable {
         let (stream, continuation) = AsyncStream.makeStream(of: String.self)
         lines = stream
         let child = process
-        try withUnblockedSignals { try child.run() }
+        try withUnblockedSignals(except: blocked) { try child.run() }
         errors = Thread.detachedRead(errorPipe.fileHandleForReading)
         let handle = output.fileHandleForReading
-        Thread.detachNewThread {
+        Thread.detachNewThread { [self] in
             var pending = Data()
             while true {
                 let chunk = handle.availableData
                 if chunk.isEmpty { break }
                 pending.append(chunk)
                 while let newline = pending.firstIndex(of: 0x0A) {
-                    continuation.yield(String(decoding: pending[..<newline], as: UTF8.self))
+                    let line = String(decoding: pending[..<newline], as: UTF8.self)
+                    watchLock.withLock {
+                        seen.append(line)
+                        if let trigger, trigger.matches(line) {
+                            self.trigger = nil
+                            kill(process.processIdentifier, trigger.number)
+                        }
+                    }
+                    continuation.yield(line)
                     pending.removeSubrange(...newline)
                 }
             }
@@ -118,9 +137,28 @@ final class LineProcess: @unchecked Sendable {
         }
     }
 
+    /// Sends it `number` as soon as it prints a line that `matches` (at once, if it printed
+    /// one already), from the thread that reads its output. A test's task can run many
+    /// seconds after the process printed a line when the suite loads the machine: the
+    /// process may have moved on, or ended, by then.
+    func signal(_ number: Int32, onceALineMatches matches: @escaping @Sendable (String) -> Bool) {
+        watchLock.withLock {
+            if seen.contains(where: matches) {
+                if process.isRunning { kill(process.processIdentifier, number) }
+            } else {
+                trigger = (number, matches)
+            }
+        }
+    }
+
     var pid: Int32 { process.processIdentifier }
 
-    func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+    /// Sends it `number`, unless it has ended: its pid may then be another process's
+    /// already (a run of the suite starts thousands, and `pid_max` may be 32768).
+    func signal(_ number: Int32) {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, number)
+    }
 
     /// Waits for it to end; its status and stderr.
     func wait() async -> (status: Int32, stderr: String) {
@@ -151,13 +189,14 @@ final class Scratch: Sendable {
     }
 }
 
-/// Runs `body` (which starts a child process) with no signal blocked on this thread, so
-/// the child does not inherit a blocked SIGCHLD from the test harness's threads (a shell's
-/// `wait` would never return).
-func withUnblockedSignals<T>(_ body: () throws -> T) rethrows -> T {
-    var empty = sigset_t(), previous = sigset_t()
-    sigemptyset(&empty)
-    pthread_sigmask(SIG_SETMASK, &empty, &previous)
+/// Runs `body` (which starts a child process) with no signal blocked on this thread but
+/// `blocked`, so that the child does not inherit a blocked SIGCHLD from the test harness's
+/// threads (a shell's `wait` would never return).
+func withUnblockedSignals<T>(except blocked: [Int32] = [], _ body: () throws -> T) rethrows -> T {
+    var mask = sigset_t(), previous = sigset_t()
+    sigemptyset(&mask)
+    for number in blocked { sigaddset(&mask, number) }
+    pthread_sigmask(SIG_SETMASK, &mask, &previous)
     defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
     return try body()
 }

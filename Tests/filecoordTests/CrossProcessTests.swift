@@ -158,6 +158,11 @@ struct CrossProcessTests {
         async let writer = filecoord("write", file, "--space", space, stdin: Data("new".utf8))
         let first = try #require(await lines.next())
         #expect(event(first).event == "relinquishToWriter")
+        // The writer's pid: not the presenter's, and a live process that is filecoord write.
+        let asker = try #require((try JSONSerialization.jsonObject(with: Data(first.utf8)) as? [String: Any])?["pid"] as? Int32)
+        #expect(asker != presenter.pid)
+        let command = FileManager.default.contents(atPath: "/proc/\(asker)/cmdline").map { String(decoding: $0, as: UTF8.self) }
+        #expect(command?.contains("write") == true, "\(String(describing: command))")
         // Told first: the file has not changed yet.
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "old")
         let result = try await writer

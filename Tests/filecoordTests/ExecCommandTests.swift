@@ -21,17 +21,21 @@ struct ExecCommandTests {
     }
 
     @Test("SIGTERM sent to filecoord goes to the command, and filecoord holds the claim until the command exits with its status",
-          .timeLimit(.minutes(1)))
-    func forwardsSignals() async throws {
+          .timeLimit(.minutes(1)),
+          // Also when filecoord starts with the signals blocked, as a process started from a
+          // Swift task does (it inherits the libdispatch worker's mask).
+          arguments: [[], [SIGINT, SIGTERM, SIGHUP, SIGQUIT]])
+    func forwardsSignals(blocked: [Int32]) async throws {
         let file = scratch.write("f", "x")
         // On SIGTERM the command tries the same claim from another process: it must still
         // be held (exit 3 at the inner --timeout).
         let inner = "'\(filecoordBinary)' exec --space '\(space)' --write '\(file)' --timeout 0.2 -- true"
         let runner = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c",
-                                      "trap '\(inner.replacingOccurrences(of: "'", with: "'\\''")); echo got-term $?; exit 7' TERM; echo ready; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"])
+                                      "trap '\(inner.replacingOccurrences(of: "'", with: "'\\''")); echo got-term $?; exit 7' TERM; echo ready; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"],
+                                     blocked: blocked)
+        runner.signal(SIGTERM) { $0 == "ready" }
         var lines = runner.lines.makeAsyncIterator()
         #expect(await lines.next() == "ready")
-        runner.signal(SIGTERM)
         #expect(await lines.next() == "got-term 3")
         let ended = await runner.wait()
         #expect(ended.status == 7, "filecoord must wait for the command and exit with its status: \(ended.stderr)")

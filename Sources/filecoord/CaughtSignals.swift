@@ -1,0 +1,63 @@
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import FileCoordination
+import Foundation
+import Synchronization
+
+/// Signals caught by a handler of this process's own and handed, one at a time, to
+/// closures on a thread of their own.
+///
+/// Not a dispatch signal source. On Linux libdispatch's own handler passes each signal on
+/// with `pthread_kill` to the thread that registered the source, to be read back from a
+/// `signalfd`: delivery then depends on that thread and on every thread's signal mask.
+/// Here the handler itself writes the signal's number into a pipe, on whichever thread
+/// the kernel picks, and the catching thread reads it.
+final class CaughtSignals: Sendable {
+    /// The one per process (a signal's handler is per process).
+    static let shared = CaughtSignals()
+
+    private let handlers = Mutex<[Int32: @Sendable (Int32) -> Void]>([:])
+    /// Whether the thread that reads the pipe runs.
+    private let reading = Mutex(false)
+
+    private init() {}
+
+    /// Catches `numbers` from now on: each time one comes, `handler` runs with its number
+    /// on the catching thread. A later call for the same signal replaces its handler.
+    func catchSignals(_ numbers: [Int32], handler: @escaping @Sendable (Int32) -> Void) throws {
+        handlers.withLock { handlers in
+            for number in numbers { handlers[number] = handler }
+        }
+        let pipe = numbers.withUnsafeBufferPointer { fc_catch_signals($0.baseAddress, Int32($0.count)) }
+        guard pipe >= 0 else {
+            throw FileCoordinationError("sigaction", errno: Errno(rawValue: errno), path: nil)
+        }
+        reading.withLock { reading in
+            guard !reading else { return }
+            reading = true
+            let thread = Thread { [self] in read(from: pipe) }
+            thread.name = "filecoord signals"
+            thread.start()
+        }
+    }
+
+    /// Puts the default action back for `numbers` (a signal already caught is still handled).
+    func release(_ numbers: [Int32]) {
+        numbers.withUnsafeBufferPointer { fc_uncatch_signals($0.baseAddress, Int32($0.count)) }
+    }
+
+    private func read(from pipe: Int32) {
+        var number: UInt8 = 0
+        while true {
+            let count = Glibc.read(pipe, &number, 1)
+            if count == 1 {
+                let handler = handlers.withLock { $0[Int32(number)] }
+                handler?(Int32(number))
+            } else if count < 0, errno == EINTR {
+                continue
+            } else {
+                return
+            }
+        }
+    }
+}
