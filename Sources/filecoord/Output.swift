@@ -6,6 +6,7 @@ import Foundation
 /// is not UTF-8 reads the same as in `ls`'s raw output.
 enum Output {
     static let standardErrorIsTerminal = isatty(2) != 0
+    static let standardOutputIsTerminal = isatty(1) != 0
 
     /// `filecoord: <message>` on stderr.
     static func error(_ message: String) {

@@ -19,13 +19,16 @@ struct Read: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Read files in parallel, each under a coordinated read intent.",
         discussion: """
-            Every file is read whole. A file that fails is reported on stderr and skipped; \
+            Every file up to 16 MiB is read whole; a larger one, or a device whose size is \
+            not known (/dev/zero), is read 1 MiB at a time once the batch reaches it, so \
+            memory stays bounded. A file that fails is reported on stderr and skipped; \
             the others are still read, and the exit status is 1. Without --cat or --json \
             a summary goes to stderr. --json prints one object on stdout: \
             {"files":N,"bytes":B,"failed":F,"seconds":S,"filesPerSecond":X,"mibPerSecond":Y}, \
-            where seconds times the read phase only. Without --cat (and without a progress \
-            bar), each file is counted on the thread that read it; failures are then reported \
-            once the batch is done, in the order given.
+            where seconds times the read phase only. A progress bar is drawn on stderr when \
+            it is a terminal, unless --cat writes to that terminal too. Without --cat (and \
+            without a progress bar), each file is counted on the thread that read it; \
+            failures are then reported once the batch is done, in the order given.
             """
     )
 
@@ -53,6 +56,12 @@ struct Read: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The I/O engine: threadPool (default) or dispatchIO.", valueName: "ENGINE"))
     var engine: FileIOEngine = .default
 
+    /// Files larger than this are not read whole: the batch fails them as too large and
+    /// they are then read in chunks of `chunkSize`, so that memory stays bounded whatever
+    /// the files are (a multi-GB image, `/dev/zero`).
+    static let wholeFileLimit = 16 << 20
+    static let chunkSize = 1 << 20
+
     func validate() throws {
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
         guard !paths.isEmpty || fromList != nil else { throw ValidationError("name files to read, or --from-list") }
@@ -68,8 +77,10 @@ struct Read: AsyncParsableCommand {
         }
 
         let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
-        let progress = Output.standardErrorIsTerminal && !json ? Progress(total: list.count) : nil
-        let options = BatchReadOptions(concurrency: concurrency, engine: engine)
+        // No bar where it would be drawn into the contents: --cat onto the same terminal.
+        let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
+            ? Progress(total: list.count) : nil
+        let options = BatchReadOptions(concurrency: concurrency, maximumFileSize: Self.wholeFileLimit, engine: engine)
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
@@ -85,7 +96,7 @@ struct Read: AsyncParsableCommand {
             results = FileBatchReader(paths: list, options: options)
         }
         try await coordination.run {
-            try await consume(results, output: output, progress: progress)
+            try await consume(results, coordinator: coordinator, output: output, progress: progress)
         }
     }
 
@@ -95,12 +106,16 @@ struct Read: AsyncParsableCommand {
         var files = 0
         var bytes = 0
         var failures: [(index: Int, error: FileCoordinationError)] = []
+        /// The files too large to be read whole, streamed after the batch.
+        var large: [Int] = []
 
         mutating func add(_ file: BatchFileContents) {
             switch file.bytes {
             case .success(let bytes):
                 files += 1
                 self.bytes += bytes.count
+            case .failure(let error) where error.code == .fileTooLarge:
+                large.append(file.index)
             case .failure(let error):
                 failures.append((file.index, error))
             }
@@ -119,25 +134,44 @@ struct Read: AsyncParsableCommand {
         } else {
             partials = try await FileBatchReader(paths: list, options: options).forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
         }
+        var files = partials.reduce(0) { $0 + $1.files }, bytes = partials.reduce(0) { $0 + $1.bytes }
+        var failures = partials.flatMap(\.failures)
+        for index in partials.flatMap(\.large).sorted() {
+            switch try await stream(list[index], coordinator: coordinator, output: nil) {
+            case .success(let count):
+                files += 1
+                bytes += count
+            case .failure(let error):
+                failures.append((index, error))
+            }
+        }
         let elapsed = clock.now - start
-        let failures = partials.flatMap(\.failures).sorted { $0.index < $1.index }
+        failures.sort { $0.index < $1.index }
         for failure in failures { Output.report(failure.error) }
-        try await summarize(files: partials.reduce(0) { $0 + $1.files }, bytes: partials.reduce(0) { $0 + $1.bytes },
-                            failed: failures.count, timedOut: failures.contains { $0.error.code == .timedOut }, elapsed: elapsed)
+        try await summarize(files: files, bytes: bytes, failed: failures.count,
+                            timedOut: failures.contains { $0.error.code == .timedOut }, elapsed: elapsed)
     }
 
     /// Reads the results; `seconds` covers this phase only (not start-up or joining the space).
-    private func consume(_ results: any AsyncSequence<BatchReadResult, any Error>, output: DescriptorWriter?,
-                         progress: Progress?) async throws {
+    private func consume(_ results: any AsyncSequence<BatchReadResult, any Error>, coordinator: FileCoordinator?,
+                         output: DescriptorWriter?, progress: Progress?) async throws {
         var files = 0, failed = 0, bytes = 0, timedOut = false
         let clock = ContinuousClock()
         let start = clock.now
         for try await file in results {
+            var result = file.result.map { $0.count }
             switch file.result {
             case .success(let data):
-                files += 1
-                bytes += data.count
                 try await output?.write(data)
+            case .failure(let error) where error.code == .fileTooLarge:
+                result = try await stream(file.path, coordinator: coordinator, output: output)
+            case .failure:
+                break
+            }
+            switch result {
+            case .success(let count):
+                files += 1
+                bytes += count
             case .failure(let error):
                 failed += 1
                 timedOut = timedOut || error.code == .timedOut
@@ -149,6 +183,40 @@ struct Read: AsyncParsableCommand {
         let elapsed = clock.now - start
         progress?.clear()
         try await summarize(files: files, bytes: bytes, failed: failed, timedOut: timedOut, elapsed: elapsed)
+    }
+
+    /// Reads a file too large to be read whole, `chunkSize` bytes at a time, under a
+    /// coordinated read claim of its own when coordinating; each chunk is written to
+    /// `output`, or only counted. Returns its size, or why it could not be read; an error
+    /// writing to `output` is thrown.
+    private func stream(_ path: FilePath, coordinator: FileCoordinator?, output: DescriptorWriter?) async throws
+        -> Result<Int, FileCoordinationError>
+    {
+        /// An error of the output's, to be told apart from the file's.
+        struct OutputFailed: Error { let error: any Error }
+        let engine = self.engine
+        @Sendable func copy(_ path: FilePath) async throws -> Int {
+            let file = try await path.openForReading(engine: engine)
+            var total = 0
+            while case let chunk = try await file.read(upToCount: Self.chunkSize), !chunk.isEmpty {
+                total += chunk.count
+                do { try await output?.write(chunk) } catch { throw OutputFailed(error: error) }
+            }
+            try await file.close()
+            return total
+        }
+        do {
+            if let coordinator {
+                return .success(try await coordinator.coordinate(readingItemAt: path.fileURL) { url in
+                    try await copy(FilePath(fileURL: url))
+                })
+            }
+            return .success(try await copy(path))
+        } catch let failed as OutputFailed {
+            throw failed.error
+        } catch let error as FileCoordinationError {
+            return .failure(error)
+        }
     }
 
     /// The summary line (stderr), or the JSON object (stdout); exit 3 if a file's claim or

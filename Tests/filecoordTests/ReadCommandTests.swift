@@ -14,6 +14,38 @@ struct ReadCommandTests {
         #expect(result.outputText == "second\nfirst\n")
     }
 
+    @Test("a file over 16 MiB is read in chunks once the batch reaches it: --cat stays byte-identical, --json counts it",
+          arguments: [false, true])
+    func largeFiles(coordinated: Bool) async throws {
+        let scratch = Scratch()
+        let small = scratch.write("small", "before\n")
+        // 20 MiB + 3 bytes, each 4 KiB page starting with its number, so that a chunk out
+        // of place shows.
+        let large = scratch.path + "/large"
+        var pattern = Data(count: 20 * 1_048_576 + 3)
+        pattern.withUnsafeMutableBytes { raw in
+            for page in stride(from: 0, to: raw.count - 8, by: 4096) { raw.storeBytes(of: UInt64(page / 4096 + 1), toByteOffset: page, as: UInt64.self) }
+        }
+        try pattern.write(to: URL(fileURLWithPath: large))
+        let after = scratch.write("after", "after\n")
+        let mode = coordinated ? ["--space", scratch.path + "/space"] : ["--no-coordination"]
+        let cat = try await run(filecoordBinary, ["read", "--cat"] + mode + [small, large, after, large])
+        #expect(cat.status == 0, "\(cat.errorText)")
+        #expect(cat.stdout == Data("before\n".utf8) + pattern + Data("after\n".utf8) + pattern)
+        let summary = try await run(filecoordBinary, ["read", "--json"] + mode + [large, small, "\(scratch.path)/missing", large])
+        #expect(summary.status == 1)
+        let object = try #require(try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any])
+        #expect(object["files"] as? Int == 3)
+        #expect(object["bytes"] as? Int == 2 * pattern.count + 7)
+        #expect(object["failed"] as? Int == 1)
+    }
+
+    @Test("--cat of /dev/zero into `head` ends when head does, as cat's does", .timeLimit(.minutes(1)))
+    func endlessDevice() async throws {
+        let result = try await shell(#""$FILECOORD" read --no-coordination --cat /dev/zero | head -c 50000000 | wc -c"#)
+        #expect(result.outputText.trimmingCharacters(in: .whitespacesAndNewlines) == "50000000", "\(result.errorText)")
+    }
+
     @Test("names that are not UTF-8, from argv and from a NUL-separated list on stdin")
     func rawNames() async throws {
         let scratch = Scratch()
@@ -72,12 +104,25 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 2)
     }
 
-    @Test("usage errors exit 2", arguments: [["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"], ["read", "x", "--space", ""]])
+    @Test("usage errors exit 2", arguments: [[], ["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"], ["read", "x", "--space", ""]])
     func usage(arguments: [String]) async throws {
         let result = try await run(filecoordBinary, arguments)
         #expect(result.status == 2, "\(arguments): \(result.errorText)")
         // One line, as every error.
         #expect(result.errorText.hasPrefix("filecoord: ") && result.errorText.filter { $0 == "\n" }.count == 1, "\(result.errorText)")
+    }
+
+    @Test("on a terminal, the progress bar is drawn, but not into --cat's output on the same terminal",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script")))
+    func progressOnTerminal() async throws {
+        let scratch = Scratch()
+        let file = scratch.write("f", "contents\n")
+        // `script` runs the command with stdout and stderr on one pseudo-terminal.
+        let plain = try await shell("script -qc \"'$FILECOORD' read --no-coordination '\(file)'\" /dev/null")
+        #expect(plain.outputText.contains("] 1/1"), "\(plain.outputText)")
+        let cat = try await shell("script -qc \"'$FILECOORD' read --no-coordination --cat '\(file)'\" /dev/null")
+        #expect(cat.status == 0)
+        #expect(cat.outputText == "contents\r\n", "\(cat.outputText)")
     }
 
     @Test("10,000 files under ulimit -n 64")
@@ -131,6 +176,16 @@ struct ReadCommandTests {
         for run in runs {
             #expect(run == [0, 0, 0] || (run.count == 3 && run[0] == 1 && run[1] > 0 && run[1] == run[2]), "\(run)")
         }
+    }
+
+    @Test("with fewer than 5 descriptors (ulimit -n 4) it says so and exits 1 instead of crashing")
+    func tooFewDescriptors() async throws {
+        let scratch = Scratch()
+        let file = scratch.write("f", "x")
+        let result = try await shell("( ulimit -n 4 && exec \"$FILECOORD\" read --no-coordination '\(file)' ) 2> '\(scratch.path)/err'; echo $?")
+        #expect(result.outputText == "1\n", "\(result.outputText)")
+        let errors = try String(contentsOfFile: scratch.path + "/err", encoding: .utf8)
+        #expect(errors == "filecoord: too few file descriptors: the limit is 4 (ulimit -n); filecoord needs at least 5\n")
     }
 
     @Test("coordinated reads under ulimit -n 64 (3,000 files) and -n 40: claim shards make room for the files",
@@ -226,10 +281,12 @@ func runAndKill(_ executable: String, _ arguments: [String], feeding input: Data
 
 @Suite("filecoord demo")
 struct DemoCommandTests {
-    @Test("runs to the end on its own and never shows a torn file")
+    @Test("runs to the end on its own and never shows a torn file; its processes use the --space given")
     func demo() async throws {
-        let result = try await filecoord("demo", "--files", "300")
+        let scratch = Scratch()
+        let result = try await filecoord("demo", "--files", "300", "--space", scratch.path + "/space")
         #expect(result.status == 0, "\(result.errorText)")
+        #expect(FileManager.default.fileExists(atPath: scratch.path + "/space/claims.lock"))
         #expect(result.outputText.contains("0 torn files"))
         #expect(result.outputText.contains("ENOENT"))
         // Coordination, in order: the writer only writes after the reader is done, and the
@@ -239,5 +296,36 @@ struct DemoCommandTests {
         let order = ["reader:    read ", "presenter: relinquish to a writer", "presenter: save", "writer:    writing",
                      "presenter: the item changed", "presenter: reacquire after the write"].map(position)
         #expect(!order.contains(-1) && order == order.sorted(), "\(order)")
+    }
+
+    @Test("a presenter process that ends before it is ready (its space is a symbolic link) is named, and the demo exits 1")
+    func presenterFails() async throws {
+        let scratch = Scratch()
+        try FileManager.default.createDirectory(atPath: scratch.path + "/real", withIntermediateDirectories: false)
+        try FileManager.default.createSymbolicLink(atPath: scratch.path + "/link", withDestinationPath: scratch.path + "/real")
+        let result = try await run(filecoordBinary, ["demo", "--files", "50", "--space", scratch.path + "/link"],
+                                   environment: ["TMPDIR": scratch.path + "/real"])
+        #expect(result.status == 1)
+        #expect(result.errorText.contains("the presenter process (pid ") && result.errorText.contains(") ended with status 1 before it was ready"),
+                "\(result.errorText)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path + "/real") == [])
+    }
+
+    @Test("SIGTERM while its presenter process runs: that process stops, the directory goes, exit 143")
+    func interrupted() async throws {
+        let scratch = Scratch()
+        let demo = try LineProcess(["demo", "--files", "300"], environment: ["TMPDIR": scratch.path])
+        // Sent as the presenter process prints `ready` (it then runs until it is sent a
+        // signal), however late this task runs.
+        demo.signal(SIGTERM) { $0.contains("presenter (pid") }
+        let (status, stderr) = await demo.wait()
+        #expect(status == 143, "\(stderr)")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: scratch.path)) == [])
+        // No process of the demo's runs on (each names the demo's directory in its arguments).
+        let survivors = try FileManager.default.contentsOfDirectory(atPath: "/proc").filter { entry in
+            guard Int32(entry) != nil, let arguments = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { return false }
+            return String(decoding: arguments, as: UTF8.self).contains(scratch.path)
+        }
+        #expect(survivors.isEmpty, "\(survivors)")
     }
 }
