@@ -29,7 +29,13 @@ test: deps
 	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
 	@if grep -E "^$(CURDIR)/(Sources|Tests)/.*: warning:" .build/build.log; then \
 		echo "make: compiler warnings in this project's sources (listed above)"; exit 1; fi
-	$(SWIFT) test --skip-build 2>&1 | tee .build/test.log
+	@# On a failure the failing tests are listed again at the end, where a log's
+	@# tail shows them.
+	@$(SWIFT) test --skip-build 2>&1 | tee .build/test.log || { status=$$?; \
+		echo "make: the tests failed; the failing ones, from .build/test.log:"; \
+		awk '/Test ".*" (recorded an issue|failed after)/ { keep = 1; print; next } \
+			keep && /^[[:space:]]/ { print; next } { keep = 0 }' .build/test.log | tail -60; \
+		exit $$status; }
 	@# One plain closing line: XCTest's "Executed 0 tests" (it finds no XCTest cases)
 	@# comes before Swift Testing's own summary, which counts the real tests.
 	@sed -nE 's/.*Test run with ([0-9]+) tests? in .* passed after.*/tests: \1 passed, 0 failed/p' .build/test.log | tail -1

@@ -119,30 +119,40 @@ struct MessageSlotsTests {
         try #require(inotify >= 0)
         defer { close(inotify) }
         #expect(inotify_add_watch(inotify, mailbox, UInt32(IN_CLOSE_WRITE)) >= 0)
-        func closeWrites() -> Int {
+        // The events queued, once at least `expected` are (waiting up to 10 s for them). A
+        // close's event can come late: a process another test spawns at that moment holds
+        // the descriptor until its exec.
+        func closeWrites(expecting expected: Int) -> Int {
+            var events = 0
             var buffer = [UInt8](repeating: 0, count: 4096)
-            let count = buffer.withUnsafeMutableBytes { read(inotify, $0.baseAddress, $0.count) }
-            guard count > 0 else { return 0 }
-            var events = 0, offset = 0
-            while offset < count {
-                events += 1
-                let length = buffer.withUnsafeBytes { $0.load(fromByteOffset: offset + 12, as: UInt32.self) }
-                offset += 16 + Int(length)
-            }
+            let deadline = ContinuousClock.now + .seconds(10)
+            repeat {
+                var ready = pollfd(fd: inotify, events: Int16(POLLIN), revents: 0)
+                if events < expected { _ = poll(&ready, 1, 100) }
+                let count = buffer.withUnsafeMutableBytes { read(inotify, $0.baseAddress, $0.count) }
+                var offset = 0
+                while offset < count {
+                    events += 1
+                    let length = buffer.withUnsafeBytes { $0.load(fromByteOffset: offset + 12, as: UInt32.self) }
+                    offset += 16 + Int(length)
+                }
+            } while events < expected && ContinuousClock.now < deadline
             return events
         }
         let path = mailbox + "/1-abc-r0"
-        #expect(FileManager.default.createFile(atPath: path, contents: Data("message".utf8)))
-        #expect(closeWrites() == 1)
+        let created = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        #expect(write(created, "message", 7) == 7)
+        close(created)
+        #expect(closeWrites(expecting: 1) == 1)
         let reader = open(path, O_RDONLY | O_CLOEXEC)
         #expect(truncate("/proc/self/fd/\(reader)", 0) == 0)
         close(reader)
-        #expect(closeWrites() == 0)
+        #expect(closeWrites(expecting: 0) == 0)
         #expect(try Data(contentsOf: URL(fileURLWithPath: path)).isEmpty)
         let writer = open(path, O_RDWR | O_CLOEXEC)
         #expect(ftruncate(writer, 0) == 0)
         close(writer)
-        #expect(closeWrites() == 1)
+        #expect(closeWrites(expecting: 1) == 1)
     }
 
     @Test("a target dropped as gone takes its spare with it")

@@ -5,13 +5,24 @@ import Testing
 /// Changes made by programs that never coordinate reach registered presenters.
 @Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(1)))
 struct UncoordinatedChangeTests {
-    static func shell(_ script: String) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", script]
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(script)")
+    /// Runs `script` with `sh -c`, waiting for it on a thread of its own (the wait blocks,
+    /// and the cooperative pool, which every test shares, must not).
+    static func shell(_ script: String) async throws {
+        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
+            Thread.detachNewThread {
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: "/bin/sh")
+                process.arguments = ["-c", script]
+                do {
+                    try process.run()
+                    process.waitUntilExit()
+                    continuation.resume(returning: process.terminationStatus)
+                } catch {
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+        #expect(status == 0, "\(script)")
     }
 
     @Test("a file: an append, an editor's save by rename, a move and a deletion")
@@ -20,17 +31,17 @@ struct UncoordinatedChangeTests {
         let file = box.file("notes.txt", "v1")
         let presenter = Recorder("P", url: file, log: log)
         try await withPresenters([presenter]) {
-            try Self.shell("printf more >> '\(file.path)'")
+            try await Self.shell("printf more >> '\(file.path)'")
             await log.waitFor("P:didChange")
             log.clear()
-            try Self.shell("cd '\(box.url.path)' && printf v2 > .notes.txt.swp && mv .notes.txt.swp notes.txt")
+            try await Self.shell("cd '\(box.url.path)' && printf v2 > .notes.txt.swp && mv .notes.txt.swp notes.txt")
             await log.waitFor("P:didChange")
             #expect(!log.all.contains("P:accommodateDeletion"), "a save by rename is a change, not a deletion")
             let moved = box.url.appendingPathComponent("renamed.txt")
-            try Self.shell("mv '\(file.path)' '\(moved.path)'")
+            try await Self.shell("mv '\(file.path)' '\(moved.path)'")
             await log.waitFor("P:didMove:\(moved.path)")
             #expect(presenter.presentedItemURL == moved)
-            try Self.shell("rm '\(moved.path)'")
+            try await Self.shell("rm '\(moved.path)'")
             await log.waitFor("P:accommodateDeletion")
         }
     }
@@ -40,13 +51,13 @@ struct UncoordinatedChangeTests {
         let box = Sandbox(), log = EventLog()
         let folder = box.directory("project")
         try await withPresenters([Recorder("D", url: folder, log: log)]) {
-            try Self.shell("cd '\(folder.path)' && mkdir -p src/deep && printf x > src/deep/a.c")
+            try await Self.shell("cd '\(folder.path)' && mkdir -p src/deep && printf x > src/deep/a.c")
             await log.waitFor("D:subitemDidAppear:a.c")
-            try Self.shell("printf y >> '\(folder.path)/src/deep/a.c'")
+            try await Self.shell("printf y >> '\(folder.path)/src/deep/a.c'")
             await log.waitFor("D:subitemDidChange:a.c")
-            try Self.shell("mv '\(folder.path)/src/deep/a.c' '\(folder.path)/src/b.c'")
+            try await Self.shell("mv '\(folder.path)/src/deep/a.c' '\(folder.path)/src/b.c'")
             await log.waitFor("D:subitemDidMove:a.c->b.c")
-            try Self.shell("rm -rf '\(folder.path)/src'")
+            try await Self.shell("rm -rf '\(folder.path)/src'")
             await log.waitFor("D:accommodateSubitemDeletion:src")
         }
     }
@@ -65,7 +76,7 @@ struct UncoordinatedChangeTests {
             }
             // An uncoordinated change afterwards: its didChange is the second one, and
             // nothing was heard in between (the watch's copies of the writes were dropped).
-            try Self.shell("printf z >> '\(file.path)'")
+            try await Self.shell("printf z >> '\(file.path)'")
             await log.waitFor("P:didChange", count: 2)
             try await Task.sleep(for: .milliseconds(100)) // ok: gives a stray echo time to show up
             #expect(log.all.filter { $0 == "P:didChange" }.count == 2)
@@ -86,7 +97,7 @@ struct UncoordinatedChangeTests {
             }
             #expect(watch.suppressionCount == 0)
             // A change after them is still heard, once.
-            try Self.shell("printf z >> '\(file.path)'")
+            try await Self.shell("printf z >> '\(file.path)'")
             await log.waitFor("P:didChange", count: 51)
             #expect(watch.suppressionCount == 0)
         }
