@@ -51,9 +51,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO"]),
+        // Test set-up shared by the test targets (not a product).
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "TestSupport"]),
         .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims"]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination", "CFileCoordinationShims"]),
-        .testTarget(name: "filecoordTests", dependencies: ["FileCoordination"]),
+        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination", "CFileCoordinationShims", "TestSupport"]),
+        .testTarget(name: "filecoordTests", dependencies: ["FileCoordination", "TestSupport"]),
     ]
 )

@@ -2,24 +2,27 @@ import Foundation
 import SystemPackage
 import Testing
 @_spi(FileCoordinationInternal) @testable import AsyncFileIO
+import TestSupport
 
 @Suite("FileBatchReader")
 struct FileBatchReaderTests {
-    /// `count` files of varied sizes, with their contents.
-    static func makeFiles(_ directory: TemporaryDirectory, count: Int, maximumSize: Int = 3000) throws -> [(FilePath, Data)] {
-        try (0 ..< count).map { index in
-            let content = pattern(index * 37 % maximumSize, seed: UInt64(index))
-            return (try directory.make("f\(index)", content), content)
+    /// `count` files of varied sizes, with their contents, made off the cooperative pool.
+    static func makeFiles(_ directory: TemporaryDirectory, count: Int, maximumSize: Int = 3000) async throws -> [(FilePath, Data)] {
+        try await offThePool {
+            try (0 ..< count).map { index in
+                let content = pattern(index * 37 % maximumSize, seed: UInt64(index))
+                return (try directory.make("f\(index)", content), content)
+            }
         }
     }
 
     /// `count` good files with three bad inputs inserted at `positions`: a missing file,
     /// a directory and a FIFO, in that order (their codes: notFound, isDirectory,
     /// unsupportedFileType).
-    static func pathsWithBadInputs(_ directory: TemporaryDirectory, count: Int, positions: (Int, Int, Int)) throws -> [FilePath] {
+    static func pathsWithBadInputs(_ directory: TemporaryDirectory, count: Int, positions: (Int, Int, Int)) async throws -> [FilePath] {
         let fifo = directory.file("fifo")
         try makeFIFO(fifo)
-        var paths = try makeFiles(directory, count: count).map(\.0)
+        var paths = try await makeFiles(directory, count: count).map(\.0)
         paths.insert(directory.file("missing"), at: positions.0)
         paths.insert(directory.path, at: positions.1)
         paths.insert(fifo, at: positions.2)
@@ -30,7 +33,7 @@ struct FileBatchReaderTests {
           arguments: [FileIOEngine.threadPool, .dispatchIO], [1, 3, 16])
     func givenOrder(engine: FileIOEngine, concurrency: Int) async throws {
         let directory = TemporaryDirectory("order")
-        let files = try Self.makeFiles(directory, count: 700)
+        let files = try await Self.makeFiles(directory, count: 700)
         var index = 0
         let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, engine: engine))
         for try await result in batch {
@@ -45,7 +48,7 @@ struct FileBatchReaderTests {
     @Test("completion order delivers every file exactly once", arguments: [2, 16])
     func completionOrder(concurrency: Int) async throws {
         let directory = TemporaryDirectory("completion")
-        let files = try Self.makeFiles(directory, count: 500)
+        let files = try await Self.makeFiles(directory, count: 500)
         var seen = Set<Int>()
         // (With 2 workers, 500 files are enough for claims of 4 files.)
         for try await result in FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, order: .completion)) {
@@ -58,7 +61,7 @@ struct FileBatchReaderTests {
     @Test("bad files become per-file errors and never stop the batch")
     func errorsAreIsolated() async throws {
         let directory = TemporaryDirectory("isolated")
-        let paths = try Self.pathsWithBadInputs(directory, count: 50, positions: (10, 20, 30))
+        let paths = try await Self.pathsWithBadInputs(directory, count: 50, positions: (10, 20, 30))
         var failures: [Int: FileCoordinationError.Code] = [:]
         var successes = 0
         for try await result in FileBatchReader(paths: paths) {
@@ -76,7 +79,7 @@ struct FileBatchReaderTests {
     @Test("URLs that are not file URLs fail alone")
     func badURL() async throws {
         let directory = TemporaryDirectory("urls")
-        let files = try Self.makeFiles(directory, count: 3)
+        let files = try await Self.makeFiles(directory, count: 3)
         let urls = [files[0].0.fileURL, URL(string: "https://example.com/x")!, files[2].0.fileURL]
         var codes: [FileCoordinationError.Code?] = []
         for try await result in FileBatchReader(urls: urls) {
@@ -88,7 +91,7 @@ struct FileBatchReaderTests {
     @Test("cancelling mid-batch stops promptly and leaves no descriptor open")
     func cancellation() async throws {
         let directory = TemporaryDirectory("cancel")
-        let files = try Self.makeFiles(directory, count: 3000, maximumSize: 20_000)
+        let files = try await Self.makeFiles(directory, count: 3000, maximumSize: 20_000)
         let started = AsyncStream.makeStream(of: Void.self)
         let consumer = Task {
             var received = 0
@@ -115,7 +118,7 @@ struct FileBatchReaderTests {
     @Test("an iterator whose task was cancelled throws CancellationError in any task after", .timeLimit(.minutes(1)))
     func cancelledThenReused() async throws {
         let directory = TemporaryDirectory("reused")
-        let files = try Self.makeFiles(directory, count: 3000)
+        let files = try await Self.makeFiles(directory, count: 3000)
         nonisolated(unsafe) let iterator = FileBatchReader(paths: files.map(\.0)).makeAsyncIterator()
         _ = try await iterator.next()
         // Results already taken still come; then the cancelled task's next() throws.
@@ -132,7 +135,7 @@ struct FileBatchReaderTests {
     @Test("a slow consumer holds reading back (back-pressure)")
     func backPressure() async throws {
         let directory = TemporaryDirectory("pressure")
-        let files = try Self.makeFiles(directory, count: 5000, maximumSize: 100)
+        let files = try await Self.makeFiles(directory, count: 5000, maximumSize: 100)
         let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 4))
         let iterator = batch.makeAsyncIterator()
         _ = try await iterator.next()
@@ -197,7 +200,7 @@ struct FileBatchReaderTests {
     @Test("an abandoned iterator stops its workers")
     func abandoned() async throws {
         let directory = TemporaryDirectory("abandon")
-        let files = try Self.makeFiles(directory, count: 2000)
+        let files = try await Self.makeFiles(directory, count: 2000)
         do {
             let iterator = FileBatchReader(paths: files.map(\.0)).makeAsyncIterator()
             _ = try await iterator.next()

@@ -9,7 +9,7 @@ struct InPlaceBatchTests {
     @Test("every file reaches the body once, with exactly its bytes", arguments: [FileIOEngine.threadPool, .dispatchIO], [1, 16])
     func everyFileOnce(engine: FileIOEngine, concurrency: Int) async throws {
         let directory = TemporaryDirectory("inplace")
-        let files = try FileBatchReaderTests.makeFiles(directory, count: 600, maximumSize: 40_000)
+        let files = try await FileBatchReaderTests.makeFiles(directory, count: 600, maximumSize: 40_000)
         let seen = Mutex<[Int: Data]>([:])
         try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, engine: engine)).forEachFile { file in
             let bytes = try? file.bytes.get()
@@ -28,7 +28,7 @@ struct InPlaceBatchTests {
     @Test("bad files reach the body as their errors; the others are read")
     func errorsInPlace() async throws {
         let directory = TemporaryDirectory("inplace-errors")
-        let paths = try FileBatchReaderTests.pathsWithBadInputs(directory, count: 40, positions: (5, 15, 25))
+        let paths = try await FileBatchReaderTests.pathsWithBadInputs(directory, count: 40, positions: (5, 15, 25))
         let expected = paths
         let outcome = Mutex<(successes: Int, failures: [Int: FileCoordinationError.Code])>((0, [:]))
         try await FileBatchReader(paths: paths).forEachFile { file in
@@ -47,7 +47,7 @@ struct InPlaceBatchTests {
     @Test("each worker keeps its own value; together they count every byte, on the library's threads")
     func perWorkerValues() async throws {
         let directory = TemporaryDirectory("inplace-partials")
-        let files = try FileBatchReaderTests.makeFiles(directory, count: 300, maximumSize: 5000)
+        let files = try await FileBatchReaderTests.makeFiles(directory, count: 300, maximumSize: 5000)
         let threads = Mutex<Set<String>>([])
         let partials = try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 4))
             .forEachFile(perWorker: 0) { total, file in
@@ -62,7 +62,7 @@ struct InPlaceBatchTests {
     @Test("cancelled, it stops early, throws CancellationError and leaves no descriptor open")
     func cancellation() async throws {
         let directory = TemporaryDirectory("inplace-cancel")
-        let files = try FileBatchReaderTests.makeFiles(directory, count: 3000, maximumSize: 20_000)
+        let files = try await FileBatchReaderTests.makeFiles(directory, count: 3000, maximumSize: 20_000)
         let count = Atomic<Int>(0)
         let (reached, signal) = AsyncStream.makeStream(of: Void.self)
         // From the 100th file on, every worker waits at this gate until the batch is

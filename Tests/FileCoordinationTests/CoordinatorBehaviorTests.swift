@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import FileCoordination
+import TestSupport
 
 /// A coordinator with a private center, so counts of waiting claims are this test's own.
 func privateCoordinator(_ center: CoordinationCenter, purpose: String? = nil) -> FileCoordinator {
@@ -208,7 +209,7 @@ struct CoordinatorBehaviorTests {
             try await privateCoordinator(center).coordinate(writingItemAt: file) { url in
                 writerIn.open()
                 await releaseWriter.wait()
-                try Data("after".utf8).write(to: url)
+                try writeFixture(Data("after".utf8), toPath: url.path)
             }
         }
         await writerIn.wait()
@@ -245,7 +246,7 @@ struct CoordinatorBehaviorTests {
             FileCoordinator().coordinate(with: [read, write], queue: queue) { error in
                 dispatchPrecondition(condition: .onQueue(queue))
                 if error == nil {
-                    try? Data(contentsOf: read.url).write(to: write.url)
+                    try? writeFixture(Data(contentsOf: read.url), toPath: write.url.path)
                 }
                 continuation.resume(returning: error)
             }
@@ -265,7 +266,7 @@ struct CoordinatorBehaviorTests {
             #expect(try String(contentsOf: url, encoding: .utf8) == "contents")
             // The claim is gone already: a writer of the original proceeds at once.
             try await privateCoordinator(center).coordinate(writingItemAt: file) { original in
-                try Data("changed".utf8).write(to: original)
+                try writeFixture(Data("changed".utf8), toPath: original.path)
             }
             #expect(try String(contentsOf: url, encoding: .utf8) == "contents", "the snapshot is unaffected")
             return url.path
@@ -273,14 +274,9 @@ struct CoordinatorBehaviorTests {
         #expect(!snapshotPath.isEmpty)
         let names = try await privateCoordinator(center).coordinate(readingItemAt: folder, options: .forUploading) { url in
             #expect(url.pathExtension == "zip")
-            let check = Process()
-            check.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            check.arguments = ["python3", "-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); assert z.testzip() is None; print(' '.join(sorted(z.namelist())))", url.path]
-            let output = Pipe()
-            check.standardOutput = output
-            try check.run()
-            check.waitUntilExit()
-            return String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            let check = try await runToEnd(["python3", "-c", "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); assert z.testzip() is None; print(' '.join(sorted(z.namelist())))", url.path])
+            #expect(check.status == 0)
+            return check.output
         }
         #expect(names.trimmingCharacters(in: .whitespacesAndNewlines) == "one.txt sub/ sub/two.txt")
     }
@@ -361,7 +357,7 @@ struct CoordinatorBehaviorTests {
             let size = index < 100 ? 10 : 1 << 20
             expected.append(size)
             urls.append(box.url.appendingPathComponent("f\(index)"))
-            try Data(repeating: UInt8(index % 251), count: size).write(to: urls[index])
+            try writeFixture(Data(repeating: UInt8(index % 251), count: size), toPath: urls[index].path)
         }
         let options = BatchReadOptions(concurrency: 4, maximumBufferedBytes: 2 << 20)
         var index = 0
@@ -556,8 +552,9 @@ struct CoordinatorBehaviorTests {
 
 extension Gate {
     /// Waits for the gate with many waiters at once (one stream per waiter would be
-    /// needed otherwise): polls the opened flag between yields.
+    /// needed otherwise): polls the opened flag a millisecond apart (as
+    /// `waitUntilWaiting` does, and for the same reason).
     func waitShared() async {
-        while !isOpen { await Task.yield() }
+        while !isOpen { try? await Task.sleep(for: .milliseconds(1)) }
     }
 }

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import FileCoordination
+import TestSupport
 
 /// A shared, ordered log of what presenters and accessors did.
 final class EventLog: Sendable {
@@ -100,13 +101,13 @@ final class Sandbox: Sendable {
             .appendingPathComponent("filecoord-coord-\(getpid())-\(UInt64.random(in: 0 ... .max))")
         try! FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     }
-    deinit { try? FileManager.default.removeItem(at: url) }
+    deinit { removeTreeLater(url.path) }
 
     @discardableResult
     func file(_ name: String, _ content: String = "x") -> URL {
         let file = url.appendingPathComponent(name)
         try! FileManager.default.createDirectory(at: file.deletingLastPathComponent(), withIntermediateDirectories: true)
-        try! Data(content.utf8).write(to: file)
+        try! writeFixture(Data(content.utf8), toPath: file.path)
         return file
     }
 
@@ -141,8 +142,11 @@ final class Gate: Sendable {
 }
 
 /// Waits until `center` has `count` waiting requests (another task is now blocked).
+/// The center announces no such change, so this polls, a millisecond apart: a loop of
+/// `Task.yield()` kept one of the cooperative pool's two threads here busy, taking
+/// turns with every other test's work.
 func waitUntilWaiting(_ center: CoordinationCenter, _ count: Int) async {
-    while center.counts.waiting < count { await Task.yield() }
+    while center.counts.waiting < count { try? await Task.sleep(for: .milliseconds(1)) }
 }
 
 /// A value behind a lock, shareable between tasks.
@@ -150,4 +154,27 @@ final class Locked<Value: Sendable>: Sendable {
     private let mutex: Mutex<Value>
     init(_ value: Value) { mutex = Mutex(value) }
     func withLock<T>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
+}
+
+/// Runs `arguments` (looked up by `/usr/bin/env`) to its end on a thread of its own, and
+/// gives its exit status and standard output. Waiting for a child process blocks, and
+/// the cooperative pool, which every test shares, must not.
+func runToEnd(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            process.arguments = arguments
+            let output = Pipe()
+            process.standardOutput = output
+            do {
+                try process.run()
+                let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                process.waitUntilExit()
+                continuation.resume(returning: (process.terminationStatus, text))
+            } catch {
+                continuation.resume(throwing: error)
+            }
+        }
+    }
 }

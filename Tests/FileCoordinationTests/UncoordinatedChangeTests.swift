@@ -5,23 +5,9 @@ import Testing
 /// Changes made by programs that never coordinate reach registered presenters.
 @Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(1)))
 struct UncoordinatedChangeTests {
-    /// Runs `script` with `sh -c`, waiting for it on a thread of its own (the wait blocks,
-    /// and the cooperative pool, which every test shares, must not).
+    /// Runs `script` with `sh -c`, off the cooperative pool.
     static func shell(_ script: String) async throws {
-        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
-            Thread.detachNewThread {
-                let process = Process()
-                process.executableURL = URL(fileURLWithPath: "/bin/sh")
-                process.arguments = ["-c", script]
-                do {
-                    try process.run()
-                    process.waitUntilExit()
-                    continuation.resume(returning: process.terminationStatus)
-                } catch {
-                    continuation.resume(throwing: error)
-                }
-            }
-        }
+        let status = try await runToEnd(["sh", "-c", script]).status
         #expect(status == 0, "\(script)")
     }
 

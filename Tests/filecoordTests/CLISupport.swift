@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The `filecoord` executable built beside this test bundle (`swift build --build-tests`
 /// builds it; the tests never build anything themselves).
@@ -179,12 +180,12 @@ final class Scratch: Sendable {
         path = base + (base.hasSuffix("/") ? "" : "/") + "filecoord-cli-\(getpid())-\(UInt64.random(in: 0 ... .max))"
         try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     }
-    deinit { try? FileManager.default.removeItem(atPath: path) }
+    deinit { removeTreeLater(path) }
 
     @discardableResult
     func write(_ name: String, _ content: String) -> String {
         let file = "\(path)/\(name)"
-        _ = FileManager.default.createFile(atPath: file, contents: Data(content.utf8))
+        try! writeFixture(Data(content.utf8), toPath: file)
         return file
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 @Suite("filecoord read")
 struct ReadCommandTests {
@@ -26,7 +27,7 @@ struct ReadCommandTests {
         pattern.withUnsafeMutableBytes { raw in
             for page in stride(from: 0, to: raw.count - 8, by: 4096) { raw.storeBytes(of: UInt64(page / 4096 + 1), toByteOffset: page, as: UInt64.self) }
         }
-        try pattern.write(to: URL(fileURLWithPath: large))
+        try writeFixture(pattern, toPath: large)
         let after = scratch.write("after", "after\n")
         let mode = coordinated ? ["--space", scratch.path + "/space"] : ["--no-coordination"]
         let cat = try await run(filecoordBinary, ["read", "--cat"] + mode + [small, large, after, large])

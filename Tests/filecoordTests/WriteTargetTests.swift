@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// `filecoord write` against what a shell's `cat >` would do with the same target.
 @Suite("filecoord write: targets and input")
@@ -55,7 +56,7 @@ struct WriteTargetTests {
         try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: false)
         #expect(chmod(open, 0o777) == 0)
         let file = open + "/read-only"
-        _ = FileManager.default.createFile(atPath: file, contents: Data("kept".utf8))
+        try writeFixture(Data("kept".utf8), toPath: file)
         #expect(chmod(file, 0o444) == 0)
         let result = try await shell("""
             printf new | setpriv --reuid=65534 --regid=65534 --clear-groups "$FILECOORD" write --no-coordination '\(file)'

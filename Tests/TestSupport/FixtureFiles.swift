@@ -1,0 +1,56 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Writes `data` to `path`, creating the file or truncating it, for test set-up.
+///
+/// Foundation's `Data.write(to:)` and `FileManager.createFile(atPath:contents:)` call
+/// `fsync` on every file. A fixture needs no durability, and under the suite's load
+/// those calls, run from tests on the cooperative pool, held both of its threads for
+/// some 50 seconds while ten thousand fixture files were made: every other test stood
+/// still, and two ran past their time limit.
+public func writeFixture(_ data: Data, toPath path: String, mode: mode_t = 0o644) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+    guard fd >= 0 else { throw FixtureError(path: path, operation: "open", errno: errno) }
+    defer { close(fd) }
+    var written = 0
+    while written < data.count {
+        let n = data.withUnsafeBytes { write(fd, $0.baseAddress! + written, data.count - written) }
+        if n < 0 && errno == EINTR { continue }
+        guard n > 0 else { throw FixtureError(path: path, operation: "write", errno: errno) }
+        written += n
+    }
+}
+
+/// Why a fixture could not be written.
+public struct FixtureError: Error, CustomStringConvertible {
+    public let path: String, operation: String, errno: Int32
+    public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
+}
+
+/// Runs `work` on a thread of its own and gives its result: for set-up that makes or
+/// removes thousands of files, whose system calls wait on the file system under the
+/// suite's load and would hold one of the cooperative pool's threads meanwhile.
+public func offThePool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread.detachNewThread {
+            continuation.resume(with: Result { try work() })
+        }
+    }
+}
+
+/// Removes the tree at `path` on a serial queue of its own, and returns at once: for a
+/// test directory's clean-up, which runs where its last reference goes (a deinit on the
+/// cooperative pool) and may unlink thousands of files.
+public func removeTreeLater(_ path: String) {
+    remover.async {
+        // Anything a test locked down is opened up first, so that its contents can go.
+        _ = chmod(path, 0o755)
+        try? FileManager.default.removeItem(atPath: path)
+    }
+}
+
+/// A serial queue: its work runs on libdispatch's overcommitting threads, never on the
+/// cooperative pool's.
+private let remover = DispatchQueue(label: "test-fixture-removal")
