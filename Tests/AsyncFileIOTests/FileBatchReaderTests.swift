@@ -115,7 +115,7 @@ struct FileBatchReaderTests {
         #expect(openDescriptors(under: directory.path) == 0)
     }
 
-    @Test("an iterator whose task was cancelled throws CancellationError in any task after", .timeLimit(.minutes(1)))
+    @Test("an iterator whose task was cancelled throws CancellationError in any task after", .timeLimit(.minutes(3)))
     func cancelledThenReused() async throws {
         let directory = TemporaryDirectory("reused")
         let files = try await Self.makeFiles(directory, count: 3000)
@@ -210,7 +210,7 @@ struct FileBatchReaderTests {
     }
 
     @Test("workers that all lack a descriptor fail at once instead of waiting for one another",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func descriptorsHeldElsewhere() async throws {
         // Every open fails with EMFILE (the descriptors are held elsewhere in the process,
         // not by the batch): waiting workers hold none, so nobody can free one. Before,
@@ -234,7 +234,7 @@ struct FileBatchReaderTests {
     }
 
     @Test("a worker without a descriptor waits while another worker reads a file, then succeeds",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func descriptorWaitsForReader() async throws {
         let descriptors = DescriptorWaits()
         let entered = DispatchSemaphore(value: 0)

@@ -316,7 +316,7 @@ struct CoordinatorBehaviorTests {
     }
 
     @Test("coordinated batch sequence with no presenters: workers claim as they read; a file a writer holds waits for it alone",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func batchSequenceClaimsOnWorkers() async throws {
         let center = CoordinationCenter(), box = Sandbox()
         let urls = (0 ..< 300).map { box.file("f\($0)", "\($0)") }
@@ -346,7 +346,7 @@ struct CoordinatorBehaviorTests {
     }
 
     @Test("coordinated batch sequence from small files to large ones under a small buffer limit: every file once, in order",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func batchSequenceSizeJump() async throws {
         let center = CoordinationCenter(), box = Sandbox()
         // Small files first (the workers claim groups of 32), then 1 MiB ones: a group that
@@ -402,7 +402,7 @@ struct CoordinatorBehaviorTests {
     }
 
     @Test("a coordinated batch whose claim on one file times out fails only that file, in the sequence and in place; a presented file in the same window is read",
-          .timeLimit(.minutes(1)), arguments: [false, true])
+          .timeLimit(.minutes(3)), arguments: [false, true])
     func batchClaimTimeoutFailsOneFile(inPlace: Bool) async throws {
         let box = Sandbox(), log = EventLog()
         let urls = (0 ..< 40).map { box.file("f\($0)", "\($0)") }
@@ -415,7 +415,7 @@ struct CoordinatorBehaviorTests {
     }
 
     @Test("a claim timeout in a window of a presented directory's files: the free files are claimed again together (in place, the presenter is asked once, not per file), the held one fails",
-          .timeLimit(.minutes(1)), arguments: [false, true])
+          .timeLimit(.minutes(3)), arguments: [false, true])
     func batchClaimTimeoutInPresentedDirectory(inPlace: Bool) async throws {
         let box = Sandbox(), log = EventLog()
         let urls = (0 ..< 20).map { box.file("f\($0)", "\($0)") }

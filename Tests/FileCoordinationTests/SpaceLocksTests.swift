@@ -79,7 +79,7 @@ struct SpaceLocksTests {
     }
 
     @Test("under a small shard budget, shards holding nothing close to make room; held bytes stay locked",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func shardBudget() async throws {
         try await withLocks(shardBudget: 8) { locks in
             let held = try await locks.acquire(reading(slot(0, shard: 0)))
@@ -113,7 +113,7 @@ struct SpaceLocksTests {
     }
 
     @Test("a batch worker's try under a small budget opens the shards it needs, within the budget; one needing more, or in conflict, gets nothing",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func tryOpeningUnderBudget() async throws {
         try await withLocks(shardBudget: 8) { locks in
             #expect(locks.openShardCount == 0)
@@ -151,7 +151,7 @@ struct SpaceLocksTests {
     }
 
     @Test("tasks claiming in many shards at once under a small budget: every held byte stays locked while shards close around it",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func shardBudgetUnderConcurrency() async throws {
         try await withLocks(shardBudget: 8) { locks in
             // One observer descriptor per shard (another owner, as another process would be).

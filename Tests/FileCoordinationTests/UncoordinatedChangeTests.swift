@@ -3,7 +3,7 @@ import Testing
 @testable import FileCoordination
 
 /// Changes made by programs that never coordinate reach registered presenters.
-@Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(1)))
+@Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(3)))
 struct UncoordinatedChangeTests {
     /// Runs `script` with `sh -c`, off the cooperative pool.
     static func shell(_ script: String) async throws {

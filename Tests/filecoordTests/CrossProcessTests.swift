@@ -76,7 +76,7 @@ struct CrossProcessTests {
     }
 
     @Test("a coordinated read under ulimit -n 40 (few claim shards, claimed on the workers) waits for a writer in another process",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func fewDescriptorsReadWaitsForWriter() async throws {
         let files = (0 ..< 10).map { scratch.write("f\($0)", "old\($0)\n") }
         let list = scratch.write("list", files.joined(separator: "\n") + "\n")
@@ -177,7 +177,7 @@ struct CrossProcessTests {
     }
 
     @Test("relative paths are taken from the current directory: a presenter, write and exec given `doc` act on the file there",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func relativePaths() async throws {
         let file = scratch.write("doc", "old")
         let presenter = try LineProcess(["-c", "cd '\(scratch.path)' && exec '\(filecoordBinary)' present doc --json --space '\(space)'"],
@@ -201,7 +201,7 @@ struct CrossProcessTests {
     }
 
     @Test("another process's coordinated writes are not echoed by the presenter's watch; a change outside coordination is heard",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func noEchoAcrossProcesses() async throws {
         let file = scratch.write("doc", "old")
         // Settling holds the watch's events back, so the writes' events are still unchecked
@@ -265,7 +265,7 @@ struct CrossProcessTests {
         #expect(ended.stderr.contains("ignored a file in the coordination space"), "\(ended.stderr)")
     }
 
-    @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(1)))
+    @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(3)))
     func spareMessageFiles() async throws {
         let file = scratch.write("doc", "old")
         let (presenter, stream, box) = try await presentAlone(file)
@@ -301,7 +301,7 @@ struct CrossProcessTests {
     }
 
     @Test("20 writers in turn: the presenter hears each write's steps in order; each leaves the space as it exits, and none of their message files is left",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func manyWriters() async throws {
         let file = scratch.write("doc", "old")
         let (presenter, stream, box) = try await presentAlone(file)
@@ -451,7 +451,7 @@ struct CrossProcessTests {
     }
 
     @Test("a presenter process stopped while more events happen than the kernel queues: a resync, nothing lost, then it goes on",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func kernelQueueOverflow() async throws {
         let (tmpfs, limit) = try overflowSetting()
         var (presenter, lines) = try await present(tmpfs.path)
@@ -478,7 +478,7 @@ struct CrossProcessTests {
     }
 
     @Test("after a queue overflow, the messages waiting in a mailbox are served in the order they were written: each writer's relinquish before its reacquire",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func overflowRescanKeepsOrder() async throws {
         let (tmpfs, limit) = try overflowSetting()
         let (presenter, stream, box) = try await presentAlone(tmpfs.path)
@@ -524,7 +524,7 @@ struct CrossProcessTests {
     }
 
     @Test("a presenter record left by a process that has no mailbox any more (it left while registering) is removed by the first writer that asks it",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func strayPresenterRecordRemoved() async throws {
         let file = scratch.write("doc", "old")
         #expect(try await filecoord("status", "--space", space).status == 0) // makes the space
@@ -562,7 +562,7 @@ struct CrossProcessTests {
     }
 
     @Test("another process's request is served on the watcher thread that read it (unless the presenter's callbacks may block); a callback there that needs the watcher (a new presenter, a coordinated read) completes",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func servedOnTheWatcherThread() async throws {
         let file = scratch.write("served", "old")
         let other = scratch.write("other", "theirs")
@@ -609,7 +609,7 @@ struct CrossProcessTests {
         }
     }
 
-    @Test("overlapping readers in this process never starve a writer in another", .timeLimit(.minutes(1)))
+    @Test("overlapping readers in this process never starve a writer in another", .timeLimit(.minutes(3)))
     func readersDoNotStarveAWriter() async throws {
         let file = scratch.write("busy", "old")
         let url = URL(fileURLWithPath: file)
@@ -629,7 +629,7 @@ struct CrossProcessTests {
         #expect(reads > 3, "the readers kept reading while the writer started")
     }
 
-    @Test("overlapping readers inside a directory here never starve its delete in another process", .timeLimit(.minutes(1)))
+    @Test("overlapping readers inside a directory here never starve its delete in another process", .timeLimit(.minutes(3)))
     func innerReadersDoNotStarveADirectoryDelete() async throws {
         let directory = scratch.path + "/busy-tree"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
@@ -649,7 +649,7 @@ struct CrossProcessTests {
         #expect(reads > 3, "the readers kept reading while the delete started")
     }
 
-    @Test("cancel() ends a coordination that waits for another process's claim, with .cancelled", .timeLimit(.minutes(1)))
+    @Test("cancel() ends a coordination that waits for another process's claim, with .cancelled", .timeLimit(.minutes(3)))
     func cancelWhileWaitingForAnotherProcess() async throws {
         let file = scratch.write("held", "x")
         // Joins this test process's (default) space, and names it for the other process.

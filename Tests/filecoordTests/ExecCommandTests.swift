@@ -21,7 +21,7 @@ struct ExecCommandTests {
     }
 
     @Test("SIGTERM sent to filecoord goes to the command, and filecoord holds the claim until the command exits with its status",
-          .timeLimit(.minutes(1)),
+          .timeLimit(.minutes(3)),
           // Also when filecoord starts with the signals blocked, as a process started from a
           // Swift task does (it inherits the libdispatch worker's mask).
           arguments: [[], [SIGINT, SIGTERM, SIGHUP, SIGQUIT]])

@@ -27,7 +27,7 @@ struct PresentCommandTests {
         #expect(await present.wait().status == 0)
     }
 
-    @Test("ready is the first line even when changes arrive while the presenter is being set up", .timeLimit(.minutes(1)))
+    @Test("ready is the first line even when changes arrive while the presenter is being set up", .timeLimit(.minutes(3)))
     func readyFirst() async throws {
         let scratch = Scratch()
         let tree = scratch.path + "/tree"

@@ -41,7 +41,7 @@ struct ReadCommandTests {
         #expect(object["failed"] as? Int == 1)
     }
 
-    @Test("--cat of /dev/zero into `head` ends when head does, as cat's does", .timeLimit(.minutes(1)))
+    @Test("--cat of /dev/zero into `head` ends when head does, as cat's does", .timeLimit(.minutes(3)))
     func endlessDevice() async throws {
         let result = try await shell(#""$FILECOORD" read --no-coordination --cat /dev/zero | head -c 50000000 | wc -c"#)
         #expect(result.outputText.trimmingCharacters(in: .whitespacesAndNewlines) == "50000000", "\(result.errorText)")
@@ -190,7 +190,7 @@ struct ReadCommandTests {
     }
 
     @Test("coordinated reads under ulimit -n 64 (3,000 files) and -n 40: claim shards make room for the files",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func coordinatedFewDescriptors() async throws {
         let scratch = Scratch()
         // Every claim shard open would take 64 descriptors: the process keeps fewer (16

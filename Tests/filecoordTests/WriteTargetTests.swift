@@ -13,7 +13,7 @@ struct WriteTargetTests {
     }
 
     @Test("through a symbolic link the linked file is replaced, under its own claim, and the link stays; dangling links included",
-          .timeLimit(.minutes(1)))
+          .timeLimit(.minutes(3)))
     func symbolicLinks() async throws {
         let real = scratch.write("real.txt", "old")
         let link = scratch.path + "/link.txt"
