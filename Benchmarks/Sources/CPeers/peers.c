@@ -2,6 +2,11 @@
 #include "CPeers.h"
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -183,4 +188,61 @@ int64_t peer_read_files_handoff(const char *const *paths, size_t count, int thre
     free(job);
     *checksum = sum;
     return bytes;
+}
+
+/* One message: a byte written into `path` and the file closed (IN_CLOSE_WRITE).
+ * Async-signal-safe, for the forked child too. */
+static int send_byte(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    int ok = pwrite(fd, "x", 1, 0) == 1;
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+/* Waits for any event on inotify descriptor `fd`. */
+static int wait_event(int fd) {
+    char events[4096] __attribute__((aligned(8)));
+    return read(fd, events, sizeof events) > 0 ? 0 : -1;
+}
+
+int peer_inotify_round_trips(const char *directory, int rounds, double *microseconds) {
+    char mine[4096], theirs[4096], mineDir[4096], theirsDir[4096];
+    snprintf(mineDir, sizeof mineDir, "%s/parent", directory);
+    snprintf(theirsDir, sizeof theirsDir, "%s/child", directory);
+    snprintf(mine, sizeof mine, "%s/message", mineDir);
+    snprintf(theirs, sizeof theirs, "%s/message", theirsDir);
+    mkdir(directory, 0700);
+    mkdir(mineDir, 0700);
+    mkdir(theirsDir, 0700);
+    int parentWatch = inotify_init1(IN_CLOEXEC), childWatch = inotify_init1(IN_CLOEXEC);
+    if (parentWatch < 0 || childWatch < 0
+        || inotify_add_watch(parentWatch, mineDir, IN_CLOSE_WRITE) < 0
+        || inotify_add_watch(childWatch, theirsDir, IN_CLOSE_WRITE) < 0) return -1;
+    pid_t child = fork();
+    if (child < 0) return -1;
+    if (child == 0) {
+        for (int round = 0; round < rounds; round++) {
+            if (wait_event(childWatch) != 0 || send_byte(mine) != 0) _exit(1);
+        }
+        _exit(0);
+    }
+    int result = 0;
+    for (int round = 0; round < rounds && result == 0; round++) {
+        struct timespec start, end;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        if (send_byte(theirs) != 0 || wait_event(parentWatch) != 0) result = -1;
+        clock_gettime(CLOCK_MONOTONIC, &end);
+        microseconds[round] = (double)(end.tv_sec - start.tv_sec) * 1e6 + (double)(end.tv_nsec - start.tv_nsec) / 1e3;
+    }
+    if (result != 0) kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    close(parentWatch);
+    close(childWatch);
+    unlink(mine);
+    unlink(theirs);
+    rmdir(mineDir);
+    rmdir(theirsDir);
+    return result == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }

@@ -195,6 +195,11 @@ func runSpace(_ paths: [String]) async throws {
         print(String(format: "  with %5d unrelated presenters and claims elsewhere (the other process set up in %.1f s):", presenters, setUpSeconds))
         print(String(format: "    write, one presenter in the other process: p50 %6.0f us  p99 %6.0f us   goals p50 <= 150 us: %@, p99 <= 1000 us: %@",
                      p50, p99, p50 <= 150 ? "met" : "NOT MET", p99 <= 1000 ? "met" : "NOT MET"))
+        var floor = [Double](repeating: 0, count: 2000)
+        if peer_inotify_round_trips(root + "/c-floor", Int32(floor.count), &floor) == 0 {
+            print(String(format: "    C floor: a message and its answer through inotify p50 %6.0f us  p99 %6.0f us   (two processes, a write and close each way)",
+                         percentile(floor, 0.5), percentile(floor, 0.99)))
+        }
         print(String(format: "    uncontended coordinated read, empty accessor %7.2f us", read))
         if presenters == 0 {
             let idle = try await writeLatencies(500, pause: 5000).toAccessor

@@ -16,4 +16,11 @@ int64_t peer_read_files_handoff(const char *const *paths, size_t count, int thre
 /// `count` random 4 KiB preads at 4 KiB-aligned offsets of `fd` (file of `size` bytes),
 /// split over `threads` threads. Returns a checksum of one byte per read.
 uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsigned seed);
+
+/// The floor of a message and its answer between two processes through inotify: `rounds`
+/// round trips with a child this forks. Each way, one process writes a byte into a file
+/// the other watches (open, pwrite, close: IN_CLOSE_WRITE; the file is never truncated)
+/// and the other, blocked in `read` of its inotify descriptor, wakes and answers. The
+/// files go in `directory`. `microseconds` gets each round trip. Returns 0, or -1.
+int peer_inotify_round_trips(const char *directory, int rounds, double *microseconds);
 #endif
