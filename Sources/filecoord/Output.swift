@@ -2,30 +2,114 @@ import FileCoordination
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 
-/// Everything the tool prints. Paths are printed with their exact bytes, so a name that
-/// is not UTF-8 reads the same as in `ls`'s raw output.
+/// Everything the tool prints.
+///
+/// A path in a line of text is ``displayed(_:)``: escaped where its bytes would break the
+/// line (a newline) or are not UTF-8. In JSON, ``jsonPath(_:_:)`` adds the exact bytes in
+/// base64 when the name is not UTF-8.
 enum Output {
     static let standardErrorIsTerminal = isatty(2) != 0
     static let standardOutputIsTerminal = isatty(1) != 0
 
-    /// `filecoord: <message>` on stderr.
+    /// `filecoord: <message>` on stderr, one line: a control character in the message (a
+    /// newline in a name it quotes, say) is escaped as in ``displayed(_:)``.
     static func error(_ message: String) {
-        writeStandardError(Array("filecoord: \(message)\n".utf8))
+        var line = "filecoord: "
+        for scalar in message.unicodeScalars {
+            if scalar.value < 0x20 || scalar.value == 0x7f { line += escaped(UInt8(scalar.value)) } else { line.unicodeScalars.append(scalar) }
+        }
+        writeStandardError(Array((line + "\n").utf8))
     }
 
     /// `filecoord: <path>: <what failed>: <cause> (<ERRNO>)` on stderr.
     static func report(_ failure: FileCoordinationError) {
         var line = Array("filecoord: ".utf8)
-        if let path = failure.path {
-            path.withPlatformString { pointer in
-                line += UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
-            }
-            line += Array(": ".utf8)
-        }
+        if let path = failure.path { line += Array("\(displayed(path)): ".utf8) }
         line += Array("\(failure.operation) failed: \(failure.message)".utf8)
         if let errno = failure.errno { line += Array(" (\(errno.symbolicName))".utf8) }
         line.append(UInt8(ascii: "\n"))
         writeStandardError(line)
+    }
+
+    /// `path` for a line of text: its characters as they are, except a backslash, a
+    /// control character (a newline, a tab) and each byte that is not part of valid UTF-8,
+    /// which are written as `\\`, `\n`, `\t`, `\r` or `\ooo` (octal), as `ls
+    /// --quoting-style=escape` writes them. A line stays one line, the text stays UTF-8,
+    /// and the exact name can be recovered from it.
+    static func displayed(_ path: FilePath) -> String {
+        let bytes = path.withPlatformString { pointer in
+            UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
+        }
+        var text = ""
+        text.reserveCapacity(bytes.count)
+        func escape(_ byte: UInt8) { text += escaped(byte) }
+        var index = 0
+        while index < bytes.count {
+            let length = validSequenceLength(bytes, at: index)
+            guard length > 0 else {
+                escape(bytes[index]) // not part of valid UTF-8
+                index += 1
+                continue
+            }
+            let sequence = bytes[index ..< index + length]
+            let scalar = String(decoding: sequence, as: UTF8.self).unicodeScalars.first!
+            if scalar.value < 0x20 || scalar.value == 0x7f || scalar == "\\" {
+                escape(bytes[index])
+            } else {
+                text.unicodeScalars.append(scalar)
+            }
+            index += length
+        }
+        return text
+    }
+
+    /// One byte as an escape: `\\\\`, `\\n`, `\\t`, `\\r`, or `\\ooo` (octal).
+    private static func escaped(_ byte: UInt8) -> String {
+        switch byte {
+        case UInt8(ascii: "\\"): return "\\\\"
+        case UInt8(ascii: "\n"): return "\\n"
+        case UInt8(ascii: "\t"): return "\\t"
+        case UInt8(ascii: "\r"): return "\\r"
+        default:
+            let octal = String(byte, radix: 8)
+            return "\\" + String(repeating: "0", count: 3 - octal.count) + octal
+        }
+    }
+
+    /// The length of the well-formed UTF-8 sequence at `index` (1-4), or 0 when the bytes
+    /// there are not one (a stray continuation byte, an overlong form, a surrogate, a
+    /// value past U+10FFFF, a sequence cut short).
+    private static func validSequenceLength(_ bytes: [UInt8], at index: Int) -> Int {
+        let lead = bytes[index]
+        let length: Int, second: ClosedRange<UInt8>
+        switch lead {
+        case 0x00 ... 0x7f: return 1
+        case 0xc2 ... 0xdf: (length, second) = (2, 0x80 ... 0xbf)
+        case 0xe0: (length, second) = (3, 0xa0 ... 0xbf)
+        case 0xed: (length, second) = (3, 0x80 ... 0x9f)
+        case 0xe1 ... 0xef: (length, second) = (3, 0x80 ... 0xbf)
+        case 0xf0: (length, second) = (4, 0x90 ... 0xbf)
+        case 0xf4: (length, second) = (4, 0x80 ... 0x8f)
+        case 0xf1 ... 0xf3: (length, second) = (4, 0x80 ... 0xbf)
+        default: return 0
+        }
+        guard index + length <= bytes.count, second.contains(bytes[index + 1]) else { return 0 }
+        for offset in 2 ..< length where !(0x80 ... 0xbf).contains(bytes[index + offset]) { return 0 }
+        return length
+    }
+
+    /// `"key":"…"` for a JSON object: the path as a JSON string, and when its bytes are not
+    /// UTF-8 (which a JSON string cannot hold: those bytes read as U+FFFD there), also
+    /// `"keyBase64":"…"` with its exact bytes.
+    static func jsonPath(_ key: String, _ path: FilePath) -> String {
+        let bytes = path.withPlatformString { pointer in
+            UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
+        }
+        var fields = #""\#(key)":\#(EventPrinter.jsonString(String(decoding: bytes, as: UTF8.self)))"#
+        if String(validating: bytes, as: UTF8.self) == nil {
+            fields += #","\#(key)Base64":"\#(Data(bytes).base64EncodedString())""#
+        }
+        return fields
     }
 
     static func writeStandardError(_ bytes: [UInt8]) {

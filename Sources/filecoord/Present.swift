@@ -13,8 +13,10 @@ struct Present: AsyncParsableCommand {
             With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}; pid is \
             this process's for ready, and the asking process's for relinquishToReader, \
             relinquishToWriter and the reacquire after them (other events do not know who \
-            made the change). Coordinated readers and writers in every process of the space \
-            message it first.
+            made the change). A name that is not UTF-8 also gets pathBase64 (and toBase64) \
+            with its exact bytes. In text lines, a backslash, a control character and any \
+            byte that is not UTF-8 are escaped as `ls -b` escapes them (\\\\, \\n, \\ooo). \
+            Coordinated readers and writers in every process of the space message it first.
             """
     )
 
@@ -73,12 +75,12 @@ final class EventPrinter: Sendable {
         let time = Date().timeIntervalSince1970
         var line: String
         if json {
-            line = #"{"event":"\#(event)","path":\#(Self.jsonString(path.string))"#
-            if let destination { line += #","to":\#(Self.jsonString(destination.string))"# }
+            line = #"{"event":"\#(event)",\#(Output.jsonPath("path", path))"#
+            if let destination { line += "," + Output.jsonPath("to", destination) }
             if let pid { line += #","pid":\#(pid)"# }
             line += #","time":\#(String(format: "%.6f", time))}"#
         } else {
-            line = "\(event) \(path)" + (destination.map { " -> \($0)" } ?? "")
+            line = "\(event) \(Output.displayed(path))" + (destination.map { " -> \(Output.displayed($0))" } ?? "")
         }
         // Written under the lock: a line must not overtake `ready` and those held for it.
         early.withLock { early in
@@ -140,7 +142,7 @@ final class PrintingPresenter: FilePresenter {
     func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
         printer.print("relinquishToWriter", path(writer.url), pid: writer.processIdentifier)
         if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        if refuseWriters { throw Refused(path: path.string) }
+        if refuseWriters { throw Refused(path: Output.displayed(path)) }
         return { [printer, path] in printer.print("reacquire", path, pid: writer.processIdentifier) }
     }
 

@@ -31,20 +31,20 @@ struct StatusCommand: AsyncParsableCommand {
             throw Status.failed
         }
         if json {
-            let claims = status.claims.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
-            let waiting = status.waiting.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
-            let presenters = status.presenters.map { #"{"path":\#(EventPrinter.jsonString($0.path.string)),"pid":\#($0.processIdentifier)}"# }
+            let claims = status.claims.map { #"{\#(Output.jsonPath("path", $0.path)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
+            let waiting = status.waiting.map { #"{\#(Output.jsonPath("path", $0.path)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
+            let presenters = status.presenters.map { #"{\#(Output.jsonPath("path", $0.path)),"pid":\#($0.processIdentifier)}"# }
             let line = #"{"claims":[\#(claims.joined(separator: ","))],"waiting":[\#(waiting.joined(separator: ","))],"presenters":[\#(presenters.joined(separator: ","))],"unanswered":[\#(status.unanswered.map(String.init).joined(separator: ","))],"cleanedUp":[\#(status.cleanedUp.map(String.init).joined(separator: ","))]}"#
             Output.writeStandardOutput(Array((line + "\n").utf8))
             return
         }
         var lines: [String] = []
         lines.append(status.claims.isEmpty ? "no claims" : "claims:")
-        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(claim.path)  (pid \(claim.processIdentifier))") }
+        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (pid \(claim.processIdentifier))") }
         if !status.waiting.isEmpty { lines.append("waiting:") }
-        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(claim.path)  (pid \(claim.processIdentifier))") }
+        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (pid \(claim.processIdentifier))") }
         lines.append(status.presenters.isEmpty ? "no presenters" : "presenters:")
-        for presenter in status.presenters { lines.append("  \(presenter.path)  (pid \(presenter.processIdentifier))") }
+        for presenter in status.presenters { lines.append("  \(Output.displayed(presenter.path))  (pid \(presenter.processIdentifier))") }
         if !status.unanswered.isEmpty { lines.append("not answering: " + status.unanswered.map { "pid \($0)" }.joined(separator: ", ")) }
         if !status.cleanedUp.isEmpty { lines.append("cleaned up after dead processes: " + status.cleanedUp.map { "pid \($0)" }.joined(separator: ", ")) }
         Output.writeStandardOutput(Array((lines.joined(separator: "\n") + "\n").utf8))

@@ -48,6 +48,46 @@ struct PresentCommandTests {
         #expect(await present.wait().status == 0)
     }
 
+    @Test("names with a newline, a tab, a backslash or bytes that are not UTF-8: a text line each, escaped; JSON gives the exact bytes",
+          .timeLimit(.minutes(3)))
+    func awkwardNames() async throws {
+        let scratch = Scratch(), space = Scratch()
+        let json = try LineProcess(["present", scratch.path, "--json", "--space", space.path])
+        let text = try LineProcess(["present", scratch.path, "--space", space.path])
+        var jsonLines = json.lines.makeAsyncIterator(), textLines = text.lines.makeAsyncIterator()
+        #expect(await jsonLines.next()?.contains(#""event":"ready""#) == true)
+        #expect(await textLines.next() == "ready \(scratch.path)")
+        let names: [[UInt8]] = [Array("new\nline".utf8), Array("tab\there".utf8), Array(#"back\slash"#.utf8), [0x63, 0xfe, 0xff], Array("café".utf8)]
+        for name in names {
+            let path = Array(scratch.path.utf8) + [UInt8(ascii: "/")] + name + [0]
+            let fd = path.withUnsafeBufferPointer { open(UnsafeRawPointer($0.baseAddress!).assumingMemoryBound(to: CChar.self), O_WRONLY | O_CREAT | O_CLOEXEC, 0o600) }
+            try #require(fd >= 0)
+            close(fd)
+        }
+        // JSON: every name's exact bytes, from `path`, or `pathBase64` when not UTF-8.
+        var heard: Set<[UInt8]> = []
+        while heard.count < names.count, let line = await jsonLines.next() {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            guard object["event"] as? String == "subitemDidAppear" else { continue }
+            let bytes = try (object["pathBase64"] as? String).map { try #require(Data(base64Encoded: $0)).map { $0 } }
+                ?? Array(try #require(object["path"] as? String).utf8)
+            #expect((object["pathBase64"] != nil) == (String(validating: bytes, as: UTF8.self) == nil))
+            heard.insert(Array(bytes.dropFirst(scratch.path.utf8.count + 1)))
+        }
+        #expect(heard == Set(names))
+        // Text: one line per event, the awkward bytes escaped as `ls -b` does.
+        var shown: Set<String> = []
+        while shown.count < names.count, let line = await textLines.next() {
+            guard line.hasPrefix("subitemDidAppear ") else { continue }
+            shown.insert(String(line.dropFirst("subitemDidAppear \(scratch.path)/".count)))
+        }
+        #expect(shown == [#"new\nline"#, #"tab\there"#, #"back\\slash"#, #"c\376\377"#, "café"])
+        json.signal(SIGTERM)
+        text.signal(SIGTERM)
+        #expect(await json.wait().status == 0)
+        #expect(await text.wait().status == 0)
+    }
+
     @Test("a path that does not exist is a one-line error, exit 1")
     func missing() async throws {
         let result = try await filecoord("present", "/nonexistent-\(UInt32.random(in: 0 ... .max))")

@@ -103,6 +103,12 @@ struct ReadCommandTests {
         let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
         #expect(object["files"] as? Int == 2)
         #expect(object["failed"] as? Int == 2)
+        // A name with a newline, a backslash or a byte that is not UTF-8 still makes one
+        // line, escaped as `ls -b` escapes it.
+        let awkward = try await shell(#"cd '\#(scratch.path)' && "$FILECOORD" read --no-coordination "$(printf 'a\nb\\c\377')""#)
+        #expect(awkward.status == 1)
+        #expect(awkward.errorText.split(separator: "\n").first.map(String.init)
+                == #"filecoord: a\nb\\c\377: open failed: No such file or directory (ENOENT)"#)
     }
 
     @Test("usage errors exit 2", arguments: [[], ["read"], ["read", "--bogus"], ["read", "--concurrency", "0", "x"], ["nonsense"], ["read", "x", "--space", ""]])
