@@ -37,9 +37,7 @@ enum Output {
     /// --quoting-style=escape` writes them. A line stays one line, the text stays UTF-8,
     /// and the exact name can be recovered from it.
     static func displayed(_ path: FilePath) -> String {
-        let bytes = path.withPlatformString { pointer in
-            UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
-        }
+        let bytes = path.platformBytes
         var text = ""
         text.reserveCapacity(bytes.count)
         func escape(_ byte: UInt8) { text += escaped(byte) }
@@ -63,7 +61,7 @@ enum Output {
         return text
     }
 
-    /// One byte as an escape: `\\\\`, `\\n`, `\\t`, `\\r`, or `\\ooo` (octal).
+    /// One byte as an escape: `\\`, `\n`, `\t`, `\r`, or `\ooo` (octal).
     private static func escaped(_ byte: UInt8) -> String {
         switch byte {
         case UInt8(ascii: "\\"): return "\\\\"
@@ -102,9 +100,7 @@ enum Output {
     /// UTF-8 (which a JSON string cannot hold: those bytes read as U+FFFD there), also
     /// `"keyBase64":"…"` with its exact bytes.
     static func jsonPath(_ key: String, _ path: FilePath) -> String {
-        let bytes = path.withPlatformString { pointer in
-            UnsafeBufferPointer(start: pointer, count: strlen(pointer)).map { UInt8(bitPattern: $0) }
-        }
+        let bytes = path.platformBytes
         var fields = #""\#(key)":\#(EventPrinter.jsonString(String(decoding: bytes, as: UTF8.self)))"#
         if String(validating: bytes, as: UTF8.self) == nil {
             fields += #","\#(key)Base64":"\#(Data(bytes).base64EncodedString())""#
