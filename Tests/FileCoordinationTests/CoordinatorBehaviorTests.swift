@@ -37,7 +37,7 @@ struct CoordinatorBehaviorTests {
         let writer = Task {
             try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in log.append("write") }
         }
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         #expect(log.all == ["read begins"], "the writer has not run")
         releaseReader.open()
         try await reader.value
@@ -60,7 +60,7 @@ struct CoordinatorBehaviorTests {
                         if inside.withLock({ $0 += 1; return $0 }) == 64 { allInContinuation.yield() }
                         // Each reader stays until all 64 hold the claim at the same time:
                         // serialized readers would never get here (the time limit fails it).
-                        await everyoneArrived.waitShared()
+                        await everyoneArrived.wait()
                     }
                 }
             }
@@ -84,7 +84,7 @@ struct CoordinatorBehaviorTests {
         let waiter = Task {
             try await privateCoordinator(center).coordinate(readingItemAt: file) { _ in ran.withLock { $0 = true } }
         }
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         waiter.cancel()
         await #expect(throws: CancellationError.self) { try await waiter.value }
         #expect(center.counts.waiting == 0)
@@ -122,7 +122,7 @@ struct CoordinatorBehaviorTests {
         await holderIn.wait()
         let coordinator = privateCoordinator(center)
         let waiter = Task { try await coordinator.coordinate(writingItemAt: file) { _ in } }
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         coordinator.cancel()
         let error = await #expect(throws: FileCoordinationError.self) { try await waiter.value }
         #expect(error?.code == .cancelled)
@@ -152,7 +152,7 @@ struct CoordinatorBehaviorTests {
                 (url.path, try String(contentsOf: url, encoding: .utf8))
             }
         }
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         moveNow.open()
         try await moving.value
         let (path, text) = try await reading.value
@@ -191,7 +191,7 @@ struct CoordinatorBehaviorTests {
                 try FileManager.default.removeItem(at: url)
             }
         }
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         // Meanwhile reading the directory's sibling is unaffected.
         try await privateCoordinator(center).coordinate(readingItemAt: box.file("sibling.txt")) { _ in log.append("sibling") }
         releaseReader.open()
@@ -229,7 +229,7 @@ struct CoordinatorBehaviorTests {
             }
         }
         // The blocked thread's claim is queued behind the writer; now let the writer finish.
-        await waitUntilWaiting(center, 1)
+        await center.waitUntilWaiting(1)
         releaseWriter.open()
         try await writer.value
         #expect(try await reading.value == "after", "the reader ran after the writer released")
@@ -547,14 +547,5 @@ struct CoordinatorBehaviorTests {
         }
         #expect(violations.withLock { $0 } == 0)
         #expect(center.counts == (0, 0), "every claim released")
-    }
-}
-
-extension Gate {
-    /// Waits for the gate with many waiters at once (one stream per waiter would be
-    /// needed otherwise): polls the opened flag a millisecond apart (as
-    /// `waitUntilWaiting` does, and for the same reason).
-    func waitShared() async {
-        while !isOpen { try? await Task.sleep(for: .milliseconds(1)) }
     }
 }

@@ -126,27 +126,28 @@ func withPresenters<T>(_ presenters: [any FilePresenter], isolation: isolated (a
     return try await body()
 }
 
-/// A one-shot signal one task waits for and another gives.
+/// A one-shot signal that tasks wait for (any number of them) and another gives.
 final class Gate: Sendable {
-    private let stream: AsyncStream<Void>
-    private let continuation: AsyncStream<Void>.Continuation
-    private let opened = Mutex(false)
-    init() { (stream, continuation) = AsyncStream.makeStream(of: Void.self) }
-    var isOpen: Bool { opened.withLock { $0 } }
+    /// Nil once open; before, the tasks waiting.
+    private let waiting = Mutex<[CheckedContinuation<Void, Never>]?>([])
+    init() {}
     func open() {
-        opened.withLock { $0 = true }
-        continuation.yield()
-        continuation.finish()
+        let waiters = waiting.withLock { waiting in
+            defer { waiting = nil }
+            return waiting ?? []
+        }
+        for waiter in waiters { waiter.resume() }
     }
-    func wait() async { for await _ in stream { return } }
-}
-
-/// Waits until `center` has `count` waiting requests (another task is now blocked).
-/// The center announces no such change, so this polls, a millisecond apart: a loop of
-/// `Task.yield()` kept one of the cooperative pool's two threads here busy, taking
-/// turns with every other test's work.
-func waitUntilWaiting(_ center: CoordinationCenter, _ count: Int) async {
-    while center.counts.waiting < count { try? await Task.sleep(for: .milliseconds(1)) }
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = waiting.withLock { waiting in
+                guard waiting != nil else { return true }
+                waiting!.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
 }
 
 /// A value behind a lock, shareable between tasks.

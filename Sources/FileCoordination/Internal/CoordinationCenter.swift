@@ -35,6 +35,8 @@ final class CoordinationCenter: Sendable {
         var kernelWaiting: [RequestID: [CoordinationRules.Claim]] = [:]
         /// The coordinator of each request waiting in `kernelWaiting`, for `cancel(owner:)`.
         var kernelOwners: [RequestID: ObjectIdentifier] = [:]
+        /// Tasks in ``waitUntilWaiting(_:)``, with the count each waits for.
+        var waitingWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
     private let state = Mutex(State())
@@ -164,12 +166,13 @@ final class CoordinationCenter: Sendable {
                  intents: [(FilePath, FileAccessIntent)] = []) async throws -> (id: RequestID, waited: Bool) {
         try Task.checkCancellation()
         // Fast path: free claims are granted under the lock, with no suspension.
-        let (id, granted) = state.withLock { state in
+        let (id, granted, watchers) = state.withLock { state in
             let id = state.rules.reserveID()
             let granted = state.rules.submit(id, purpose: purpose, claims: claims)
             if !granted { state.owners[id] = owner }
-            return (id, granted)
+            return (id, granted, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
         }
+        for watcher in watchers { watcher.resume() }
         if granted {
             if joinedSpace != nil { try await takeKernelClaims(id, claims, owner: owner) }
             return (id, false)
@@ -319,6 +322,27 @@ final class CoordinationCenter: Sendable {
             state.owners[id] = nil
             return state.waiters.removeValue(forKey: id)
         }
+    }
+
+    /// Returns once `count` requests or more wait here for their claims: for tests, the
+    /// moment another task is known to be blocked.
+    func waitUntilWaiting(_ count: Int) async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state in
+                guard state.rules.waitingCount < count else { return true }
+                state.waitingWatchers.append((count, continuation))
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// The watchers whose count is reached, removed.
+    private static func takeWatchers(from state: inout State) -> [CheckedContinuation<Void, Never>] {
+        let waiting = state.rules.waitingCount
+        let reached = state.waitingWatchers.filter { $0.count <= waiting }.map(\.continuation)
+        state.waitingWatchers.removeAll { $0.count <= waiting }
+        return reached
     }
 
     /// Counts for tests and `status`.
