@@ -52,5 +52,11 @@ public func removeTreeLater(_ path: String) {
 }
 
 /// A serial queue: its work runs on libdispatch's overcommitting threads, never on the
-/// cooperative pool's.
-private let remover = DispatchQueue(label: "test-fixture-removal")
+/// cooperative pool's. Removals still queued when the test process exits are finished
+/// first (the last tests' directories were left in `/tmp` otherwise).
+private let remover: DispatchQueue = {
+    atexit { finishRemovals() }
+    return DispatchQueue(label: "test-fixture-removal")
+}()
+
+private func finishRemovals() { remover.sync {} }
