@@ -8,8 +8,8 @@ import Glibc
 /// Foundation's `Data.write(to:)` and `FileManager.createFile(atPath:contents:)` call
 /// `fsync` on every file. A fixture needs no durability, and under the suite's load
 /// those calls, run from tests on the cooperative pool, held both of its threads for
-/// some 50 seconds while ten thousand fixture files were made: every other test stood
-/// still, and two ran past their time limit.
+/// 40-50 seconds while some 28,000 fixture files were made: every other test stood
+/// still, and in CI two ran past their time limit.
 public func writeFixture(_ data: Data, toPath path: String, mode: mode_t = 0o644) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
     guard fd >= 0 else { throw FixtureError(path: path, operation: "open", errno: errno) }
@@ -29,9 +29,10 @@ public struct FixtureError: Error, CustomStringConvertible {
     public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
 }
 
-/// Runs `work` on a thread of its own and gives its result: for set-up that makes or
-/// removes thousands of files, whose system calls wait on the file system under the
-/// suite's load and would hold one of the cooperative pool's threads meanwhile.
+/// Runs `work` on a thread of its own and gives its result: for work that blocks (set-up
+/// that makes thousands of files, whose system calls wait on the file system under the
+/// suite's load; a wait for a child process), which would hold one of the cooperative
+/// pool's threads meanwhile.
 public func offThePool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
         Thread.detachNewThread {

@@ -21,30 +21,24 @@ struct ProcessResult: Sendable {
 /// Runs a program to completion on a thread of its own (waiting for a child process
 /// blocks, and the cooperative pool must not).
 func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, environment: [String: String] = [:]) async throws -> ProcessResult {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread.detachNewThread {
-            do {
-                let process = Process()
-                process.executableURL = URL(fileURLWithPath: executable)
-                process.arguments = arguments
-                var env = ProcessInfo.processInfo.environment
-                for (key, value) in environment { env[key] = value }
-                process.environment = env
-                let output = Pipe(), errors = Pipe(), input = Pipe()
-                process.standardOutput = output
-                process.standardError = errors
-                process.standardInput = input
-                try withUnblockedSignals { try process.run() }
-                let errorReader = Thread.detachedRead(errors.fileHandleForReading)
-                if let stdin { input.fileHandleForWriting.write(stdin) }
-                try input.fileHandleForWriting.close()
-                let stdout = output.fileHandleForReading.readDataToEndOfFile()
-                process.waitUntilExit()
-                continuation.resume(returning: ProcessResult(status: process.terminationStatus, stdout: stdout, stderr: errorReader.wait()))
-            } catch {
-                continuation.resume(throwing: error)
-            }
-        }
+    try await offThePool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        var env = ProcessInfo.processInfo.environment
+        for (key, value) in environment { env[key] = value }
+        process.environment = env
+        let output = Pipe(), errors = Pipe(), input = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = input
+        try withUnblockedSignals { try process.run() }
+        let errorReader = Thread.detachedRead(errors.fileHandleForReading)
+        if let stdin { input.fileHandleForWriting.write(stdin) }
+        try input.fileHandleForWriting.close()
+        let stdout = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return ProcessResult(status: process.terminationStatus, stdout: stdout, stderr: errorReader.wait())
     }
 }
 
