@@ -54,7 +54,7 @@ let package = Package(
         // Test set-up shared by the test targets (not a product).
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "TestSupport"]),
-        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims"]),
+        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport"]),
         .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination", "CFileCoordinationShims", "TestSupport"]),
         .testTarget(name: "filecoordTests", dependencies: ["FileCoordination", "TestSupport"]),
     ]

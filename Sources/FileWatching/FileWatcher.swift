@@ -1,56 +1,9 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
-import CInotifyTools
 import Synchronization
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// A change seen in a watched file or directory tree.
-public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
-    /// What happened.
-    public enum Kind: Sendable, Hashable {
-        /// The item appeared (created, or moved in from outside the watched tree).
-        case created
-        /// The item's content changed (consecutive modifications are reported once).
-        case modified
-        /// The item's metadata changed (permissions, owner, timestamps, link count).
-        case attributesChanged
-        /// The item was renamed within the watched tree: from ``FileEvent/path`` to
-        /// ``FileEvent/destination``. The two halves of the rename arrive as one event.
-        case moved
-        /// The item disappeared (deleted, or moved out of the watched tree).
-        case deleted
-        /// Events were lost (the kernel queue or this watcher's buffer overflowed). The
-        /// watcher rescanned its tree, reporting what it found different as created or
-        /// deleted, and the consumer should re-read whatever it derives from the tree.
-        case resync
-    }
-
-    /// What happened.
-    public var kind: Kind
-    /// The item (for ``Kind/moved``, where it was).
-    public var path: FilePath
-    /// For ``Kind/moved``: where it is now.
-    public var destination: FilePath?
-    /// Whether the item is a directory.
-    public var isDirectory: Bool
-
-    /// An event.
-    public init(_ kind: Kind, _ path: FilePath, destination: FilePath? = nil, isDirectory: Bool = false) {
-        self.kind = kind
-        self.path = path
-        self.destination = destination
-        self.isDirectory = isDirectory
-    }
-
-    /// `KIND PATH[ -> DESTINATION][ (directory)]`.
-    public var description: String {
-        let directory = isDirectory ? " (directory)" : ""
-        if let destination { return "\(kind) \(path) -> \(destination)\(directory)" }
-        return "\(kind) \(path)\(directory)"
-    }
-}
 
 /// Watches a file, or a directory and (optionally) everything inside it, and delivers what
 /// changes as an asynchronous sequence of ``FileEvent``s, whoever made the change.
@@ -64,27 +17,47 @@ public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
 ///
 /// - Recursive watching has no blind spot: a directory that appears is watched first and
 ///   listed second, so files created inside it before its watch existed are reported
-///   too (`mkdir -p a/b/c && touch a/b/c/f` never loses `f`).
+///   too (`mkdir -p a/b/c && touch a/b/c/f` never loses `f`), and each item once.
 /// - A rename inside the tree is one ``FileEvent/Kind/moved`` event; a subtree moved out
-///   is reported deleted and is no longer watched under its old path.
-/// - ``sync()`` returns once every event caused before it is in the sequence, so a test
-///   can change files, sync, and assert, without sleeping.
+///   is reported deleted and is no longer watched. A name reused later (a directory
+///   deleted, or renamed away, and made again) is watched anew.
+/// - For tests: ``sync(timeout:)`` returns once every event caused before it is in the
+///   sequence, ``settle(timeout:)`` returns exactly those events, and
+///   ``first(timeout:where:)`` waits for one, failing with what it saw.
 /// - Back-pressure: events wait in a buffer of ``bufferLimit`` entries. A consumer that
 ///   falls further behind loses events and then receives ``FileEvent/Kind/resync``.
-/// - All inotify work happens on the library's single watcher thread. ``cancel()`` (or
-///   ending the iteration) removes every watch.
+/// - All inotify work happens on the library's single watcher thread. ``cancel()``,
+///   cancelling the task that iterates, or the end of ``withFileWatcher(watching:recursive:filter:isolation:_:)``
+///   removes every watch. Ending an iteration with `break` does not: the watcher can be
+///   iterated again, and is stopped by ``cancel()`` or when it is released.
+/// - Any number of tasks may iterate at once; each event goes to one of them.
 ///
-/// One consumer iterates a watcher; ``sync()`` and ``cancel()`` may be called from any task.
+/// A symbolic link given as the root is followed (its directory is watched; events are
+/// reported under the path given). Links inside the tree are reported as entries, not
+/// followed. A directory reached twice (through a bind mount) is watched once. Hard
+/// links are one file: a change through one name is reported under the name the kernel
+/// gives, which is the one in a watched directory.
 public final class FileWatcher: AsyncSequence, Sendable {
     public typealias Element = FileEvent
 
-    /// The watched file or directory.
+    /// The watched file or directory, as given.
     public let root: FilePath
     /// Events the buffer holds before it overflows into a ``FileEvent/Kind/resync``.
     public let bufferLimit: Int
+    /// The events delivered.
+    public let filter: FileEventFilter
+    /// How long ``sync(timeout:)`` waits by default.
+    public static let defaultSyncTimeout = Duration.seconds(30)
 
     let tree: WatchTree
+    /// The watched directory (a watched file's directory) when watching began: a sync
+    /// checks that the path still leads there.
+    private let syncDirectoryIdentity: DirectoryIdentity
+    private let settleInterval: Duration?
     private let syncCounter = Atomic<Int>(0)
+    /// Coalesced events taken from the buffer and not yet delivered (with a settle interval).
+    private let held = Mutex<[(FileEvent, UInt64)]>([])
+    private let lastSequence = Atomic<UInt64>(0)
 
     /// Starts watching `path`. For a directory, `recursive` extends the watch to
     /// everything inside it, present and future; for a file, events concern that file.
@@ -95,19 +68,31 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// - Parameter settle: coalescing, off by default. With an interval, an event is held
     ///   that long, and the same event repeated meanwhile (a burst of writes to one file,
     ///   say) is delivered once, in the order of first occurrence.
+    /// - Parameter filter: which events are delivered (all by default).
     public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
-                settle: Duration? = nil) async throws {
+                settle: Duration? = nil, filter: FileEventFilter = .all) async throws {
         root = path.lexicallyNormalized()
         self.bufferLimit = Swift.max(1, bufferLimit)
-        let isDirectory = try await runOnIOThread { () throws -> Bool in
+        self.filter = filter
+        settleInterval = settle
+        let (isDirectory, directory) = try await runOnIOThread { () throws -> (Bool, DirectoryIdentity) in
             var info = stat()
+            // stat, not lstat: a link to a directory is watched as that directory.
             guard path.withPlatformString({ stat($0, &info) }) == 0 else {
                 throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: path)
             }
-            return info.st_mode & S_IFMT == S_IFDIR
+            let isDirectory = info.st_mode & S_IFMT == S_IFDIR
+            if !isDirectory {
+                let parent = path.removingLastComponent()
+                guard parent.withPlatformString({ stat($0, &info) }) == 0 else {
+                    throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: parent)
+                }
+            }
+            return (isDirectory, DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)))
         }
+        syncDirectoryIdentity = directory
         tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory,
-                         bufferLimit: self.bufferLimit, settle: settle)
+                         bufferLimit: self.bufferLimit, filter: filter)
         try await tree.start()
     }
 
@@ -115,38 +100,180 @@ public final class FileWatcher: AsyncSequence, Sendable {
         tree.stop()
     }
 
+    // MARK: Waiting for events
+
     /// Returns once every event caused before the call has been put into this sequence.
     ///
-    /// It creates a hidden cookie file (`.filecoord-sync-…`) in the watched directory (or
+    /// It creates a hidden marker file (`.filecoord-sync-…`) in the watched directory (or
     /// the watched file's directory) and waits for its own creation to come through the
-    /// same inotify queue, after everything before it; the cookie's events are not
-    /// reported, and the file is removed.
-    public func sync() async throws {
+    /// same inotify queue, after everything before it; the marker's events are not
+    /// reported, and the file is removed. A directory this process cannot write (a
+    /// read-only tree) cannot be synced: the call fails with the `open` error.
+    ///
+    /// - Throws: ``FileCoordinationError/Code/timedOut`` after `timeout`;
+    ///   ``FileCoordinationError/Code/cancelled`` once the watcher has stopped.
+    public func sync(timeout: Duration = FileWatcher.defaultSyncTimeout) async throws {
         let name = ".filecoord-sync-\(getpid())-\(syncCounter.add(1, ordering: .relaxed).newValue)"
-        let cookie = tree.syncDirectory.appending(name)
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            tree.expectCookie(name, continuation)
-            Task {
-                do {
-                    try await runOnIOThread { () throws in
-                        let fd = cookie.withPlatformString { open($0, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600) }
-                        guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: cookie) }
-                        close(fd)
+        let marker = tree.syncDirectory.appending(name)
+        let buffer = tree.buffer
+        let timer = Task {
+            try await Task.sleep(for: timeout) // the caller's time limit
+            buffer.failCookie(name, FileCoordinationError(
+                code: .timedOut, path: root, operation: "sync", errno: .timedOut,
+                message: "its marker's event did not arrive within \(timeout)"))
+        }
+        defer { timer.cancel() }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                guard buffer.expectCookie(name, continuation) else {
+                    continuation.resume(throwing: stoppedError("sync"))
+                    return
+                }
+                Task {
+                    do {
+                        try await runOnIOThread { [self] () throws in try writeMarker(name) }
+                    } catch {
+                        buffer.failCookie(name, error)
+                        // The directory was replaced: nothing more can be seen.
+                        if (error as? FileCoordinationError)?.operation == "sync" { cancel() }
                     }
-                } catch {
-                    tree.failCookie(name, error)
                 }
             }
+        } onCancel: {
+            buffer.failCookie(name, CancellationError())
         }
-        _ = try? await runOnIOThread { _ = cookie.withPlatformString { unlink($0) } }
+        _ = try? await runOnIOThread { _ = marker.withPlatformString { unlink($0) } }
     }
+
+    /// Creates the sync marker `name` in the watched directory, after checking that the
+    /// path still leads to the directory being watched. A directory deleted and made
+    /// again, or a bind mount unmounted, sends no event to the watch of the old one: the
+    /// marker's event would never come, so the watcher stops and says why.
+    private func writeMarker(_ name: String) throws {
+        let directory = tree.syncDirectory
+        let dirfd = directory.withPlatformString { Glibc.open($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
+        guard dirfd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory) }
+        defer { close(dirfd) }
+        var info = stat()
+        guard fstat(dirfd, &info) == 0 else { throw FileCoordinationError("fstat", errno: Errno(rawValue: errno), path: directory) }
+        guard DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)) == syncDirectoryIdentity else {
+            throw FileCoordinationError(
+                code: .notFound, path: directory, operation: "sync",
+                message: "the watched directory was replaced (deleted and made again, or unmounted); "
+                    + "its changes can no longer be seen, and the watcher has stopped")
+        }
+        let fd = openat(dirfd, name, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory.appending(name)) }
+        close(fd)
+    }
+
+    /// Syncs, then takes every event buffered: exactly what happened up to the call, in
+    /// order (a ``FileEvent/Kind/resync`` last if events were lost). With a settle
+    /// interval, events are not coalesced here.
+    public func settle(timeout: Duration = FileWatcher.defaultSyncTimeout) async throws -> [FileEvent] {
+        try await sync(timeout: timeout)
+        let earlier = held.withLock { held in
+            defer { held.removeAll() }
+            return held.map(\.0)
+        }
+        return earlier + tree.buffer.drain()
+    }
+
+    /// The next event, waiting at most `timeout`; nil once the watcher has stopped.
+    ///
+    /// - Throws: ``FileCoordinationError/Code/timedOut`` when nothing came in time.
+    public func next(timeout: Duration) async throws -> FileEvent? {
+        switch try await nextEvent(deadline: .now + timeout) {
+        case .event(let event, _): return event
+        case .finished: return nil
+        case .timedOut: throw FileCoordinationError(
+            code: .timedOut, path: root, operation: "wait for an event", errno: .timedOut,
+            message: "no event within \(timeout)")
+        }
+    }
+
+    /// Waits for the first event that satisfies `predicate`, at most `timeout`, and
+    /// returns it; the events before it are consumed.
+    ///
+    /// ```swift
+    /// touch(dir.appending("a.txt"))
+    /// let event = try await watcher.first(timeout: .seconds(5)) { $0.relativePath == "a.txt" }
+    /// ```
+    ///
+    /// - Throws: ``FileCoordinationError/Code/timedOut`` (or ``FileCoordinationError/Code/cancelled``
+    ///   when the watcher stops first) whose message lists every event seen meanwhile.
+    public func first(timeout: Duration, where predicate: (FileEvent) throws -> Bool) async throws -> FileEvent {
+        let deadline = ContinuousClock.now + timeout
+        var seen: [FileEvent] = []
+        func failure(_ code: FileCoordinationError.Code, _ why: String) -> FileCoordinationError {
+            let list = seen.isEmpty ? "none" : "\(seen.count): " + seen.map { "\($0.kind) \($0.relativePath)" }.joined(separator: ", ")
+            return FileCoordinationError(code: code, path: root, operation: "wait for an event",
+                                         errno: code == .timedOut ? .timedOut : nil,
+                                         message: "\(why); events seen: \(list)")
+        }
+        while true {
+            switch try await nextEvent(deadline: deadline) {
+            case .event(let event, _):
+                if try predicate(event) { return event }
+                seen.append(event)
+            case .finished: throw failure(.cancelled, "the watcher stopped before a matching event")
+            case .timedOut: throw failure(.timedOut, "no matching event within \(timeout)")
+            }
+        }
+    }
+
+    enum Next {
+        case event(FileEvent, UInt64)
+        case finished
+        case timedOut
+    }
+
+    func nextEvent(deadline: ContinuousClock.Instant?) async throws -> Next {
+        let buffer = tree.buffer
+        guard let settleInterval else { return record(try await buffer.next(deadline: deadline)) }
+        if let first = held.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) { return record(.some(first)) }
+        guard let taken = try await buffer.next(deadline: deadline) else { return .timedOut }
+        guard let first = taken else { return .finished }
+        var batch = [first]
+        try await Task.sleep(for: settleInterval) // the settle interval is the point: real time
+        while let more = buffer.take(), let event = more { batch.append(event) }
+        // One of each event, where it first happened, numbered as its last copy (as in
+        // the buffer: a suppression covering the first copy must not swallow a later one).
+        var position: [FileEvent: Int] = [:]
+        var settled: [(FileEvent, UInt64)] = []
+        for (event, sequence) in batch {
+            if let index = position[event] {
+                settled[index].1 = sequence
+            } else {
+                position[event] = settled.count
+                settled.append((event, sequence))
+            }
+        }
+        let next = settled.removeFirst()
+        held.withLock { $0 += settled }
+        return record(.some(next))
+    }
+
+    private func record(_ taken: (FileEvent, UInt64)??) -> Next {
+        guard let taken else { return .timedOut }
+        guard let (event, sequence) = taken else { return .finished }
+        lastSequence.store(sequence, ordering: .relaxed)
+        return .event(event, sequence)
+    }
+
+    private func stoppedError(_ operation: String) -> FileCoordinationError {
+        FileCoordinationError(code: .cancelled, path: root, operation: operation,
+                              message: "the watcher has stopped (cancelled, or its root is gone)")
+    }
+
+    // MARK: Coordination internals
 
     /// The next event with its sequence number (for the coordination module's presenter
     /// watching, which drops the events of writes it has already reported).
     @_spi(FileCoordinationInternal)
     public func nextSequenced() async throws -> (FileEvent, UInt64)? {
-        guard let event = try await tree.next() else { return nil }
-        return (event, tree.lastSequence)
+        guard case .event(let event, let sequence) = try await nextEvent(deadline: nil) else { return nil }
+        return (event, sequence)
     }
 
     /// Syncs, then returns the sequence number up to which every event caused before the
@@ -154,7 +281,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
     @_spi(FileCoordinationInternal)
     public func syncMark() async throws -> UInt64 {
         try await sync()
-        return tree.appendedCount
+        return tree.buffer.appendedCount
     }
 
     /// The sequence number up to which events read from inotify so far are buffered,
@@ -162,9 +289,12 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// event of this watcher that the kernel queued before that one: the process has one
     /// inotify queue, read in order.
     @_spi(FileCoordinationInternal)
-    public var bufferedMark: UInt64 { tree.appendedCount }
+    public var bufferedMark: UInt64 { tree.buffer.appendedCount }
 
-    /// Stops watching: the watches are removed and the sequence ends.
+    // MARK: Lifetime
+
+    /// Stops watching: the watches are removed, and the sequence ends once what is
+    /// buffered has been taken.
     public func cancel() {
         tree.stop()
     }
@@ -174,528 +304,58 @@ public final class FileWatcher: AsyncSequence, Sendable {
         await tree.watchCount()
     }
 
-    /// The iterator of the watcher's one consumer.
-    public func makeAsyncIterator() -> Iterator {
-        Iterator(tree: tree)
+    /// The number of inotify watches the kernel holds for this process's watchers and
+    /// presenters (read from the kernel, so a watch the library lost track of counts):
+    /// for tests that assert that nothing leaks.
+    public static func processWatchCount() async -> Int {
+        await InotifyThread.shared.watchCount()
     }
 
-    /// Delivers events; a watcher has one consumer.
+    /// An iterator; any number may be used at once, each event going to one of them.
+    public func makeAsyncIterator() -> Iterator {
+        Iterator(watcher: self)
+    }
+
+    /// Delivers events.
     public struct Iterator: AsyncIteratorProtocol {
-        let tree: WatchTree
+        let watcher: FileWatcher
 
         /// The next event; nil once the watcher is cancelled or its root is gone.
-        /// Throws `CancellationError` if the consuming task is cancelled.
+        /// Throws `CancellationError` if the consuming task is cancelled, and then stops
+        /// the watcher: its watches are removed.
         public mutating func next() async throws -> FileEvent? {
-            try await tree.next()
+            do {
+                guard case .event(let event, _) = try await watcher.nextEvent(deadline: nil) else { return nil }
+                return event
+            } catch let error as CancellationError {
+                watcher.cancel()
+                throw error
+            }
         }
     }
 }
 
-/// The watcher's state. Event handling runs on the watcher thread (as an
-/// ``InotifyClient``); the consumer takes events from the buffer.
-final class WatchTree: InotifyClient, @unchecked Sendable {
-    let root: FilePath
-    let rootIsDirectory: Bool
-    let recursive: Bool
-    let bufferLimit: Int
-    let settle: Duration?
-    /// Coalesced events waiting for the consumer (consumer-owned: one consumer).
-    private nonisolated(unsafe) var settled: [(FileEvent, UInt64)] = []
-    /// Where sync cookies go: the root directory, or the watched file's directory.
-    let syncDirectory: FilePath
-    /// The root's bytes, for the per-event prefix test.
-    private let rootBytes: [UInt8]
+/// A directory's identity: its device and inode numbers.
+struct DirectoryIdentity: Equatable, Sendable {
+    var device: UInt64
+    var inode: UInt64
+}
 
-    static let cookiePrefix: [UInt8] = Array(".filecoord-sync-".utf8)
-    static let temporaryMarker: [UInt8] = Array(".filecoord-".utf8)
-
-    /// Transient names that are not entries: sync cookies, the temporaries atomic writes
-    /// rename into place (`.NAME.filecoord-PID-N-R`), and unnamed `O_TMPFILE`s being
-    /// written (`#INODE`). Watchers never report them.
-    static func isInternal(_ name: [UInt8]) -> Bool {
-        // An unnamed O_TMPFILE being written shows up as `#<inode number>`: not an entry.
-        if name.count > 1, name.first == UInt8(ascii: "#"),
-           name.dropFirst().allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") })
-        {
-            return true
-        }
-        guard name.first == UInt8(ascii: "."), name.count > temporaryMarker.count else { return false }
-        if name.starts(with: cookiePrefix) { return true }
-        let marker = temporaryMarker
-        for start in 1 ... (name.count - marker.count) where name[start] == marker[0] {
-            if name[start ..< start + marker.count].elementsEqual(marker) { return true }
-        }
-        return false
-    }
-    static let mask = UInt32(IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO
-        | IN_DELETE_SELF | IN_MOVE_SELF) | UInt32(IN_DONT_FOLLOW) | UInt32(IN_EXCL_UNLINK)
-
-    // MARK: Shared with the consumer (under the lock)
-
-    private struct Buffer {
-        var events: [FileEvent] = []
-        /// The sequence number of each buffered event (events appended so far, counting up).
-        var sequences: [UInt64] = []
-        var appended: UInt64 = 0
-        var head = 0
-        var lost = false
-        var finished = false
-        var waiter: CheckedContinuation<Void, Never>?
-        var cookies: [String: CheckedContinuation<Void, any Error>] = [:]
-
-        var count: Int { events.count - head }
-    }
-    private let buffer = Mutex(Buffer())
-
-    // MARK: Owned by the watcher thread
-
-    private var watches: [Int32: FilePath] = [:]
-    /// The watched file's current name (a file watcher follows renames within its directory).
-    private var currentRoot: FilePath
-    private var known: Set<[UInt8]> = []
-    private var directories: Set<[UInt8]> = []
-    private var stopped = false
-
-    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, settle: Duration? = nil) {
-        self.root = root
-        self.settle = settle
-        self.rootIsDirectory = rootIsDirectory
-        self.recursive = recursive
-        self.bufferLimit = bufferLimit
-        syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
-        currentRoot = root
-        rootBytes = root.platformBytes
-    }
-
-    /// Adds the first watches and learns the tree, on the watcher thread.
-    func start() async throws {
-        let result: Result<Void, FileCoordinationError> = await withCheckedContinuation { continuation in
-            InotifyThread.shared.perform { thread in
-                let directory = self.syncDirectory
-                switch thread.addWatch(directory, mask: Self.mask, client: self) {
-                case .failure(let error):
-                    continuation.resume(returning: .failure(error))
-                case .success(let wd):
-                    self.watches[wd] = directory
-                    if self.rootIsDirectory { self.scan(directory, report: false, thread: thread) } else {
-                        if Self.exists(self.root) { self.known.insert(self.root.platformBytes) }
-                    }
-                    continuation.resume(returning: .success(()))
-                }
-            }
-        }
-        try result.get()
-    }
-
-    func stop() {
-        let (waiter, cookies) = buffer.withLock { buffer -> (CheckedContinuation<Void, Never>?, [CheckedContinuation<Void, any Error>]) in
-            guard !buffer.finished else { return (nil, []) }
-            buffer.finished = true
-            defer { buffer.waiter = nil; buffer.cookies.removeAll() }
-            return (buffer.waiter, Array(buffer.cookies.values))
-        }
-        waiter?.resume()
-        // A sync can no longer complete: its cookie will not be seen.
-        for cookie in cookies { cookie.resume(throwing: CancellationError()) }
-        InotifyThread.shared.perform { thread in
-            self.stopped = true
-            for (wd, directory) in self.watches {
-                // A directory already gone (a tree deleted right after its watcher was
-                // cancelled) may have had its watch dropped by the kernel.
-                let gone = directory.withPlatformString { access($0, F_OK) } != 0
-                thread.removeWatch(wd, client: self, mayBeGone: gone)
-            }
-            self.watches.removeAll()
-        }
-    }
-
-    /// The watch descriptors held (tests).
-    func watchDescriptors() async -> [Int32] {
-        await withCheckedContinuation { continuation in
-            InotifyThread.shared.perform { _ in continuation.resume(returning: Array(self.watches.keys)) }
-        }
-    }
-
-    func watchCount() async -> Int {
-        await withCheckedContinuation { continuation in
-            InotifyThread.shared.perform { _ in continuation.resume(returning: self.watches.count) }
-        }
-    }
-
-    // MARK: Consumer side
-
-    /// The sequence number of the event `next()` returned last (one consumer).
-    private(set) nonisolated(unsafe) var lastSequence: UInt64 = 0
-
-    /// How many events have been put into the buffer so far: after `sync()`, every
-    /// event caused before it has a sequence number up to this.
-    var appendedCount: UInt64 { buffer.withLock { $0.appended } }
-
-    func next() async throws -> FileEvent? {
-        guard let settle else { return try await nextBuffered() }
-        if !settled.isEmpty {
-            let (event, sequence) = settled.removeFirst()
-            lastSequence = sequence
-            return event
-        }
-        guard let first = try await nextBuffered() else { return nil }
-        var batch = [(first, lastSequence)]
-        try await Task.sleep(for: settle) // the settle interval is the point: real time
-        while let more = takeBuffered() { batch.append(more) }
-        // One of each event, where it first happened, numbered as its last copy (as in
-        // `emit`: a suppression covering the first copy must not swallow a later one).
-        var position: [FileEvent: Int] = [:]
-        settled = []
-        for (event, sequence) in batch {
-            if let index = position[event] {
-                settled[index].1 = sequence
-            } else {
-                position[event] = settled.count
-                settled.append((event, sequence))
-            }
-        }
-        let (event, sequence) = settled.removeFirst()
-        lastSequence = sequence
-        return event
-    }
-
-    /// One buffered event with its sequence number, without waiting.
-    private func takeBuffered() -> (FileEvent, UInt64)? {
-        buffer.withLock { buffer in
-            guard buffer.count > 0 else { return nil }
-            let result = (buffer.events[buffer.head], buffer.sequences[buffer.head])
-            buffer.head += 1
-            if buffer.head == buffer.events.count {
-                buffer.events.removeAll(keepingCapacity: true)
-                buffer.sequences.removeAll(keepingCapacity: true)
-                buffer.head = 0
-            }
-            return result
-        }
-    }
-
-    private func nextBuffered() async throws -> FileEvent? {
-        while true {
-            try Task.checkCancellation()
-            let event: FileEvent?? = buffer.withLock { buffer in
-                if buffer.count > 0 {
-                    let event = buffer.events[buffer.head]
-                    lastSequence = buffer.sequences[buffer.head]
-                    buffer.head += 1
-                    if buffer.head == buffer.events.count {
-                        buffer.events.removeAll(keepingCapacity: true)
-                        buffer.sequences.removeAll(keepingCapacity: true)
-                        buffer.head = 0
-                    }
-                    return .some(event)
-                }
-                if buffer.lost {
-                    buffer.lost = false
-                    return .some(FileEvent(.resync, root, isDirectory: rootIsDirectory))
-                }
-                return buffer.finished ? .some(nil) : .none
-            }
-            if let event { return event }
-            await withTaskCancellationHandler {
-                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                    let ready = buffer.withLock { buffer in
-                        if buffer.count > 0 || buffer.lost || buffer.finished || Task.isCancelled { return true }
-                        buffer.waiter = continuation
-                        return false
-                    }
-                    if ready { continuation.resume() }
-                }
-            } onCancel: {
-                let waiter = buffer.withLock { buffer in
-                    defer { buffer.waiter = nil }
-                    return buffer.waiter
-                }
-                waiter?.resume()
-            }
-        }
-    }
-
-    /// Takes every buffered event without waiting (tests: after `sync()`, what is buffered
-    /// is everything that happened).
-    func drain() -> [FileEvent] {
-        buffer.withLock { buffer in
-            var events = Array(buffer.events[buffer.head...])
-            buffer.events.removeAll(keepingCapacity: true)
-            buffer.sequences.removeAll(keepingCapacity: true)
-            buffer.head = 0
-            if buffer.lost {
-                buffer.lost = false
-                events.append(FileEvent(.resync, root, isDirectory: rootIsDirectory))
-            }
-            return events
-        }
-    }
-
-    func expectCookie(_ name: String, _ continuation: CheckedContinuation<Void, any Error>) {
-        let stopped = buffer.withLock { buffer in
-            if buffer.finished { return true }
-            buffer.cookies[name] = continuation
-            return false
-        }
-        if stopped { continuation.resume(throwing: CancellationError()) }
-    }
-
-    func failCookie(_ name: String, _ error: any Error) {
-        let continuation = buffer.withLock { $0.cookies.removeValue(forKey: name) }
-        continuation?.resume(throwing: error)
-    }
-
-    // MARK: Watcher thread: events
-
-    private func emit(_ event: FileEvent) {
-        let waiter: CheckedContinuation<Void, Never>? = buffer.withLock { buffer in
-            guard !buffer.finished else { return nil }
-            // Consecutive modifications of one item are one event, numbered as the later
-            // one: it reports a change that may come after a sync point (a suppression
-            // that covers the earlier one must not swallow it).
-            if event.kind == .modified, buffer.count > 0, buffer.events.last == event {
-                buffer.appended += 1
-                buffer.sequences[buffer.sequences.count - 1] = buffer.appended
-                return nil
-            }
-            if buffer.count >= bufferLimit {
-                buffer.lost = true
-            } else {
-                buffer.appended += 1
-                buffer.events.append(event)
-                buffer.sequences.append(buffer.appended)
-            }
-            defer { buffer.waiter = nil }
-            return buffer.waiter
-        }
-        waiter?.resume()
-    }
-
-    func handle(_ delivery: InotifyDelivery, thread: InotifyThread.OnThread) {
-        guard !stopped else { return }
-        switch delivery {
-        case .overflow:
-            rescan(thread: thread)
-        case .move(let from, let to):
-            guard let fromDirectory = watches[from.wd], let toDirectory = watches[to.wd] else { return }
-            let source = Self.child(fromDirectory, from.name)
-            let destination = Self.child(toDirectory, to.name)
-            let isDirectory = from.mask & UInt32(IN_ISDIR) != 0
-            if Self.isInternal(from.name) {
-                // An atomic write renaming its temporary into place: the destination
-                // appeared, or changed.
-                guard concerns(destination) else { return }
-                if known.insert(destination.platformBytes).inserted {
-                    emit(FileEvent(.created, destination, isDirectory: isDirectory))
-                } else {
-                    emit(FileEvent(.modified, destination, isDirectory: isDirectory))
-                }
-                return
-            }
-            let (sourceInside, destinationInside) = (concerns(source), concerns(destination))
-            if sourceInside && destinationInside {
-                renameKnown(from: source, to: destination, isDirectory: isDirectory)
-                emit(FileEvent(.moved, source, destination: destination, isDirectory: isDirectory))
-            } else if !rootIsDirectory && destinationInside {
-                // The watched file was replaced by a rename (an editor's save): it changed.
-                known.insert(destination.platformBytes)
-                emit(FileEvent(.modified, destination))
-            } else if !rootIsDirectory && sourceInside {
-                // The watched file itself was renamed: it lives on under the new name, and
-                // within its directory the watcher follows it there.
-                known.remove(source.platformBytes)
-                if destination.removingLastComponent() == syncDirectory {
-                    currentRoot = destination
-                    known.insert(destination.platformBytes)
-                }
-                emit(FileEvent(.moved, source, destination: destination))
-            } else if sourceInside {
-                forget(source, isDirectory: isDirectory, thread: thread)
-                emit(FileEvent(.deleted, source, isDirectory: isDirectory))
-            } else if destinationInside {
-                appeared(destination, isDirectory: isDirectory, thread: thread)
-            }
-        case .event(let event):
-            handle(event, thread: thread)
-        }
-    }
-
-    private func handle(_ event: InotifyEvent, thread: InotifyThread.OnThread) {
-        let mask = event.mask
-        guard let directory = watches[event.wd] else { return }
-        if mask & UInt32(IN_IGNORED) != 0 {
-            watches[event.wd] = nil
-            return
-        }
-        if mask & UInt32(IN_DELETE_SELF | IN_MOVE_SELF) != 0 {
-            if directory == syncDirectory && (rootIsDirectory || directory == root) {
-                emit(FileEvent(.deleted, directory, isDirectory: true))
-                stop()
-            }
-            return
-        }
-        guard !event.name.isEmpty else { return }
-        if event.name.starts(with: Self.cookiePrefix), directory == syncDirectory {
-            if mask & UInt32(IN_CREATE) != 0 {
-                let name = String(decoding: event.name, as: UTF8.self)
-                let continuation = buffer.withLock { $0.cookies.removeValue(forKey: name) }
-                continuation?.resume()
-            }
-            return
-        }
-        if Self.isInternal(event.name) { return }
-        let path = Self.child(directory, event.name)
-        guard concerns(path) else { return }
-        let isDirectory = mask & UInt32(IN_ISDIR) != 0
-        if mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 {
-            appeared(path, isDirectory: isDirectory, thread: thread)
-        } else if mask & UInt32(IN_DELETE | IN_MOVED_FROM) != 0 {
-            forget(path, isDirectory: isDirectory, thread: thread)
-            emit(FileEvent(.deleted, path, isDirectory: isDirectory))
-        } else if mask & UInt32(IN_MODIFY) != 0 {
-            emit(FileEvent(.modified, path, isDirectory: isDirectory))
-        } else if mask & UInt32(IN_ATTRIB) != 0 {
-            emit(FileEvent(.attributesChanged, path, isDirectory: isDirectory))
-        }
-    }
-
-    /// Whether `path` is something this watcher reports on.
-    private func concerns(_ path: FilePath) -> Bool {
-        // Bytes, not `FilePath.starts(with:)`: this runs for every event, and the
-        // component-wise comparison cost more than the rest of the event's handling.
-        guard rootIsDirectory else { return path == currentRoot }
-        return path.withPlatformString { inner in
-            let count = strlen(inner)
-            return rootBytes.withUnsafeBytes { outer in
-                count > outer.count && memcmp(inner, outer.baseAddress!, outer.count) == 0
-                    && (outer.last == UInt8(ascii: "/") || inner[outer.count] == CChar(UInt8(ascii: "/")))
-            }
-        }
-    }
-
-    /// A new item: report it; a new directory is watched first, then listed, so that what
-    /// was created inside it before the watch existed is reported too.
-    private func appeared(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
-        if known.insert(path.platformBytes).inserted {
-            emit(FileEvent(.created, path, isDirectory: isDirectory))
-        }
-        if isDirectory && recursive { watchAndScan(path, thread: thread) }
-    }
-
-    private func watchAndScan(_ directory: FilePath, thread: InotifyThread.OnThread) {
-        directories.insert(directory.platformBytes)
-        if case .success(let wd) = thread.addWatch(directory, mask: Self.mask, client: self) {
-            watches[wd] = directory
-        }
-        scan(directory, report: true, thread: thread)
-    }
-
-    /// Lists a directory (recursively when watching recursively), learning its entries
-    /// and reporting those not known yet.
-    private func scan(_ directory: FilePath, report: Bool, thread: InotifyThread.OnThread) {
-        for (name, isDirectory) in Self.list(directory) {
-            let path = Self.child(directory, name)
-            if Self.isInternal(name) { continue }
-            if known.insert(path.platformBytes).inserted, report {
-                emit(FileEvent(.created, path, isDirectory: isDirectory))
-            }
-            if isDirectory && recursive {
-                directories.insert(path.platformBytes)
-                if case .success(let wd) = thread.addWatch(path, mask: Self.mask, client: self) { watches[wd] = path }
-                scan(path, report: report, thread: thread)
-            }
-        }
-    }
-
-    /// An item left the tree: forget it and, for a directory, stop watching inside it.
-    private func forget(_ path: FilePath, isDirectory: Bool, thread: InotifyThread.OnThread) {
-        let prefix = path.platformBytes
-        known = known.filter { !FilePath.isAtOrInside($0, prefix) }
-        guard isDirectory else { return }
-        directories = directories.filter { !FilePath.isAtOrInside($0, prefix) }
-        for (wd, watched) in watches where FilePath.isAtOrInside(watched.platformBytes, prefix) {
-            thread.removeWatch(wd, client: self, mayBeGone: true)
-            watches[wd] = nil
-        }
-    }
-
-    /// A rename inside the tree: what was known under the old name is known under the new.
-    private func renameKnown(from source: FilePath, to destination: FilePath, isDirectory: Bool) {
-        let (old, new) = (source.platformBytes, destination.platformBytes)
-        func rebase(_ bytes: [UInt8]) -> [UInt8] { FilePath.isAtOrInside(bytes, old) ? new + bytes[old.count...] : bytes }
-        known = Set(known.map(rebase))
-        if isDirectory {
-            directories = Set(directories.map(rebase))
-            for (wd, watched) in watches {
-                let rebased = rebase(watched.platformBytes)
-                watches[wd] = FilePath(platformBytes: rebased)
-            }
-        }
-    }
-
-    /// After an overflow: compare the tree with what is known, report the difference,
-    /// then a resync.
-    private func rescan(thread: InotifyThread.OnThread) {
-        let before = known
-        known.removeAll()
-        if rootIsDirectory {
-            scan(root, report: false, thread: thread)
-        } else if Self.exists(root) {
-            known.insert(root.platformBytes)
-        }
-        for added in known.subtracting(before).sorted(by: { $0.count < $1.count }) {
-            emit(FileEvent(.created, FilePath(platformBytes: added), isDirectory: directories.contains(added)))
-        }
-        for removed in before.subtracting(known).sorted(by: { $0.count > $1.count }) {
-            emit(FileEvent(.deleted, FilePath(platformBytes: removed)))
-        }
-        buffer.withLock { $0.lost = true }
-        emit(FileEvent(.resync, root, isDirectory: rootIsDirectory))
-        buffer.withLock { $0.lost = false }
-    }
-
-    // MARK: Helpers (watcher thread; blocking calls are fine on this thread)
-
-    /// The entry `name` (one component, as inotify or readdir gave it) of `directory`,
-    /// built from bytes in one step.
-    static func child(_ directory: FilePath, _ name: [UInt8]) -> FilePath {
-        directory.withPlatformString { base in
-            let length = strlen(base)
-            let slash = length > 0 && base[length - 1] == CChar(UInt8(ascii: "/")) ? 0 : 1
-            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + slash + name.count + 1) { buffer in
-                let start = buffer.baseAddress!
-                memcpy(start, base, length)
-                if slash == 1 { start[length] = CChar(UInt8(ascii: "/")) }
-                name.withUnsafeBytes { if let bytes = $0.baseAddress { memcpy(start + length + slash, bytes, name.count) } }
-                start[length + slash + name.count] = 0
-                return FilePath(platformString: start)
-            }
-        }
-    }
-
-    static func exists(_ path: FilePath) -> Bool {
-        var info = stat()
-        return path.withPlatformString { lstat($0, &info) } == 0
-    }
-
-    /// The entries of a directory with whether each is a directory (not following links).
-    static func list(_ directory: FilePath) -> [([UInt8], Bool)] {
-        guard let handle = directory.withPlatformString({ opendir($0) }) else { return [] }
-        defer { closedir(handle) }
-        var entries: [([UInt8], Bool)] = []
-        while let entry = readdir(handle) {
-            let name: [UInt8] = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                Array(raw.prefix { $0 != 0 })
-            }
-            if name == [0x2E] || name == [0x2E, 0x2E] { continue }
-            var isDirectory = entry.pointee.d_type == UInt8(DT_DIR)
-            if entry.pointee.d_type == UInt8(DT_UNKNOWN) {
-                var info = stat()
-                let full = child(directory, name)
-                isDirectory = full.withPlatformString { lstat($0, &info) } == 0 && info.st_mode & S_IFMT == S_IFDIR
-            }
-            entries.append((name, isDirectory))
-        }
-        return entries
-    }
+/// Runs `body` with a watcher of `path`, and cancels the watcher when `body` returns or
+/// throws: its watches never outlive the scope.
+///
+/// ```swift
+/// try await withFileWatcher(watching: directory) { watcher in
+///     try Data("x".utf8).write(to: url)
+///     #expect(try await watcher.settle().map(\.relativePath) == ["x.txt"])
+/// }
+/// ```
+public func withFileWatcher<Result>(
+    watching path: FilePath, recursive: Bool = true, filter: FileEventFilter = .all,
+    isolation: isolated (any Actor)? = #isolation,
+    _ body: (FileWatcher) async throws -> Result
+) async throws -> Result {
+    let watcher = try await FileWatcher(watching: path, recursive: recursive, filter: filter)
+    defer { watcher.cancel() }
+    return try await body(watcher)
 }

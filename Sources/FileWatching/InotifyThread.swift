@@ -67,26 +67,17 @@ public final class InotifyThread: @unchecked Sendable {
             owner.addWatchOnThread(path, mask: mask, client: client)
         }
 
-        /// Ends `client`'s interest in a watch; the watch itself goes when no client is left.
-        ///
-        /// Pass `mayBeGone` when the watched directory has just been deleted or moved
-        /// away: the kernel may then drop the watch on its own at any moment (when the
-        /// last reference to the directory goes), and libinotifytools prints an error to
-        /// the process's stderr when asked to remove a watch the kernel has dropped. Such
-        /// a watch is removed a second later unless the kernel's `IN_IGNORED` comes first.
-        func removeWatch(_ wd: Int32, client: any InotifyClient, mayBeGone: Bool = false) {
-            owner.removeClient(client, from: wd, mayBeGone: mayBeGone)
+        /// Ends `client`'s interest in a watch; the watch itself goes when no client is
+        /// left. A watch the kernel has already dropped (its directory deleted) is fine.
+        func removeWatch(_ wd: Int32, client: any InotifyClient) {
+            owner.removeClient(client, from: wd)
         }
-
-        /// Watches held for callers (the doorbell excluded).
-        var watchCount: Int { Int(inotifytools_get_num_watches()) - 1 }
     }
 
-    /// Whether libinotifytools still holds a watch with this descriptor.
+    /// Whether the kernel still holds a watch with this descriptor for this process.
     func isWatching(_ wd: Int32) async -> Bool {
         await withCheckedContinuation { continuation in
-            // Unknown descriptors give an empty name, not NULL.
-            perform { _ in continuation.resume(returning: inotifytools_filename_from_wd(wd).map { $0.pointee != 0 } ?? false) }
+            perform { thread in continuation.resume(returning: thread.owner.kernelWatches().contains { $0 == wd }) }
         }
     }
 
@@ -107,15 +98,14 @@ public final class InotifyThread: @unchecked Sendable {
     /// The thread's own state: touched only on the thread. inotify gives the same
     /// descriptor to every watch of one inode, so several clients can share one.
     private var clients: [Int32: [any InotifyClient]] = [:]
-    private var masks: [Int32: UInt32] = [:]
     private var doorbellWatch: Int32 = -1
-    /// Watches no client wants any more whose directory may be gone, with when to remove
-    /// them if the kernel has not dropped them by then (see `OnThread.removeWatch`). A
-    /// deleted directory's watch is dropped when the last reference to it goes, and that
-    /// can be later than the event that told of the deletion (a descriptor open in it).
-    private var retiring: [Int32: ContinuousClock.Instant] = [:]
-    /// How long a retiring watch waits for the kernel's `IN_IGNORED`.
-    private static let retirementDelay = Duration.seconds(1)
+    /// libinotifytools' inotify instance. Watches are added and removed on it directly,
+    /// so that the descriptor a caller gets is the one the kernel gave: libinotifytools
+    /// records watches by name, never forgets a watch the kernel dropped (a deleted
+    /// directory's), and never learns of a rename, so after `mv d e; mkdir d` its lookup
+    /// by name answers with `e`'s descriptor for the new `d`. libinotifytools still reads
+    /// and buffers every event.
+    private var instance: Int32 = -1
 
     /// At most 15 bytes: the kernel truncates longer thread names.
     static let threadName = "filecoord-watch"
@@ -168,7 +158,7 @@ public final class InotifyThread: @unchecked Sendable {
         }
     }
 
-    /// How many watches libinotifytools holds for the callers (the doorbell excluded).
+    /// How many watches the kernel holds for this process's callers (the doorbell excluded).
     func watchCount() async -> Int {
         guard startupError == nil else { return 0 }
         return await withCheckedContinuation { continuation in
@@ -218,6 +208,11 @@ public final class InotifyThread: @unchecked Sendable {
             failAll(Errno(rawValue: inotifytools_error()))
             return
         }
+        guard let instance = Self.findInstance(watching: doorbellWatch, of: doorbell) else {
+            failAll(.noSuchFileOrDirectory)
+            return
+        }
+        self.instance = instance
         // Commands sent before the doorbell was watched rang nothing: serve them now.
         drainCommands()
         var pending: InotifyEvent?
@@ -227,12 +222,7 @@ public final class InotifyThread: @unchecked Sendable {
                 event = next
                 pending = nil
             } else {
-                if !retiring.isEmpty { retireDue(idle: false) }
-                // While watches are retiring, wake after a second of quiet to remove them.
-                guard let raw = inotifytools_next_event(retiring.isEmpty ? -1 : 1) else {
-                    retireDue(idle: true)
-                    continue
-                }
+                guard let raw = inotifytools_next_event(-1) else { continue }
                 event = Self.copy(raw)
             }
             if event.wd == doorbellWatch {
@@ -264,25 +254,7 @@ public final class InotifyThread: @unchecked Sendable {
 
     private func deliver(_ event: InotifyEvent) {
         for client in clients[event.wd] ?? [] { client.handle(.event(event), thread: OnThread(owner: self)) }
-        if event.mask & UInt32(IN_IGNORED) != 0 {
-            clients[event.wd] = nil
-            masks[event.wd] = nil
-            retiring[event.wd] = nil
-        }
-    }
-
-    /// Removes the retiring watches whose time has come and that no client took up again
-    /// (a directory moved back in gets the same descriptor).
-    ///
-    /// `idle`: libinotifytools has just waited a second and read nothing, so no
-    /// `IN_IGNORED` is waiting in its buffer. Otherwise (events or commands keep coming)
-    /// a watch waits three times as long.
-    private func retireDue(idle: Bool) {
-        let now = ContinuousClock.now - (idle ? .zero : Self.retirementDelay * 2)
-        for (wd, deadline) in retiring where deadline <= now {
-            retiring[wd] = nil
-            if clients[wd] == nil { _ = inotifytools_remove_watch_by_wd(wd) }
-        }
+        if event.mask & UInt32(IN_IGNORED) != 0 { clients[event.wd] = nil }
     }
 
     private func deliverMove(from: InotifyEvent, to: InotifyEvent) {
@@ -299,35 +271,65 @@ public final class InotifyThread: @unchecked Sendable {
         }
     }
 
-    fileprivate func removeClient(_ client: any InotifyClient, from wd: Int32, mayBeGone: Bool = false) {
+    fileprivate func removeClient(_ client: any InotifyClient, from wd: Int32) {
         guard var list = clients[wd], let index = list.firstIndex(where: { $0 === client }) else { return }
         list.remove(at: index)
         if list.isEmpty {
             clients[wd] = nil
-            masks[wd] = nil
-            if mayBeGone {
-                retiring[wd] = ContinuousClock.now + Self.retirementDelay
-            } else {
-                retiring[wd] = nil
-                _ = inotifytools_remove_watch_by_wd(wd)
-            }
+            // EINVAL for a watch the kernel has dropped already: nothing to remove.
+            _ = inotify_rm_watch(instance, wd)
         } else {
             clients[wd] = list
         }
     }
 
     fileprivate func addWatchOnThread(_ path: FilePath, mask: UInt32, client: any InotifyClient) -> Result<Int32, FileCoordinationError> {
-        // A second watch of the same inode returns the same descriptor and replaces its
-        // mask: ask for the union of every client's mask.
-        let existing = path.withPlatformString { Self.watchDescriptor(of: $0) }
-        let combined = mask | (existing > 0 ? masks[existing] ?? 0 : 0)
-        let wd = path.withPlatformString { name in
-            inotifytools_watch_file(name, Int32(bitPattern: combined)) != 0 ? Self.watchDescriptor(of: name) : -1
-        }
-        guard wd > 0 else { return .failure(Self.watchError(path, Errno(rawValue: inotifytools_error()))) }
-        masks[wd] = (masks[wd] ?? 0) | combined
-        clients[wd, default: []].append(client)
+        // A second watch of the same inode returns the same descriptor; IN_MASK_ADD keeps
+        // the events the other clients asked for.
+        let wd = path.withPlatformString { inotify_add_watch(instance, $0, mask | UInt32(IN_MASK_ADD)) }
+        guard wd > 0 else { return .failure(Self.watchError(path, Errno(rawValue: errno))) }
+        if !(clients[wd]?.contains(where: { $0 === client }) ?? false) { clients[wd, default: []].append(client) }
         return .success(wd)
+    }
+
+    /// The descriptors of the watches the kernel holds on the instance, the doorbell's
+    /// excluded (from `/proc/self/fdinfo`: one `inotify wd:…` line per watch).
+    func kernelWatches() -> [Int32] {
+        Self.fdinfoWatches(instance).map(\.wd).filter { $0 != doorbellWatch }
+    }
+
+    /// The `(wd, inode)` of each watch listed in the fdinfo of descriptor `fd`.
+    private static func fdinfoWatches(_ fd: Int32) -> [(wd: Int32, inode: UInt64)] {
+        guard let file = fopen("/proc/self/fdinfo/\(fd)", "re") else { return [] }
+        defer { fclose(file) }
+        var watches: [(Int32, UInt64)] = []
+        var line: UnsafeMutablePointer<CChar>?
+        var capacity = 0
+        defer { free(line) }
+        while getline(&line, &capacity, file) > 0, let line {
+            var wd: UInt32 = 0
+            var inode: UInt64 = 0
+            if withVaList([withUnsafeMutablePointer(to: &wd) { $0 }, withUnsafeMutablePointer(to: &inode) { $0 }], {
+                vsscanf(line, "inotify wd:%x ino:%llx", $0)
+            }) == 2 {
+                watches.append((Int32(bitPattern: wd), inode))
+            }
+        }
+        return watches
+    }
+
+    /// libinotifytools' instance: the inotify descriptor of this process that holds the
+    /// doorbell's watch (libinotifytools does not publish it).
+    private static func findInstance(watching wd: Int32, of doorbell: Int32) -> Int32? {
+        var info = stat()
+        guard fstat(doorbell, &info) == 0, let directory = opendir("/proc/self/fd") else { return nil }
+        defer { closedir(directory) }
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let fd = Int32(name) else { continue }
+            if fdinfoWatches(fd).contains(where: { $0.wd == wd && $0.inode == UInt64(info.st_ino) }) { return fd }
+        }
+        return nil
     }
 
     private static func copy(_ raw: UnsafeMutablePointer<inotify_event>) -> InotifyEvent {
@@ -358,24 +360,9 @@ public final class InotifyThread: @unchecked Sendable {
             case .perform(let body):
                 body(OnThread(owner: self))
             case .count(let continuation):
-                continuation.resume(returning: Int(inotifytools_get_num_watches()) - 1)
+                continuation.resume(returning: kernelWatches().count)
             }
         }
-    }
-
-    /// The descriptor libinotifytools recorded for `name`; it records directories with a
-    /// trailing slash.
-    private static func watchDescriptor(of name: UnsafePointer<CChar>) -> Int32 {
-        let wd = inotifytools_wd_from_filename(name)
-        if wd > 0 { return wd }
-        // Built in a C buffer so that names that are not UTF-8 keep their bytes.
-        let length = strlen(name)
-        guard let slashed = malloc(length + 2)?.assumingMemoryBound(to: CChar.self) else { return -1 }
-        defer { free(slashed) }
-        memcpy(slashed, name, length)
-        slashed[length] = CChar(UInt8(ascii: "/"))
-        slashed[length + 1] = 0
-        return inotifytools_wd_from_filename(slashed)
     }
 
     static func watchError(_ path: FilePath, _ errno: Errno) -> FileCoordinationError {

@@ -26,6 +26,11 @@ public func writeFixture(_ data: Data, toPath path: String, mode: mode_t = 0o644
 /// Why a fixture could not be written.
 public struct FixtureError: Error, CustomStringConvertible {
     public let path: String, operation: String, errno: Int32
+    public init(path: String, operation: String, errno: Int32) {
+        self.path = path
+        self.operation = operation
+        self.errno = errno
+    }
     public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
 }
 

@@ -1,0 +1,130 @@
+import Foundation
+import SystemPackage
+import Testing
+import TestSupport
+@_spi(FileCoordinationInternal) @testable import FileWatching
+
+/// What a test author does to a watched directory (reused names, `mkdir -p` races, links,
+/// cancellation, several consumers), each of which once broke the watcher.
+@Suite("FileWatcher under a test author's fixtures")
+struct WatcherDefectTests {
+    @Test("a directory name deleted and made again is watched again, and so is one renamed away and reused")
+    func reusedDirectoryName() async throws {
+        let dir = WatchedDirectory()
+        try FileManager.default.createDirectory(atPath: dir.at("dd").string, withIntermediateDirectories: true)
+        let watcher = try await FileWatcher(watching: dir.path)
+
+        try FileManager.default.removeItem(atPath: dir.at("dd").string)
+        try FileManager.default.createDirectory(atPath: dir.at("dd/x").string, withIntermediateDirectories: true)
+        touch(dir.at("dd/f"))
+        let first = try await within(.seconds(30), "settle") { try await watcher.settle() }
+        #expect(first.first == FileEvent(.deleted, dir.at("dd"), isDirectory: true))
+        #expect(Set(first.dropFirst()) == [
+            FileEvent(.created, dir.at("dd"), isDirectory: true),
+            FileEvent(.created, dir.at("dd/x"), isDirectory: true), FileEvent(.created, dir.at("dd/f")),
+        ])
+        touch(dir.at("dd/g"))
+        touch(dir.at("dd/x/h"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("dd/g")), FileEvent(.created, dir.at("dd/x/h")),
+        ], "the new dd and dd/x are watched")
+
+        rename(dir.at("dd").string, dir.at("ee").string)
+        try FileManager.default.createDirectory(atPath: dir.at("dd/x").string, withIntermediateDirectories: true)
+        _ = try await within(.seconds(30), "settle") { try await watcher.settle() }
+        touch(dir.at("ee/in-ee"))
+        touch(dir.at("ee/x/in-ee-x"))
+        touch(dir.at("dd/in-dd"))
+        touch(dir.at("dd/x/in-dd-x"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("ee/in-ee")), FileEvent(.created, dir.at("ee/x/in-ee-x")),
+            FileEvent(.created, dir.at("dd/in-dd")), FileEvent(.created, dir.at("dd/x/in-dd-x")),
+        ], "changes are reported where they happened")
+
+        watcher.cancel()
+        _ = await watcher.watchCount() // runs after the cancellation on the watcher thread
+        let directories = ["", "dd", "dd/x", "ee", "ee/x"].map { $0.isEmpty ? dir.path : dir.at($0) }
+        #expect(KernelWatches.count(on: directories) == 0, "no kernel watch is left after cancel()")
+    }
+
+    @Test("mkdir -p racing the watcher: every item is reported once, and no watch is left after cancel()")
+    func mkdirRaceIsExact() async throws {
+        let dir = WatchedDirectory()
+        let watcher = try await FileWatcher(watching: dir.path)
+        // As a shell script does it: each mkdir -p makes three directories within
+        // microseconds, while the watcher is adding the first one's watch and listing it.
+        try await offThePool {
+            let shell = Process()
+            shell.executableURL = URL(fileURLWithPath: "/bin/sh")
+            shell.arguments = ["-c", "cd \"$1\" && for i in $(seq 0 199); do mkdir -p r$i/b/c && touch r$i/b/c/f; done",
+                               "sh", dir.path.string]
+            try shell.run()
+            shell.waitUntilExit()
+        }
+        let events = try await within(.seconds(60), "settle") { try await watcher.settle() }
+        var seen: [FileEvent: Int] = [:]
+        for event in events { seen[event, default: 0] += 1 }
+        #expect(seen.filter { $0.value > 1 }.isEmpty, "duplicated: \(seen.filter { $0.value > 1 })")
+        // touch(1) sets the new file's times: seen when c's watch came before it.
+        #expect(events.filter { $0.kind == .created }.count == 4 * 200)
+        #expect(events.allSatisfy { $0.kind == .created || ($0.kind == .attributesChanged && $0.path.lastComponent == "f") })
+        watcher.cancel()
+        _ = await watcher.watchCount()
+        let directories = [dir.path] + (0 ..< 200).flatMap { round in
+            ["r\(round)", "r\(round)/b", "r\(round)/b/c"].map { dir.at($0) }
+        }
+        #expect(KernelWatches.count(on: directories) == 0, "no kernel watch is left after cancel()")
+    }
+
+    @Test("a symbolic link to a directory as the root watches the directory")
+    func symbolicLinkRoot() async throws {
+        let dir = WatchedDirectory()
+        try FileManager.default.createDirectory(atPath: dir.at("real/sub").string, withIntermediateDirectories: true)
+        symlink(dir.at("real").string, dir.at("link").string)
+        let watcher = try await FileWatcher(watching: dir.at("link"))
+        touch(dir.at("real/f"))
+        touch(dir.at("real/sub/g"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("link/f")), FileEvent(.created, dir.at("link/sub/g")),
+        ], "reported under the path the watcher was given")
+        watcher.cancel()
+    }
+
+    @Test("cancelling the task that iterates removes the watches")
+    func cancellingTheIteratingTask() async throws {
+        let dir = WatchedDirectory()
+        try FileManager.default.createDirectory(atPath: dir.at("a/b").string, withIntermediateDirectories: true)
+        let watcher = try await FileWatcher(watching: dir.path)
+        let directories = [dir.path, dir.at("a"), dir.at("a/b")]
+        #expect(KernelWatches.count(on: directories) == 3)
+        let consumer = Task { for try await _ in watcher {} }
+        touch(dir.at("a/b/f"))
+        try await watcher.sync()
+        consumer.cancel()
+        _ = await consumer.result
+        _ = await watcher.watchCount() // runs after the removal on the watcher thread
+        #expect(KernelWatches.count(on: directories) == 0)
+    }
+
+    @Test("two tasks iterating one watcher: each event reaches one of them, and cancel() ends both")
+    func twoConsumers() async throws {
+        let dir = WatchedDirectory()
+        let watcher = try await FileWatcher(watching: dir.path)
+        let consumers = (0 ..< 2).map { _ in
+            Task { () -> [FileEvent] in
+                var seen: [FileEvent] = []
+                for try await event in watcher { seen.append(event) }
+                return seen
+            }
+        }
+        for index in 0 ..< 10 { touch(dir.at("f\(index)")) }
+        try await watcher.sync()
+        watcher.cancel()
+        var all: [FileEvent] = []
+        for consumer in consumers {
+            all += try await within(.seconds(30), "a consumer's iteration") { try await consumer.value }
+        }
+        #expect(Set(all) == Set((0 ..< 10).map { FileEvent(.created, dir.at("f\($0)")) }))
+        #expect(all.count == 10)
+    }
+}
