@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test demo bench clean
+.PHONY: all deps build test watch-check demo bench clean
 
 all: build
 
@@ -39,6 +39,14 @@ test: deps
 	@# One plain closing line: XCTest's "Executed 0 tests" (it finds no XCTest cases)
 	@# comes before Swift Testing's own summary, which counts the real tests.
 	@sed -nE 's/.*Test run with ([0-9]+) tests? in .* passed after.*/tests: \1 passed, 0 failed/p' .build/test.log | tail -1
+
+# The watcher's seeded model check at length: 50 seeds of 3,000 steps (some 4 minutes
+# here); a failing seed is printed, and FILECOORD_WATCH_CHECK_SEED=N replays it.
+watch-check: deps
+	$(SWIFT) build --build-tests
+	FILECOORD_WATCH_CHECK_SEEDS=$${FILECOORD_WATCH_CHECK_SEEDS:-50} \
+	FILECOORD_WATCH_CHECK_STEPS=$${FILECOORD_WATCH_CHECK_STEPS:-3000} \
+		$(SWIFT) test --skip-build --filter WatcherModelCheck
 
 demo: deps
 	$(SWIFT) build -c release --product filecoord

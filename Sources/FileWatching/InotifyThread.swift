@@ -307,13 +307,13 @@ public final class InotifyThread: @unchecked Sendable {
         var capacity = 0
         defer { free(line) }
         while getline(&line, &capacity, file) > 0, let line {
-            var wd: UInt32 = 0
-            var inode: UInt64 = 0
-            if withVaList([withUnsafeMutablePointer(to: &wd) { $0 }, withUnsafeMutablePointer(to: &inode) { $0 }], {
-                vsscanf(line, "inotify wd:%x ino:%llx", $0)
-            }) == 2 {
-                watches.append((Int32(bitPattern: wd), inode))
-            }
+            // inotify wd:1 ino:2a sdev:… (hexadecimal)
+            let fields = String(cString: line).split(separator: " ")
+            guard fields.first == "inotify",
+                  let wd = fields.first(where: { $0.hasPrefix("wd:") }).flatMap({ Int32($0.dropFirst(3), radix: 16) }),
+                  let inode = fields.first(where: { $0.hasPrefix("ino:") }).flatMap({ UInt64($0.dropFirst(4), radix: 16) })
+            else { continue }
+            watches.append((wd, inode))
         }
         return watches
     }

@@ -208,6 +208,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private func selfEvent(_ mask: UInt32, of directory: WatchNode, wd: Int32, thread: InotifyThread.OnThread) {
         let gone = mask & UInt32(IN_IGNORED) != 0
         if directory === top {
+            // A watched file's directory renamed: the file is still watched through it.
+            if !rootIsDirectory && mask == UInt32(IN_MOVE_SELF) { return }
             // The root (or a watched file's directory) went away, or its watch did: nothing
             // more can be seen, and a sync could never complete.
             if rootIsDirectory { emit(.deleted, path: [], isDirectory: true, absolute: root) }

@@ -7,7 +7,8 @@
 // large:  8 files of 64 MiB, read whole (MiB/s)
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
-// coordination: in-process coordination cost; watch: inotify latency and bursts
+// coordination: in-process coordination cost; watch: inotify latency, bursts and
+// watched deletion (watch-delete alone)
 // space: across processes (a second process of this binary presents and holds claims)
 //
 // Environment: FILECOORD_BENCH_ONLY=prefix measures only matching methods (and the C
@@ -604,6 +605,48 @@ func runWatch() async throws {
     print("  \(inotifywait)")
 }
 
+/// `rm -rf` of a watched tree (100 directories, on tmpfs), deleted 10,000 files at a
+/// time so that the kernel queue never overflows: the watcher's rate, from the first
+/// deletion of each chunk to its last event. A per-event cost that grows with the tree
+/// shows as a lower rate for the larger trees.
+func runWatchDeletion() async throws {
+    func now() -> UInt64 { DispatchTime.now().uptimeNanoseconds }
+    let fast = FileManager.default.fileExists(atPath: "/dev/shm") ? FilePath("/dev/shm") : FilePath(NSTemporaryDirectory())
+    print("\nwatched deletion (rm -rf of a watched tree of 100 directories, tmpfs, 10,000 deletions at a time)")
+    var rates: [Int: Double] = [:]
+    for count in [2_000, 20_000, 200_000] {
+        let root = fast.appending("filecoord-bench-delete-\(getpid())-\(count)")
+        let directories = (0 ..< 100).map { root.appending("d\($0)").string }
+        for directory in directories { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        let files = (0 ..< count).map { directories[$0 % 100] + "/f\($0)" }
+        for file in files { close(open(file, O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
+        let watcher = try await FileWatcher(watching: root)
+        var events = watcher.makeAsyncIterator()
+        var seconds = 0.0, received = 0, resync = false
+        var chunks = Array(stride(from: 0, to: count, by: 10_000).map { Array(files[$0 ..< min(count, $0 + 10_000)]) })
+        chunks.append(directories)
+        for chunk in chunks where !resync {
+            let start = now()
+            for path in chunk { _ = chunk == directories ? rmdir(path) : unlink(path) }
+            var got = 0
+            while got < chunk.count, let event = try await events.next() {
+                if event.kind == .resync { resync = true; break }
+                if event.kind == .deleted { got += 1 }
+            }
+            received += got
+            seconds += Double(now() - start) / 1e9
+        }
+        watcher.cancel()
+        try? FileManager.default.removeItem(atPath: root.string)
+        rates[count] = Double(received) / seconds
+        print(String(format: "  %7d files + 100 directories: %d deletions reported in %.2f s, %.0f events/s%@",
+                     count, received, seconds, Double(received) / seconds, resync ? " (the queue overflowed: a resync)" : ""))
+    }
+    let ratio = (rates[200_000] ?? 0) / (rates[2_000] ?? 1)
+    print(String(format: "  200,000 against 2,000: %.2fx the rate   goal >= 0.5x (linear) and >= 20,000 events/s at 20,000: %@",
+                 ratio, ratio >= 0.5 && (rates[20_000] ?? 0) >= 20_000 ? "met" : "NOT MET"))
+}
+
 func residentKiB() -> Int {
     let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
     let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
@@ -642,6 +685,9 @@ for workload in workloads {
         try await runCoordination(dataset.small)
     case "watch":
         try await runWatch()
+        try await runWatchDeletion()
+    case "watch-delete":
+        try await runWatchDeletion()
     case "space":
         try await runSpace(dataset.small)
     default:
