@@ -125,7 +125,11 @@ final class EventBuffer: Sendable {
         }
         for waiter in waiters { waiter.resume() }
         // A sync can no longer complete: its cookie will not be seen.
-        for cookie in cookies { cookie.resume(throwing: CancellationError()) }
+        for cookie in cookies {
+            cookie.resume(throwing: FileCoordinationError(
+                code: .cancelled, path: resyncEvent.path, operation: "sync",
+                message: "the watcher has stopped (cancelled, or its root is gone)"))
+        }
         return ended
     }
 

@@ -35,7 +35,8 @@ public struct FileEvent: Sendable, Hashable, CustomStringConvertible {
             case unmounted
         }
 
-        /// Where the events were lost (the first cause, when several came together).
+        /// Where the events were lost; when several causes came together, a kernel
+        /// overflow or an unmount (which lose an unknown number) rather than the buffer.
         public var cause: Cause
         /// How many events were dropped, when known (always for ``Cause/buffer``).
         public var lostEvents: Int?

@@ -32,8 +32,8 @@ import Glibc
 ///   iterated again, and is stopped by ``cancel()`` or when it is released.
 /// - Any number of tasks may iterate at once; each event goes to one of them.
 ///
-/// A symbolic link given as the root is followed (its directory is watched; events are
-/// reported under the path given). Links inside the tree are reported as entries, not
+/// A symbolic link to a directory given as the root is followed (the directory is
+/// watched; events are reported under the path given). Links inside the tree are reported as entries, not
 /// followed. A directory reached twice (through a bind mount) is watched once. Hard
 /// links are one file: a change through one name is reported under the name the kernel
 /// gives, which is the one in a watched directory.
@@ -54,7 +54,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// checks that the path still leads there.
     private let syncDirectoryIdentity: DirectoryIdentity
     private let settleInterval: Duration?
-    private let syncCounter = Atomic<Int>(0)
+    private static let syncCounter = Atomic<Int>(0)
     /// Coalesced events taken from the buffer and not yet delivered (with a settle interval).
     private let held = Mutex<[(FileEvent, UInt64)]>([])
     private let lastSequence = Atomic<UInt64>(0)
@@ -113,35 +113,54 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// - Throws: ``FileCoordinationError/Code/timedOut`` after `timeout`;
     ///   ``FileCoordinationError/Code/cancelled`` once the watcher has stopped.
     public func sync(timeout: Duration = FileWatcher.defaultSyncTimeout) async throws {
-        let name = ".filecoord-sync-\(getpid())-\(syncCounter.add(1, ordering: .relaxed).newValue)"
+        // Unique in the process: watchers of one directory (presenters of two files in
+        // it) must not take each other's markers.
+        let name = ".filecoord-sync-\(getpid())-\(Self.syncCounter.add(1, ordering: .relaxed).newValue)"
         let marker = tree.syncDirectory.appending(name)
         let buffer = tree.buffer
-        let timer = Task {
-            try await Task.sleep(for: timeout) // the caller's time limit
-            buffer.failCookie(name, FileCoordinationError(
-                code: .timedOut, path: root, operation: "sync", errno: .timedOut,
-                message: "its marker's event did not arrive within \(timeout)"))
-        }
-        defer { timer.cancel() }
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                guard buffer.expectCookie(name, continuation) else {
-                    continuation.resume(throwing: stoppedError("sync"))
-                    return
-                }
-                Task {
-                    do {
-                        try await runOnIOThread { [self] () throws in try writeMarker(name) }
-                    } catch {
-                        buffer.failCookie(name, error)
-                        // The directory was replaced: nothing more can be seen.
-                        if (error as? FileCoordinationError)?.operation == "sync" { cancel() }
+        let timer = Mutex<Task<Void, Never>?>(nil)
+        defer { timer.withLock { $0?.cancel() } }
+        let root = root
+        do {
+            try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    guard buffer.expectCookie(name, continuation) else {
+                        continuation.resume(throwing: stoppedError("sync"))
+                        return
+                    }
+                    // Started once the marker is registered, so that it cannot fire before.
+                    timer.withLock {
+                        $0 = Task {
+                            try? await Task.sleep(for: timeout) // the caller's time limit
+                            guard !Task.isCancelled else { return }
+                            buffer.failCookie(name, FileCoordinationError(
+                                code: .timedOut, path: root, operation: "sync", errno: .timedOut,
+                                message: "its marker's event did not arrive within \(timeout)"))
+                        }
+                    }
+                    if Task.isCancelled { buffer.failCookie(name, CancellationError()) }
+                    Task {
+                        do {
+                            try await runOnIOThread { [self] () throws in try writeMarker(name) }
+                        } catch {
+                            buffer.failCookie(name, error)
+                            // The directory was replaced: nothing more can be seen.
+                            if (error as? FileCoordinationError)?.operation == "sync" { cancel() }
+                        }
                     }
                 }
+            } onCancel: {
+                buffer.failCookie(name, CancellationError())
             }
-        } onCancel: {
-            buffer.failCookie(name, CancellationError())
+        } catch {
+            await removeMarker(marker)
+            throw error
         }
+        await removeMarker(marker)
+    }
+
+    /// Removes a marker whose sync failed (a timeout, a cancellation), if it was made.
+    private func removeMarker(_ marker: FilePath) async {
         _ = try? await runOnIOThread { _ = marker.withPlatformString { unlink($0) } }
     }
 
@@ -162,7 +181,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
                 message: "the watched directory was replaced (deleted and made again, or unmounted); "
                     + "its changes can no longer be seen, and the watcher has stopped")
         }
-        let fd = openat(dirfd, name, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+        let fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory.appending(name)) }
         close(fd)
     }

@@ -54,7 +54,7 @@ public final class InotifyThread: @unchecked Sendable {
         case add(FilePath, UInt32, Handler, CheckedContinuation<Result<Int32, FileCoordinationError>, Never>)
         case remove(Int32, CheckedContinuation<Void, Never>)
         case count(CheckedContinuation<Int, Never>)
-        case perform(@Sendable (OnThread) -> Void)
+        case perform(@Sendable (OnThread) -> Void, @Sendable (FileCoordinationError) -> Void)
     }
 
     /// Watch operations valid only on the watcher thread (inside a client's `handle`, or
@@ -77,13 +77,21 @@ public final class InotifyThread: @unchecked Sendable {
     /// Whether the kernel still holds a watch with this descriptor for this process.
     func isWatching(_ wd: Int32) async -> Bool {
         await withCheckedContinuation { continuation in
-            perform { thread in continuation.resume(returning: thread.owner.kernelWatches().contains { $0 == wd }) }
+            perform { thread in continuation.resume(returning: thread.owner.kernelWatches().contains { $0 == wd }) } orFail: { _ in
+                continuation.resume(returning: false)
+            }
         }
     }
 
-    /// Runs `body` on the watcher thread, where it may add and remove watches directly.
-    func perform(_ body: @escaping @Sendable (OnThread) -> Void) {
-        send(.perform(body))
+    /// Runs `body` on the watcher thread, where it may add and remove watches directly;
+    /// `orFail` instead when the thread could not start inotify.
+    func perform(_ body: @escaping @Sendable (OnThread) -> Void,
+                 orFail: @escaping @Sendable (FileCoordinationError) -> Void = { _ in }) {
+        if let startupError {
+            orFail(startupError)
+            return
+        }
+        send(.perform(body, orFail))
     }
 
     private struct Queue {
@@ -186,7 +194,7 @@ public final class InotifyThread: @unchecked Sendable {
         case .add(_, _, _, let continuation): continuation.resume(returning: .failure(error))
         case .remove(_, let continuation): continuation.resume()
         case .count(let continuation): continuation.resume(returning: 0)
-        case .perform: break
+        case .perform(_, let orFail): orFail(error)
         }
     }
 
@@ -357,7 +365,7 @@ public final class InotifyThread: @unchecked Sendable {
                 // The closure API: its client is the only one of its kind on this descriptor.
                 if let client = clients[wd]?.first(where: { $0 is ClosureClient }) { removeClient(client, from: wd) }
                 continuation.resume()
-            case .perform(let body):
+            case .perform(let body, _):
                 body(OnThread(owner: self))
             case .count(let continuation):
                 continuation.resume(returning: kernelWatches().count)

@@ -112,6 +112,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
                     }
                     continuation.resume(returning: .success(()))
                 }
+            } orFail: { error in
+                continuation.resume(returning: .failure(error))
             }
         }
         try result.get()
@@ -133,13 +135,17 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// The watch descriptors held (tests).
     func watchDescriptors() async -> [Int32] {
         await withCheckedContinuation { continuation in
-            InotifyThread.shared.perform { _ in continuation.resume(returning: Array(self.nodes.keys)) }
+            InotifyThread.shared.perform { _ in continuation.resume(returning: Array(self.nodes.keys)) } orFail: { _ in
+                continuation.resume(returning: [])
+            }
         }
     }
 
     func watchCount() async -> Int {
         await withCheckedContinuation { continuation in
-            InotifyThread.shared.perform { _ in continuation.resume(returning: self.nodes.count) }
+            InotifyThread.shared.perform { _ in continuation.resume(returning: self.nodes.count) } orFail: { _ in
+                continuation.resume(returning: 0)
+            }
         }
     }
 
@@ -309,6 +315,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         node.parent = target
         target.children[newName] = node
         emit(.moved, path: from, isDirectory: node.isDirectory, destination: child(target, newName))
+        // Created and renamed before its event was read (`mkdir a; mv a b`): its watch
+        // failed under the old name; it is watched and listed under the new one.
+        if node.isDirectory && recursive && node.wd < 0 { watchAndScan(node, thread: thread) }
     }
 
     /// Forgets a node and everything below it, removing the watches of its directories.
@@ -333,8 +342,21 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// node (the same directory reached twice, through a bind mount) or cannot be watched.
     @discardableResult
     private func watch(_ node: WatchNode, thread: InotifyThread.OnThread) -> Bool {
-        guard case .success(let wd) = thread.addWatch(absolute(node), mask: Self.mask, client: self) else { return false }
-        if let other = nodes[wd], other !== node { return false }
+        let path = absolute(node)
+        guard case .success(let wd) = thread.addWatch(path, mask: Self.mask, client: self) else { return false }
+        if let other = nodes[wd], other !== node {
+            // The same directory under two paths (a bind mount): keep the first. But if
+            // the other node's path no longer leads there, it was given this directory's
+            // watch by a path that was reused before its event was read (`mkdir a;
+            // mv a b; mkdir a`): the watch is this node's, and the other is watched again.
+            guard Self.inode(absolute(other)) != Self.inode(path) else { return false }
+            other.wd = -1
+            node.wd = wd
+            nodes[wd] = node
+            // What the other node learned through the wrong watch is corrected too.
+            if watch(other, thread: thread) { reconcile(other, thread: thread) }
+            return true
+        }
         node.wd = wd
         nodes[wd] = node
         return true

@@ -76,6 +76,48 @@ struct WatcherDefectTests {
         #expect(KernelWatches.count(on: directories) == 0, "no kernel watch is left after cancel()")
     }
 
+    @Test("a directory renamed, and its name reused, before the watcher read their events: both are watched")
+    func renamedBeforeRead() async throws {
+        let dir = WatchedDirectory()
+        let watcher = try await FileWatcher(watching: dir.path)
+        let gate = DispatchSemaphore(value: 0)
+        InotifyThread.shared.perform { _ in gate.wait() } // the watcher reads nothing meanwhile
+        try FileManager.default.createDirectory(atPath: dir.at("a").string, withIntermediateDirectories: true)
+        touch(dir.at("a/f"))
+        rename(dir.at("a").string, dir.at("b").string)
+        try FileManager.default.createDirectory(atPath: dir.at("a").string, withIntermediateDirectories: true)
+        touch(dir.at("a/g"))
+        gate.signal()
+        let events = try await within(.seconds(30), "settle") { try await watcher.settle() }
+        var model: [String: Bool] = [:]
+        for event in events { #expect(WatcherModelCheck.apply(event, to: &model) == nil, "\(events)") }
+        #expect(model == WatcherModelCheck.listTree(dir.path), "\(events)")
+        touch(dir.at("b/h"))
+        touch(dir.at("a/i"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("b/h")), FileEvent(.created, dir.at("a/i")),
+        ])
+        watcher.cancel()
+    }
+
+    @Test("watchers of two files in one directory sync at once, each on its own marker")
+    func twoWatchersOneDirectory() async throws {
+        let dir = WatchedDirectory()
+        touch(dir.at("one"))
+        touch(dir.at("two"))
+        let first = try await FileWatcher(watching: dir.at("one"))
+        let second = try await FileWatcher(watching: dir.at("two"))
+        for _ in 0 ..< 20 {
+            async let a: Void = first.sync(timeout: .seconds(30))
+            async let b: Void = second.sync(timeout: .seconds(30))
+            _ = try await (a, b)
+        }
+        first.cancel()
+        second.cancel()
+        let markers = try FileManager.default.contentsOfDirectory(atPath: dir.path.string).filter { $0.hasPrefix(".filecoord-sync-") }
+        #expect(markers.isEmpty, "no marker is left behind")
+    }
+
     @Test("a symbolic link to a directory as the root watches the directory")
     func symbolicLinkRoot() async throws {
         let dir = WatchedDirectory()
