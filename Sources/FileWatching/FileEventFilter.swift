@@ -45,7 +45,6 @@ public struct FileEventFilter: Sendable, Hashable {
     public func accepts(_ event: FileEvent) -> Bool {
         if event.kind == .resync { return true }
         guard kinds.contains(event.kind) else { return false }
-        if self == .all { return true }
         if accepts(path: event.relativePath) { return true }
         return event.relativeDestination.map { accepts(path: $0) } ?? false
     }

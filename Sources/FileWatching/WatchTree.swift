@@ -56,7 +56,8 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     let root: FilePath
     let rootIsDirectory: Bool
     let recursive: Bool
-    let filter: FileEventFilter
+    /// The filter, or nil when it passes everything (the usual case: no test per event).
+    let filter: FileEventFilter?
     let buffer: EventBuffer
     /// Where sync cookies go: the root directory, or the watched file's directory.
     let syncDirectory: FilePath
@@ -82,7 +83,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         self.root = root
         self.rootIsDirectory = rootIsDirectory
         self.recursive = recursive
-        self.filter = filter
+        self.filter = filter == .all ? nil : filter
         syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
         rootBytes = syncDirectory.platformBytes
         fileName = rootIsDirectory ? [] : root.lastComponent.map { FilePath(root: nil, [$0]).platformBytes } ?? []
@@ -437,32 +438,31 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     /// The absolute path of a node, for system calls.
     private func absolute(_ node: WatchNode) -> FilePath {
-        let relative = node.relativeBytes
-        return relative.isEmpty ? syncDirectory : FilePath(platformBytes: rootBytes + [UInt8(ascii: "/")] + relative)
+        absolute(relative: node.relativeBytes)
+    }
+
+    /// The path below the watched directory given by its relative bytes.
+    private func absolute(relative: [UInt8]) -> FilePath {
+        relative.isEmpty ? syncDirectory : FilePath(platformBytes: rootBytes + [UInt8(ascii: "/")] + relative)
     }
 
     private func emit(_ kind: FileEvent.Kind, path relative: [UInt8], isDirectory: Bool,
                       destination: [UInt8]? = nil, absolute: FilePath? = nil) {
-        func full(_ relative: [UInt8]) -> FilePath {
-            relative.isEmpty ? syncDirectory : FilePath(platformBytes: rootBytes + [UInt8(ascii: "/")] + relative)
-        }
-        let event = FileEvent(kind, absolute ?? full(relative), relativePath: FilePath(platformBytes: relative),
-                              destination: destination.map(full),
+        let event = FileEvent(kind, absolute ?? self.absolute(relative: relative), relativePath: FilePath(platformBytes: relative),
+                              destination: destination.map { self.absolute(relative: $0) },
                               relativeDestination: destination.map { FilePath(platformBytes: $0) }, isDirectory: isDirectory)
-        if filter.accepts(event) { buffer.append(event) }
+        if filter?.accepts(event) ?? true { buffer.append(event) }
     }
 
     // MARK: Helpers (watcher thread; blocking calls are fine on this thread)
 
-    static func exists(_ path: FilePath) -> Bool {
-        var info = stat()
-        return path.withPlatformString { lstat($0, &info) } == 0
-    }
-
+    /// The inode number of `path` (not following a link), 0 when nothing is there.
     static func inode(_ path: FilePath) -> UInt64 {
         var info = stat()
         return path.withPlatformString { lstat($0, &info) } == 0 ? UInt64(info.st_ino) : 0
     }
+
+    static func exists(_ path: FilePath) -> Bool { inode(path) != 0 }
 
     /// The entries of a directory with whether each is a directory (not following links)
     /// and its inode number.

@@ -156,20 +156,3 @@ final class Locked<Value: Sendable>: Sendable {
     init(_ value: Value) { mutex = Mutex(value) }
     func withLock<T>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
 }
-
-/// Runs `arguments` (looked up by `/usr/bin/env`) to its end on a thread of its own, and
-/// gives its exit status and standard output. Waiting for a child process blocks, and
-/// the cooperative pool, which every test shares, must not.
-func runToEnd(_ arguments: [String]) async throws -> (status: Int32, output: String) {
-    try await offThePool {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, text)
-    }
-}

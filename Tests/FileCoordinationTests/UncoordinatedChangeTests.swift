@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import FileCoordination
+import TestSupport
 
 /// Changes made by programs that never coordinate reach registered presenters.
 @Suite("Presenters hear uncoordinated changes", .timeLimit(.minutes(3)))

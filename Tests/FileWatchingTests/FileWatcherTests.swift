@@ -20,11 +20,6 @@ func touch(_ path: FilePath, _ content: String? = nil) {
     close(fd)
 }
 
-/// Everything that happened up to now.
-func settled(_ watcher: FileWatcher) async throws -> [FileEvent] {
-    try await watcher.settle()
-}
-
 @Suite("FileWatcher")
 struct FileWatcherTests {
     @Test("created, modified, attributes, deleted, for changes made by anyone")
@@ -37,7 +32,7 @@ struct FileWatcherTests {
         touch(file, "and more")
         chmod(file.string, 0o600)
         unlink(file.string)
-        let events = try await settled(watcher)
+        let events = try await watcher.settle()
         #expect(events == [
             FileEvent(.created, file), FileEvent(.modified, file),
             FileEvent(.attributesChanged, file), FileEvent(.deleted, file),
@@ -55,7 +50,7 @@ struct FileWatcherTests {
         rename(dir.at("one").string, dir.at("sub/two").string)
         rename(dir.at("sub/two").string, outside.at("gone").string)
         rename(outside.at("visitor").string, dir.at("arrived").string)
-        let events = try await settled(watcher)
+        let events = try await watcher.settle()
         #expect(events == [
             FileEvent(.moved, dir.at("one"), destination: dir.at("sub/two")),
             FileEvent(.deleted, dir.at("sub/two")),
@@ -73,7 +68,7 @@ struct FileWatcherTests {
             try FileManager.default.createDirectory(atPath: leaf.string, withIntermediateDirectories: true)
             touch(leaf.appending("f"))
         }
-        let created = Set(try await settled(watcher).filter { $0.kind == .created }.map(\.path))
+        let created = Set(try await watcher.settle().filter { $0.kind == .created }.map(\.path))
         for round in 0 ..< 200 {
             for path in ["r\(round)", "r\(round)/b", "r\(round)/b/c", "r\(round)/b/c/f"] {
                 #expect(created.contains(dir.at(path)), "missed \(path)")
@@ -92,7 +87,7 @@ struct FileWatcherTests {
         let before = await watcher.tree.watchDescriptors()
         rename(dir.at("tree").string, outside.at("tree").string)
         touch(outside.at("tree/inner/after-the-move"))
-        let events = try await settled(watcher)
+        let events = try await watcher.settle()
         #expect(events == [FileEvent(.deleted, dir.at("tree"), isDirectory: true)])
         #expect(await watcher.watchCount() == 1)
         let moved = Set(before).subtracting(await watcher.tree.watchDescriptors())
@@ -107,12 +102,12 @@ struct FileWatcherTests {
         let dir = WatchedDirectory()
         let watcher = try await FileWatcher(watching: dir.path, bufferLimit: 10)
         for index in 0 ..< 50 { touch(dir.at("burst\(index)")) }
-        let events = try await settled(watcher)
+        let events = try await watcher.settle()
         #expect(events.count == 11)
         #expect(events.last?.kind == .resync)
         // Afterwards the watcher works as before.
         touch(dir.at("later"))
-        #expect(try await settled(watcher) == [FileEvent(.created, dir.at("later"))])
+        #expect(try await watcher.settle() == [FileEvent(.created, dir.at("later"))])
         watcher.cancel()
     }
 
@@ -148,12 +143,12 @@ struct FileWatcherTests {
         let watcher = try await FileWatcher(watching: file)
         touch(file, "appended")
         touch(dir.at("unrelated"), "noise")
-        #expect(try await settled(watcher) == [FileEvent(.modified, file)], "other files in the directory are not reported")
+        #expect(try await watcher.settle() == [FileEvent(.modified, file)], "other files in the directory are not reported")
         touch(dir.at(".doc.txt.swp"), "v2")
         rename(dir.at(".doc.txt.swp").string, file.string)
-        #expect(try await settled(watcher) == [FileEvent(.modified, file)], "a save by rename is a change, not a deletion")
+        #expect(try await watcher.settle() == [FileEvent(.modified, file)], "a save by rename is a change, not a deletion")
         unlink(file.string)
-        #expect(try await settled(watcher) == [FileEvent(.deleted, file)])
+        #expect(try await watcher.settle() == [FileEvent(.deleted, file)])
         watcher.cancel()
     }
 

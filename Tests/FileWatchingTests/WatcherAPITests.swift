@@ -112,14 +112,14 @@ struct WatcherAPITests {
           .enabled(if: getuid() == 0))
     func unmountedBindMount() async throws {
         let source = WatchedDirectory(), mountPoint = WatchedDirectory()
-        guard try await run("/bin/mount", ["--bind", source.path.string, mountPoint.path.string]) == 0 else {
+        guard try await runToEnd(["mount", "--bind", source.path.string, mountPoint.path.string]).status == 0 else {
             Issue.record("mount --bind failed: this test needs a root that may mount")
             return
         }
         let watcher = try await FileWatcher(watching: mountPoint.path)
         touch(mountPoint.at("inside"))
         #expect(try await watcher.settle() == [FileEvent(.created, mountPoint.at("inside"))])
-        #expect(try await run("/bin/umount", [mountPoint.path.string]) == 0)
+        #expect(try await runToEnd(["umount", mountPoint.path.string]).status == 0)
         // The kernel sends no event when a bind mount goes (its file system stays).
         let error = await #expect(throws: FileCoordinationError.self) {
             try await within(.seconds(30), "sync after the unmount") { try await watcher.sync() }
@@ -127,17 +127,5 @@ struct WatcherAPITests {
         #expect(error?.code == .notFound, "\(String(describing: error))")
         #expect(error?.message.contains("replaced") == true, "\(String(describing: error))")
         #expect(try await watcher.next(timeout: .seconds(30)) == nil, "the sequence has ended")
-    }
-}
-
-/// Runs a program to its end (on a thread of its own) and gives its exit status.
-func run(_ program: String, _ arguments: [String]) async throws -> Int32 {
-    try await offThePool {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: program)
-        process.arguments = arguments
-        try process.run()
-        process.waitUntilExit()
-        return process.terminationStatus
     }
 }

@@ -18,19 +18,9 @@ struct WatcherOverflowTests {
     func isolated() async throws {
         guard !Self.inChild else { return }
         let binary = try #require(ProcessInfo.processInfo.arguments.first)
-        let (status, output) = try await offThePool { () throws -> (Int32, String) in
-            let child = Process()
-            child.executableURL = URL(fileURLWithPath: binary)
-            child.arguments = ["--testing-library", "swift-testing", "--filter", "WatcherOverflowTests/child"]
-            child.environment = ProcessInfo.processInfo.environment.merging([Self.childVariable: "1"]) { $1 }
-            let pipe = Pipe()
-            child.standardOutput = pipe
-            child.standardError = pipe
-            try child.run()
-            let output = pipe.fileHandleForReading.readDataToEndOfFile()
-            child.waitUntilExit()
-            return (child.terminationStatus, String(decoding: output, as: UTF8.self))
-        }
+        let (status, output) = try await runToEnd(
+            [binary, "--testing-library", "swift-testing", "--filter", "WatcherOverflowTests/child"],
+            environment: [Self.childVariable: "1"], includeStandardError: true)
         #expect(status == 0, "\(output)")
         #expect(output.contains("Test run with 2 tests"), "\(output)")
     }

@@ -46,6 +46,29 @@ public func offThePool<T: Sendable>(_ work: @escaping @Sendable () throws -> T) 
     }
 }
 
+/// Runs `arguments` (looked up by `/usr/bin/env`) to its end on a thread of its own, and
+/// gives its exit status and standard output (with its standard error too, when
+/// `includeStandardError`). Waiting for a child process blocks, and the cooperative pool,
+/// which every test shares, must not.
+public func runToEnd(_ arguments: [String], environment: [String: String] = [:],
+                     includeStandardError: Bool = false) async throws -> (status: Int32, output: String) {
+    try await offThePool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
+        let output = Pipe()
+        process.standardOutput = output
+        if includeStandardError { process.standardError = output }
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return (process.terminationStatus, text)
+    }
+}
+
 /// Removes the tree at `path` on a serial queue of its own, and returns at once: for a
 /// test directory's clean-up, which runs where its last reference goes (a deinit on the
 /// cooperative pool) and may unlink thousands of files.
