@@ -54,11 +54,12 @@ final class SpaceLocks: Sendable {
 
     /// What one claim asks the kernel for.
     struct Plan: Sendable {
-        /// Writer queue bytes: taken first, in order, and kept while waiting.
+        /// Writer queue bytes, sorted: taken first, in order, and kept while waiting (below
+        /// the first check that fails).
         var queue: [Byte] = []
         /// Taken all together or not at all.
         var bytes: [Byte] = []
-        /// Queue bytes that must be free (not held by another process's writer).
+        /// Queue bytes that must be free (not held by another process's writer), sorted.
         var checks: [Int64] = []
     }
 
@@ -366,7 +367,10 @@ final class SpaceLocks: Sendable {
         // One claim's bytes are distinct (its item's bytes and its directories' "inside"
         // bytes differ in their offset modulo 4). Several claims may share some: a byte
         // both shared and exclusive is taken exclusive, once; queue bytes go in one order.
-        guard claims.count > 1 else { return plan }
+        guard claims.count > 1 else {
+            plan.checks.sort() // in one order with the queue bytes (see `attempt`)
+            return plan
+        }
         if plan.queue.isEmpty && !plan.bytes.contains(where: \.exclusive) {
             // Reads only (a batch): sorting and dropping repeats is all the merge needed.
             plan.bytes = Self.sortedUnique(plan.bytes.map(\.offset)).map { Byte(offset: $0, exclusive: false) }
@@ -377,7 +381,7 @@ final class SpaceLocks: Sendable {
         for byte in plan.bytes { merged[byte.offset, default: false] = merged[byte.offset, default: false] || byte.exclusive }
         plan.bytes = merged.map { Byte(offset: $0.key, exclusive: $0.value) }.sorted()
         plan.queue = Array(Set(plan.queue)).sorted()
-        plan.checks = Array(Set(plan.checks))
+        plan.checks = Self.sortedUnique(plan.checks)
         return plan
     }
 
@@ -530,24 +534,44 @@ final class SpaceLocks: Sendable {
         case taken, conflict, shardClosed
     }
 
-    /// One try: the queue bytes (kept across tries), then the rest all-or-nothing. Each
-    /// byte is taken under its shard's lock; bytes taken before a refusal are given back.
+    /// One try: the queue bytes and the checks, in one order of offsets, then the rest
+    /// all-or-nothing. Each byte is taken under its shard's lock; bytes taken before a
+    /// refusal are given back.
+    ///
+    /// Queue bytes are kept across tries, but only those below the point where a try
+    /// stopped: a check that finds another process's writer queued gives back this
+    /// claim's queue bytes above it. So a waiting claim holds queue bytes only below what
+    /// it waits for, every chain of waits climbs in offset, and no cycle can form. (Were
+    /// they kept whatever the order, a claim reading X and writing Y and another reading
+    /// Y and writing X would each hold the queue byte the other's check waits for.)
     private func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Attempt {
-        for byte in plan.queue.dropFirst(queued.count) {
-            switch try take(byte) {
-            case .taken: queued.append(byte)
-            case .conflict: return .conflict
-            case .shardClosed: return .shardClosed
-            }
-        }
         var writerWaits: Bool?
-        for check in plan.checks {
-            switch try self.check(check, writerWaits: &writerWaits) {
-            case .taken: break
-            case .conflict: return .conflict
-            case .shardClosed: return .shardClosed
+        var (nextQueue, nextCheck) = (0, 0)
+        while nextQueue < plan.queue.count || nextCheck < plan.checks.count {
+            // A queue byte before a check of the same offset: a claim's own queue byte
+            // never stands in its own way.
+            if nextQueue < plan.queue.count, nextCheck == plan.checks.count || plan.queue[nextQueue].offset <= plan.checks[nextCheck] {
+                let byte = plan.queue[nextQueue]
+                nextQueue += 1
+                // The ones kept from an earlier try: always the first of the plan's.
+                if nextQueue <= queued.count { continue }
+                switch try take(byte) {
+                case .taken: queued.append(byte)
+                case .conflict: return .conflict
+                case .shardClosed: return .shardClosed
+                }
+            } else {
+                let check = plan.checks[nextCheck]
+                nextCheck += 1
+                if writerWaits == false { continue } // no queue byte needs a look
+                switch try self.check(check, writerWaits: &writerWaits) {
+                case .taken: break
+                case .conflict:
+                    giveBackQueued(above: check, &queued)
+                    return .conflict
+                case .shardClosed: return .shardClosed
+                }
             }
-            if writerWaits == false { break } // no queue byte needs a look
         }
         var taken: [Byte] = []
         taken.reserveCapacity(plan.bytes.count)
@@ -561,6 +585,14 @@ final class SpaceLocks: Sendable {
         }
         complete = true
         return .held(Held(bytes: queued + taken))
+    }
+
+    /// Gives back the queue bytes of `queued` above `offset` (the last ones: they were
+    /// taken in order).
+    private func giveBackQueued(above offset: Int64, _ queued: inout [Byte]) {
+        var above: [Byte] = []
+        while let last = queued.last, last.offset > offset { above.append(queued.removeLast()) }
+        release(Held(bytes: above.reversed()))
     }
 
     /// Whether the writers' queue byte `check` is free of other processes' writers
