@@ -86,6 +86,8 @@ public final class FileCoordinator: Sendable {
     /// How long a coordination may wait for conflicting claims (in this process or
     /// another) to end before it fails with ``FileCoordinationError/Code/timedOut``.
     /// `nil` (the default) waits for as long as it takes, as Apple's coordinator does.
+    /// Only waiting counts: a claim nothing conflicts with succeeds with any timeout,
+    /// `.zero` included (a try-lock, as `flock -n`).
     public var claimTimeout: Duration? {
         claimDeadline.withLock { $0 }
     }

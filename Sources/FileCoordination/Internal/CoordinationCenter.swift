@@ -189,6 +189,7 @@ final class CoordinationCenter: Sendable {
                     if !intents.isEmpty { state.intents[id] = intents }
                     return .waiting
                 }
+                if case .waiting = outcome { ClaimWait.noteWaiting() }
                 switch outcome {
                 case .granted: continuation.resume()
                 case .cancelled(let error): continuation.resume(throwing: error)

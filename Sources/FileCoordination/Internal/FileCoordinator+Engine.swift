@@ -195,16 +195,23 @@ extension FileCoordinator {
         return try await body(url)
     }
 
-    /// Takes claims, within ``claimTimeout`` when one is set.
+    /// Takes claims, within ``claimTimeout`` (of waiting) when one is set.
     private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = []
     ) async throws -> (id: CoordinationRules.RequestID, waited: Bool) {
         let (center, purpose, owner) = (center, purposeIdentifier, ObjectIdentifier(self))
         guard let timeout = claimTimeout else {
             return try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents)
         }
+        let wait = ClaimWait()
         return try await withThrowingTaskGroup(of: (id: CoordinationRules.RequestID, waited: Bool)?.self) { group in
-            group.addTask { try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents) }
             group.addTask {
+                try await ClaimWait.$current.withValue(wait) {
+                    try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents)
+                }
+            }
+            group.addTask {
+                // The deadline counts from when the claim starts to wait.
+                await wait.untilWaiting()
                 try await Task.sleep(for: timeout) // ok: the claim deadline
                 return nil
             }

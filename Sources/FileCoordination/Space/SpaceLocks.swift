@@ -502,6 +502,7 @@ final class SpaceLocks: Sendable {
                 }
                 pin(needed, by: -1)
                 pinned = false
+                ClaimWait.noteWaiting()
                 try await waitForChange(after: generation)
                 pin(needed, by: 1)
                 pinned = true
