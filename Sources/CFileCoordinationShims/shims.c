@@ -132,7 +132,7 @@ void fc_note_startup(void) {
     closedir(directory);
 }
 
-int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[]) {
+int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count) {
     // Every descriptor of this process's own (libinotifytools' among them) stays out.
     syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     posix_spawn_file_actions_t actions;
@@ -144,6 +144,7 @@ int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *con
         // dup2 onto itself clears close-on-exec in the child (POSIX 2018, glibc 2.29).
         posix_spawn_file_actions_adddup2(&actions, fd, fd);
     }
+    for (int index = 0; index < kept_count; index++) posix_spawn_file_actions_adddup2(&actions, kept[index], kept[index]);
     posix_spawnattr_t attributes;
     posix_spawnattr_init(&attributes);
     sigset_t none, reset;

@@ -1,7 +1,7 @@
 import ArgumentParser
 import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import AsyncFileIO
-import FileCoordination
+@_spi(FileCoordinationInternal) import FileCoordination
 import Foundation
 
 struct Exec: AsyncParsableCommand {
@@ -12,8 +12,10 @@ struct Exec: AsyncParsableCommand {
             and --delete claims exclusive (--delete of a directory covers everything inside \
             it). Presenters are asked to relinquish before COMMAND starts and hear what \
             changed after it ends. All claims are taken together in one canonical order, so \
-            two exec's over the same items never deadlock, and every claim is released when \
-            either process dies. COMMAND inherits the descriptors and ignored signals \
+            two exec's over the same items never deadlock. The claims last as long as \
+            COMMAND: it inherits the descriptors that hold them, so if filecoord is killed \
+            they are released when COMMAND (and whatever it passed them on to) ends, as \
+            flock(1)'s lock is; if COMMAND dies, filecoord releases them at once. COMMAND inherits the descriptors and ignored signals \
             filecoord was started with; SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to \
             filecoord by another process are passed on to it (one sent to the whole process \
             group by a process, as `kill -- -PGID` does, so reaches it twice), and the claims \
@@ -52,7 +54,7 @@ struct Exec: AsyncParsableCommand {
         let (command, intents) = (command, wanted)
         let status = try await coordination.run {
             try await coordinator.coordinate(with: intents) {
-                try await Child.run(command)
+                try await Child.run(command, keeping: FileCoordinator.coordinationSpace?.claimDescriptors ?? [])
             }
         }
         throw ExitCode(status)
@@ -67,7 +69,9 @@ struct Exec: AsyncParsableCommand {
 /// While it runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to `filecoord` are passed on to
 /// it, and the claims are held until it exits.
 enum Child {
-    static func run(_ command: [String]) async throws -> Int32 {
+    /// `kept`: descriptors of this process's own to pass on (the claims'), beside those it
+    /// was started with.
+    static func run(_ command: [String], keeping kept: [Int32] = []) async throws -> Int32 {
         let arguments = command.map { RawArguments.bytes($0) }
         let spawned: Result<pid_t, Errno> = try await runOnIOThread {
             var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { bytes in
@@ -80,7 +84,7 @@ enum Child {
             defer { for pointer in argv { pointer?.deallocate() } }
             var pid: pid_t = 0
             fc_forward_signals_begin()
-            let result = fc_spawn_command(&pid, argv[0]!, argv, environ)
+            let result = fc_spawn_command(&pid, argv[0]!, argv, environ, kept, Int32(kept.count))
             guard result == 0 else {
                 fc_forward_signals_end()
                 return .failure(Errno(rawValue: result))

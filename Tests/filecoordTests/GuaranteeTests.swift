@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 /// The promise under faults: exclusion with crossed multi-item claims, timeouts that fire
 /// only while a claim waits, and claims that outlive a killed `exec` wrapper.
@@ -88,5 +89,84 @@ extension CrossProcessTests {
         #expect(blocked.status == 3, "\(blocked.errorText)")
         try await release(fifo)
         #expect(await holder.wait().status == 0)
+    }
+}
+
+extension CrossProcessTests {
+    @Test("exec's wrapper killed with SIGKILL: the command keeps the claims until it ends (as flock(1)'s inherited lock), then a waiting writer goes on",
+          .timeLimit(.minutes(2)))
+    func killedWrapperCommandKeepsClaims() async throws {
+        let file = scratch.write("f", "x")
+        let (go, ready) = (scratch.path + "/go", scratch.path + "/ready")
+        #expect(mkfifo(go, 0o600) == 0 && mkfifo(ready, 0o600) == 0)
+        // Spawned directly, not through Foundation's Process: the command inherits what
+        // the wrapper was started with, and Process sees its child end only when every
+        // holder of its socket has closed it.
+        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
+                                   "sh", "-c", "echo $$ > '\(ready)'; read x < '\(go)'"])
+        let command = try #require(Int32(try await offThePool { String(decoding: FileHandle(forReadingAtPath: ready)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
+            .trimmingCharacters(in: .whitespacesAndNewlines)))
+        kill(wrapper.pid, SIGKILL)
+        #expect(await wrapper.wait() == 128 + SIGKILL)
+        #expect(kill(command, 0) == 0, "the command lives on")
+        let meanwhile = try await filecoord("exec", "--space", space, "--timeout", "0", "--write", file, "--", "true")
+        #expect(meanwhile.status == 3, "a writer got the claim while the command ran: \(meanwhile.errorText)")
+        let waiter = try LineProcess(["exec", "--space", space, "--write", file, "--", "echo", "after"])
+        var waiterLines = waiter.lines.makeAsyncIterator()
+        try await waitForStatus { status in
+            ((status["waiting"] as? [[String: Any]]) ?? []).contains { $0["pid"] as? Int32 == waiter.pid }
+        }
+        try await release(go)
+        #expect(await waiterLines.next() == "after")
+        #expect(await ends(waiter, within: .seconds(10), "the writer waiting for the command") == 0)
+    }
+
+    @Test("exec's command killed with SIGKILL: exec exits 137 and the claims are free at once")
+    func killedCommandFreesClaims() async throws {
+        let file = scratch.write("f", "x")
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo $$; exec sleep 62"])
+        var lines = holder.lines.makeAsyncIterator()
+        let command = try #require(Int32(await lines.next() ?? ""))
+        kill(command, SIGKILL)
+        #expect(await holder.wait().status == 137)
+        let after = try await filecoord("exec", "--space", space, "--timeout", "0", "--write", file, "--", "true")
+        #expect(after.status == 0, "\(after.errorText)")
+    }
+}
+
+/// A process started with `posix_spawn`, its standard streams on `/dev/null`, no signal
+/// blocked; the test reaps it.
+struct Spawned {
+    let pid: pid_t
+
+    init(_ arguments: [String]) throws {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for fd: Int32 in 0 ... 2 { posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t()
+        sigemptyset(&none)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
+        let argv = arguments.map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+        guard result == 0 else { throw POSIXError(POSIXErrorCode(rawValue: result) ?? .EIO) }
+        self.pid = pid
+    }
+
+    /// Its exit status, or 128+N if signal N ended it.
+    func wait() async -> Int32 {
+        let pid = pid
+        return (try? await offThePool {
+            var status: Int32 = 0
+            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+            let signal = status & 0x7f
+            return signal == 0 ? (status >> 8) & 0xff : 128 + signal
+        }) ?? -1
     }
 }

@@ -98,6 +98,12 @@ public final class CoordinationSpace: Sendable {
 
     // MARK: Status
 
+    /// The descriptors that hold this process's claims in the space (`claims.lock` and
+    /// the claim shards it holds bytes in): `filecoord exec` passes them on to its
+    /// command, so the claims last as long as the command, as `flock(1)`'s lock does.
+    @_spi(FileCoordinationInternal)
+    public var claimDescriptors: [Int32] { locks.descriptorsHoldingClaims() }
+
     /// What ``status(timeout:)`` reports.
     public struct Status: Sendable {
         /// A claim held by a live process.

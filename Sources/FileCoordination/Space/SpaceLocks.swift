@@ -847,6 +847,14 @@ final class SpaceLocks: Sendable {
         }
     }
 
+    /// `claims.lock` and every shard file in which this process holds a byte: a child
+    /// process that inherits them keeps this process's claims until it ends, even if this
+    /// process dies first (the locks belong to the open files, not to the process), and
+    /// its exit is the `IN_CLOSE_WRITE` that wakes the waiters.
+    func descriptorsHoldingClaims() -> [Int32] {
+        [fd] + shards.compactMap { shard in shard.state.withLock { $0.fd >= 0 && !$0.counts.isEmpty ? $0.fd : nil } }
+    }
+
     /// Bytes this process holds in the kernel (for tests and `status`).
     var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.counts.count } } }
 
