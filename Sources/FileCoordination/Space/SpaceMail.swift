@@ -31,6 +31,10 @@ final class SpaceMail: Sendable {
         var nextPresenter: UInt64 = 1
         /// Reacquirers (and echo suppressions) kept for the processes that asked.
         var kept: [String: (FileReacquirer?, (PresenterWatch, Int)?)] = [:]
+        /// Relinquish requests handed to the serving task and not started yet (their
+        /// kept keys). One whose asker gave up (its `reacquire` came first) or died is
+        /// taken out, and then never served: it would cost the next writer its delay.
+        var queued: Set<String> = []
         /// Other processes' presenters as last read, and the counter value they reflect.
         var remoteSequence: UInt64 = .max
         var remoteByName: [String: RemotePresenter] = [:]
@@ -131,6 +135,17 @@ final class SpaceMail: Sendable {
             Task.detached { [self] in await answerStatus(message) }
         case "reacquire":
             endSuppression(of: message)
+            if let from = message.string("from"), let id = message.number("id") {
+                // Its relinquish not started yet: the asker gave up on it.
+                let key = Self.keptKey(message, from: from, id: id)
+                _ = state.withLock { $0.queued.remove(key) }
+            }
+            servedHere = handOver(message)
+        case "relinquish":
+            if let from = message.string("from"), let id = message.number("id") {
+                let key = Self.keptKey(message, from: from, id: id)
+                _ = state.withLock { $0.queued.insert(key) }
+            }
             servedHere = handOver(message)
         default:
             servedHere = handOver(message)
@@ -501,10 +516,30 @@ final class SpaceMail: Sendable {
                 }
             }
         }
+        forgetRequests(of: name)
         guard !waiting.isEmpty, !isAlive(name) else { return }
         slots.drop(name, dirFD: files.directoryFD)
         for id in waiting { resolve(id, with: .success(nil)) }
         Task { await cleanUp(name) }
+    }
+
+    /// What a dead process left with this process's presenters is undone: its queued
+    /// relinquish requests are not served, and a message that the serving task takes
+    /// after everything already handed to it ends the echo suppressions and runs the
+    /// reacquirers kept for it (``serve(_:)``, `process-ended`). Without this, a writer
+    /// killed after a presenter relinquished left the presenter without its item and
+    /// deaf to every later change of it.
+    private func forgetRequests(of process: String) {
+        let prefix = process + "/"
+        let concerned = state.withLock { state in
+            state.queued.contains { $0.hasPrefix(prefix) } || state.kept.keys.contains { $0.hasPrefix(prefix) }
+        }
+        guard concerned, !isAlive(process) else { return }
+        state.withLock { state in state.queued = state.queued.filter { !$0.hasPrefix(prefix) } }
+        var ended = SpaceMessage(kind: "process-ended")
+        ended.set("from", process)
+        ended.set("id", "0")
+        incoming.yield(ended)
     }
 
     /// Whether `process` still holds the lock on its record.
@@ -651,6 +686,8 @@ final class SpaceMail: Sendable {
         }
         switch message.kind {
         case "relinquish":
+            // Its asker gave up on it, or died, before it started: nobody waits for it.
+            guard state.withLock({ $0.queued.remove(key) }) != nil else { return }
             await replying {
                 guard let presenter, let url else { return }
                 let writing = message.string("access") == "write"
@@ -695,6 +732,16 @@ final class SpaceMail: Sendable {
             // wait behind it.
             if let (watch, token) = kept?.1 { Task { await watch.endSuppressing(token) } }
             if let reacquirer = kept?.0 { await reacquirer() }
+        case "process-ended":
+            let prefix = from + "/"
+            let kept = state.withLock { state in
+                let keys = state.kept.keys.filter { $0.hasPrefix(prefix) }
+                return keys.compactMap { state.kept.removeValue(forKey: $0) }
+            }
+            for (reacquirer, suppression) in kept {
+                if let (watch, token) = suppression { await watch.endSuppressing(token) }
+                if let reacquirer { await reacquirer() }
+            }
         case "did-change":
             await presenter?.presentedItemDidChange()
         case "did-move":

@@ -1,0 +1,88 @@
+import FileCoordination
+import Foundation
+import SystemPackage
+import Testing
+import TestSupport
+
+/// Presenters under faults: writers that die or give up, and a process whose
+/// coordinations all start right after a presenter appears.
+extension CrossProcessTests {
+    /// The presenter's next events, up to the first that `stop` accepts. Past `limit`
+    /// the presenter is ended (SIGTERM ends its lines) and a hang is recorded.
+    func events(of presenter: LineProcess, _ lines: inout AsyncStream<String>.Iterator, within limit: Duration,
+                until stop: (String) -> Bool) async -> [String] {
+        let expired = Flag()
+        let watchdog = Task {
+            try await Task.sleep(for: limit) // ok: the bound of a hang
+            expired.set()
+            presenter.signal(SIGTERM)
+        }
+        defer { watchdog.cancel() }
+        var seen: [String] = []
+        while let line = await lines.next() {
+            seen.append(event(line).event)
+            if stop(event(line).event) { return seen }
+        }
+        Issue.record(expired.isSet ? "the presenter did not report what was expected within \(limit); it reported \(seen)"
+                                   : "the presenter ended; it reported \(seen)")
+        return seen
+    }
+}
+
+extension CrossProcessTests {
+    @Test("a writer killed (wrapper and command) after the presenter relinquished: the presenter gets its reacquire and hears changes again",
+          .timeLimit(.minutes(2)))
+    func writerDeathLeavesNoDeafPresenter() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let ready = scratch.path + "/ready"
+        #expect(mkfifo(ready, 0o600) == 0)
+        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
+                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"])
+        let command = try #require(Int32(try await offThePool { String(decoding: FileHandle(forReadingAtPath: ready)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
+            .trimmingCharacters(in: .whitespacesAndNewlines)))
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
+        kill(wrapper.pid, SIGKILL)
+        kill(command, SIGKILL)
+        _ = await wrapper.wait()
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["reacquire"])
+        // Not coordinated: heard through the presenter's watch, which no longer drops it.
+        try await offThePool { try Data("changed outside".utf8).write(to: URL(fileURLWithPath: file)) }
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "didChange" } == ["didChange"])
+        let coordinated = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(coordinated.status == 0, "\(coordinated.errorText)")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
+    @Test("requests whose writers gave up (presenter timeout) while the presenter was stopped are not served: the next writer waits for one acknowledgement, not for every stale one",
+          .timeLimit(.minutes(2)))
+    func staleRequestsAreSkipped() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file, "--ack-delay", "1500")
+        var lines = stream
+        presenter.signal(SIGSTOP)
+        for round in 0 ..< 4 {
+            let gaveUp = try await filecoord("write", file, "--space", space, "--presenter-timeout", "0.2", stdin: Data("v\(round)".utf8))
+            #expect(gaveUp.status == 0, "\(gaveUp.errorText)")
+        }
+        presenter.signal(SIGCONT)
+        let clock = ContinuousClock()
+        let start = clock.now
+        let fresh = try await filecoord("write", file, "--space", space, stdin: Data("fresh".utf8))
+        let elapsed = clock.now - start
+        #expect(fresh.status == 0, "\(fresh.errorText)")
+        // One stale relinquish may be under way when the presenter wakes (1.5 s), then the
+        // fresh one's (1.5 s); serving all four stale ones would take 6 s more.
+        #expect(elapsed < .milliseconds(4500), "the fresh writer waited \(elapsed)")
+        presenter.signal(SIGTERM)
+        var relinquished = 0
+        while let line = await lines.next() {
+            if event(line).event == "relinquishToWriter" { relinquished += 1 }
+        }
+        #expect(relinquished <= 2, "the presenter was asked \(relinquished) times")
+        _ = await presenter.wait()
+    }
+}
