@@ -111,8 +111,11 @@ public final class FileCoordinator: Sendable {
     /// this process message it from now on.
     ///
     /// Its item is also watched, so that it hears changes made by programs that never
-    /// coordinate. The watch starts in the background: from an async context, the async
-    /// overload returns once it is in place.
+    /// coordinate. The watch starts, and the presenter is published to other processes,
+    /// in the background: this returns before either is done. Until its record is in the
+    /// coordination space (after the watch is in place, usually within a millisecond),
+    /// coordinators in other processes do not know of it and do not ask it. From an async
+    /// context, the async overload returns once both are done.
     public static func addFilePresenter(_ presenter: any FilePresenter) {
         guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
         let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: path)

@@ -86,3 +86,55 @@ extension CrossProcessTests {
         _ = await presenter.wait()
     }
 }
+
+extension CrossProcessTests {
+    @Test("eight coordinations started together in another process, right after a presenter appears, ask it eight times, not once per proxy of it",
+          .timeLimit(.minutes(2)))
+    func concurrentCoordinationsAskOncePerCoordination() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let binary = try #require(ProcessInfo.processInfo.arguments.first)
+        let (status, output) = try await runToEnd(
+            [binary, "--testing-library", "swift-testing", "--filter", "RemoteProxyChild"],
+            environment: [RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file], includeStandardError: true)
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("Test run with 1 test"), "\(output)")
+        presenter.signal(SIGTERM)
+        var asked = 0
+        while let line = await lines.next() {
+            if event(line).event == "relinquishToWriter" { asked += 1 }
+        }
+        #expect(asked == RemoteProxyChild.writers)
+        _ = await presenter.wait()
+    }
+}
+
+/// The other process of ``CrossProcessTests/concurrentCoordinationsAskOncePerCoordination()``:
+/// this test binary again, filtered to this suite, with the space and file in its
+/// environment.
+@Suite struct RemoteProxyChild {
+    static let spaceVariable = "FILECOORD_CHILD_SPACE"
+    static let fileVariable = "FILECOORD_CHILD_FILE"
+    static let writers = 8
+    static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
+
+    @Test("eight coordinated writes started together", .enabled(if: inChild))
+    func writeTogether() async throws {
+        let environment = ProcessInfo.processInfo.environment
+        let space = try #require(environment[Self.spaceVariable]), file = try #require(environment[Self.fileVariable])
+        _ = try await FileCoordinator.joinCoordinationSpace(at: FilePath(space))
+        let coordinator = FileCoordinator()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0 ..< Self.writers {
+                group.addTask {
+                    try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
+                        try await Data("w\(index)".utf8).asyncWrite(to: url)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        await FileCoordinator.leaveCoordinationSpace()
+    }
+}

@@ -641,7 +641,10 @@ final class SpaceMail: Sendable {
                 state.remote.remove(ObjectIdentifier(proxy))
                 state.remoteByName[name] = nil
             }
-            for (name, record) in fresh {
+            // Refreshes run concurrently (every coordination that finds the cache stale
+            // starts one): a name another refresh added meanwhile keeps its proxy. A
+            // second proxy of one presenter would ask it once more per coordination.
+            for (name, record) in fresh where state.remoteByName[name] == nil {
                 guard let process = record.string("from"), let path = record.path("path"),
                       let number = record.number("presenter") else { continue }
                 let proxy = RemotePresenter(mail: self, process: process, number: number, path: path,
