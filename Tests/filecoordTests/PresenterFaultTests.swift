@@ -94,10 +94,7 @@ extension CrossProcessTests {
         let file = scratch.write("doc", "old")
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let binary = try #require(ProcessInfo.processInfo.arguments.first)
-        let (status, output) = try await runToEnd(
-            [binary, "--testing-library", "swift-testing", "--filter", "RemoteProxyChild"],
-            environment: [RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file], includeStandardError: true)
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file])
         #expect(status == 0, "\(output)")
         #expect(output.contains("Test run with 1 test"), "\(output)")
         presenter.signal(SIGTERM)
@@ -110,31 +107,71 @@ extension CrossProcessTests {
     }
 }
 
-/// The other process of ``CrossProcessTests/concurrentCoordinationsAskOncePerCoordination()``:
-/// this test binary again, filtered to this suite, with the space and file in its
-/// environment.
+/// The other process of the tests that need the library's API in a process of its own
+/// (``CrossProcessTests/concurrentCoordinationsAskOncePerCoordination()``,
+/// ``CrossProcessTests/moveReachesPresenterInAnotherProcess()``): this test binary
+/// again, filtered to this suite, with its orders in its environment.
 @Suite struct RemoteProxyChild {
     static let spaceVariable = "FILECOORD_CHILD_SPACE"
     static let fileVariable = "FILECOORD_CHILD_FILE"
+    static let destinationVariable = "FILECOORD_CHILD_DESTINATION"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
+    static var environment: [String: String] { ProcessInfo.processInfo.environment }
 
-    @Test("eight coordinated writes started together", .enabled(if: inChild))
-    func writeTogether() async throws {
-        let environment = ProcessInfo.processInfo.environment
-        let space = try #require(environment[Self.spaceVariable]), file = try #require(environment[Self.fileVariable])
+    /// Runs this suite's test in a child process with `variables`; its status and output.
+    static func run(_ variables: [String: String]) async throws -> (status: Int32, output: String) {
+        let binary = try #require(ProcessInfo.processInfo.arguments.first)
+        return try await runToEnd([binary, "--testing-library", "swift-testing", "--filter", "RemoteProxyChild"],
+                                  environment: variables, includeStandardError: true)
+    }
+
+    @Test("the child's part", .enabled(if: inChild))
+    func child() async throws {
+        let space = try #require(Self.environment[Self.spaceVariable]), file = try #require(Self.environment[Self.fileVariable])
         _ = try await FileCoordinator.joinCoordinationSpace(at: FilePath(space))
         let coordinator = FileCoordinator()
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for index in 0 ..< Self.writers {
-                group.addTask {
-                    try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
-                        try await Data("w\(index)".utf8).asyncWrite(to: url)
+        if let destination = Self.environment[Self.destinationVariable] {
+            let (from, to) = (URL(fileURLWithPath: file), URL(fileURLWithPath: destination))
+            try await coordinator.coordinate(writingItemAt: from, options: .forMoving, writingItemAt: to, options: .forReplacing) { from, to in
+                try FileManager.default.moveItem(at: from, to: to)
+                await coordinator.item(at: from, didMoveTo: to)
+            }
+        } else {
+            // Eight coordinated writes started together, right after a presenter appeared.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0 ..< Self.writers {
+                    group.addTask {
+                        try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
+                            try await Data("w\(index)".utf8).asyncWrite(to: url)
+                        }
                     }
                 }
+                try await group.waitForAll()
             }
-            try await group.waitForAll()
         }
         await FileCoordinator.leaveCoordinationSpace()
+    }
+}
+
+extension CrossProcessTests {
+    @Test("a coordinated move in another process reaches the item's presenter (didMove), which is then asked by writers at the new place",
+          .timeLimit(.minutes(2)))
+    func moveReachesPresenterInAnotherProcess() async throws {
+        try FileManager.default.createDirectory(atPath: scratch.path + "/a", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch.path + "/b", withIntermediateDirectories: true)
+        let file = scratch.write("a/doc", "old")
+        let destination = scratch.path + "/b/moved"
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.destinationVariable: destination])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didMove", "reacquire"])
+        let write = try await filecoord("write", destination, "--space", space, stdin: Data("new".utf8))
+        #expect(write.status == 0, "\(write.errorText)")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
     }
 }

@@ -449,13 +449,32 @@ final class CoordinationCenter: Sendable {
             return (state.presenters.move(from: source, to: destination), updates)
         }
         for (intent, path) in intents { intent.update(path.fileURL) }
+        // Other processes' presenters are told too (their proxies' `didMove` is a message
+        // on which their own process follows the item: see ``presenterMoved(_:from:to:)``).
+        let remote = joinedSpace?.mail.moveRemote(from: source, to: destination) ?? []
         if let space = joinedSpace {
             let local = moved.filter { !($0.entry.presenter is RemotePresenter) }
             if !local.isEmpty {
                 Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
             }
         }
-        return moved
+        return moved + remote
+    }
+
+    /// Another process moved `presenter`'s item (or a directory containing it) in a
+    /// coordination and told it: the registry follows, the item is watched at its new
+    /// place, and other processes find it there. Its own watch did not report the rename:
+    /// it was dropped as part of that coordinated write.
+    func presenterMoved(_ presenter: any FilePresenter, from source: FilePath, to destination: FilePath) async {
+        let id = ObjectIdentifier(presenter)
+        let moved = state.withLock { state -> Bool in
+            guard let current = state.presenters.path(of: id), current == source else { return false }
+            state.presenters.add(presenter, at: destination)
+            return true
+        }
+        guard moved else { return }
+        await watch(of: id)?.start(at: destination)
+        await publish(presenter, at: destination)
     }
 }
 
@@ -493,6 +512,7 @@ struct PresenterRegistry: Sendable {
     var all: [any FilePresenter] { entriesByID.values.map(\.presenter) }
     var entries: [(any FilePresenter, FilePath)] { entriesByID.values.map { ($0.presenter, $0.path) } }
     func contains(_ id: ObjectIdentifier) -> Bool { entriesByID[id] != nil }
+    func path(of id: ObjectIdentifier) -> FilePath? { entriesByID[id]?.path }
     var isEmpty: Bool { entriesByID.isEmpty }
     var count: Int { entriesByID.count }
 

@@ -658,6 +658,12 @@ final class SpaceMail: Sendable {
 
     var remoteCount: Int { state.withLock { $0.remote.count } }
 
+    /// Moves the proxies of other processes' presenters at or inside `source`, until their
+    /// processes publish the new paths; the moved, to be told `didMove`.
+    func moveRemote(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+        state.withLock { $0.remote.isEmpty ? [] : $0.remote.move(from: source, to: destination) }
+    }
+
     func remoteConcernsAny(_ key: PathKey) -> Bool {
         state.withLock { $0.remote.concernsAny(key) }
     }
@@ -748,7 +754,9 @@ final class SpaceMail: Sendable {
         case "did-change":
             await presenter?.presentedItemDidChange()
         case "did-move":
-            if let to = message.path("to") { await presenter?.presentedItemDidMove(to: to.fileURL) }
+            guard let presenter, let to = message.path("to") else { return }
+            if let from = message.path("path") { await CoordinationCenter.shared.presenterMoved(presenter, from: from, to: to) }
+            await presenter.presentedItemDidMove(to: to.fileURL)
         case "subitem-appear":
             if let url { await presenter?.presentedSubitemDidAppear(at: url) }
         case "subitem-change":
