@@ -175,13 +175,13 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     fileprivate func claimableNow(_ positions: [Int], after failure: FileCoordinationError) async -> [Int] {
         guard failure.code == .timedOut, failure.operation == "coordinate" else { return [] }
         let center = coordinator.center, purpose = coordinator.purposeIdentifier
-        let keys = positions.map { position in
-            (try? PlatformPath(fileURL: url(position))).map { PathKey(FileCoordinator.normalizedBytes($0)) }
-        }
-        // The kernel claims may open shard files: on an I/O thread.
+        let paths = positions.map { position in (try? PlatformPath(fileURL: url(position))).map(FileCoordinator.normalizedBytes) }
+        // The kernel claims may open shard files, and canonical paths may need the file
+        // system: on an I/O thread.
         return (try? await runOnIOThread {
-            zip(positions, keys).compactMap { position, key -> Int? in
-                guard let key else { return nil }
+            zip(positions, paths).compactMap { position, path -> Int? in
+                guard let path else { return nil }
+                let key = PathKey(CanonicalPaths.canonicalNow(path, followingLast: true))
                 guard let id = center.tryAcquireNow([CoordinationRules.Claim(key: key, access: .reading)], purpose: purpose,
                                                     openingShards: true) else { return nil }
                 center.release(id)
@@ -492,7 +492,7 @@ private final class ClaimGate: InPlaceGate {
         for (_, given) in files {
             // The claim names the normalized path (its key is its bytes); a file a
             // presenter is concerned by is left to the full coordination.
-            let key = PathKey(FileCoordinator.normalizedBytes(given))
+            let key = PathKey(CanonicalPaths.canonicalNow(FileCoordinator.normalizedBytes(given), followingLast: true))
             guard !center.hasPresenters(concerning: key) else { break }
             claims.append(CoordinationRules.Claim(key: key, access: .reading))
         }

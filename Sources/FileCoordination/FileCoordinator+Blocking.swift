@@ -143,10 +143,13 @@ extension FileCoordinator {
     ) async throws {
         var items: [CoordinationSession.Item] = []
         for url in readingURLs {
-            items.append(.init(path: try Self.normalizedPath(url), request: .reading(url, readingOptions), url: url, subtree: false))
+            items.append(.init(path: await CanonicalPaths.canonical(try Self.normalizedPath(url), followingLast: true),
+                               request: .reading(url, readingOptions), url: url, subtree: false))
         }
         for url in writingURLs {
-            items.append(.init(path: try Self.normalizedPath(url), request: .writing(url, writingOptions), url: url, subtree: false))
+            let followingLast = writingOptions.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing])
+            items.append(.init(path: await CanonicalPaths.canonical(try Self.normalizedPath(url), followingLast: followingLast),
+                               request: .writing(url, writingOptions), url: url, subtree: false))
         }
         let reacquirers = try await messageBefore(items)
         let once = Mutex(false)

@@ -117,9 +117,13 @@ public final class FileCoordinator: Sendable {
     /// coordinators in other processes do not know of it and do not ask it. From an async
     /// context, the async overload returns once both are done.
     public static func addFilePresenter(_ presenter: any FilePresenter) {
-        guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
-        let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: path)
+        guard let url = presenter.presentedItemURL, let lexical = try? Self.normalizedPath(url) else { return }
+        // Known at once under the name given; under its canonical path as soon as that is
+        // resolved (a directory new to the process takes a trip to an I/O thread).
+        let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: lexical)
         Task {
+            let path = await CanonicalPaths.canonical(lexical, followingLast: true)
+            if path != lexical { CoordinationCenter.shared.addPresenter(presenter, at: path) }
             await watch.start(at: path)
             await CoordinationCenter.shared.publish(presenter, at: path)
         }
@@ -129,7 +133,8 @@ public final class FileCoordinator: Sendable {
     /// the coordination space: from then on, changes made outside coordination reach it,
     /// and coordinators in other processes message it.
     public static func addFilePresenter(_ presenter: any FilePresenter) async {
-        guard let url = presenter.presentedItemURL, let path = try? Self.normalizedPath(url) else { return }
+        guard let url = presenter.presentedItemURL, let lexical = try? Self.normalizedPath(url) else { return }
+        let path = await CanonicalPaths.canonical(lexical, followingLast: true)
         await CoordinationCenter.shared.addPresenterWatching(presenter, at: path).start(at: path)
         await CoordinationCenter.shared.publish(presenter, at: path)
     }
@@ -261,7 +266,9 @@ public final class FileCoordinator: Sendable {
     /// follow it to its new URL. Messages are delivered after the accessor returns (at
     /// once when called outside one).
     public func item(at oldURL: URL, didMoveTo newURL: URL) async {
-        guard let source = try? Self.normalizedPath(oldURL), let destination = try? Self.normalizedPath(newURL) else { return }
+        guard let lexicalSource = try? Self.normalizedPath(oldURL), let lexicalDestination = try? Self.normalizedPath(newURL) else { return }
+        let source = await CanonicalPaths.canonical(lexicalSource, followingLast: false)
+        let destination = await CanonicalPaths.canonical(lexicalDestination, followingLast: false)
         let exclude = filePresenter.map(ObjectIdentifier.init)
         // Containers are looked up before the move, so the moved presenters are not among them.
         var containers = center.presenters(for: source, subtree: false, excluding: exclude).containers

@@ -170,3 +170,53 @@ struct Spawned {
         }) ?? -1
     }
 }
+
+extension CrossProcessTests {
+    @Test("one file under several names (a symbolic link to it, a linked directory above it) is one item: exec, write and read through any name exclude each other; a delete of the link claims the link",
+          .timeLimit(.minutes(2)))
+    func namesOfOneFileExcludeEachOther() async throws {
+        let target = scratch.write("target", "x")
+        let link = scratch.path + "/link"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: "target")
+        try FileManager.default.createDirectory(atPath: scratch.path + "/real", withIntermediateDirectories: true)
+        let inner = scratch.write("real/f", "y")
+        let linkedDirectory = scratch.path + "/dirlink"
+        try FileManager.default.createSymbolicLink(atPath: linkedDirectory, withDestinationPath: scratch.path + "/real")
+        let fifo = scratch.path + "/go"
+
+        for (held, other) in [(link, target), (target, link), (inner, linkedDirectory + "/f"), (linkedDirectory + "/f", inner)] {
+            let holder = try await holdUntilReleased(["--write", held], fifo: fifo)
+            let exec = try await filecoord("exec", "--space", space, "--timeout", "0", "--write", other, "--", "true")
+            #expect(exec.status == 3, "exec --write \(other) while \(held) is held: \(exec.errorText)")
+            let write = try await filecoord("write", other, "--space", space, "--timeout", "0", stdin: Data("z".utf8))
+            #expect(write.status == 3, "write \(other) while \(held) is held: \(write.errorText)")
+            let read = try await filecoord("read", other, "--space", space, "--timeout", "0")
+            #expect(read.status == 3, "read \(other) while \(held) is held: \(read.errorText)")
+            try await release(fifo)
+            #expect(await holder.wait().status == 0)
+        }
+        // Deleting (or moving) the link acts on the link, not on its target.
+        let holder = try await holdUntilReleased(["--write", target], fifo: fifo)
+        let delete = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", link, "--", "true")
+        #expect(delete.status == 0, "\(delete.errorText)")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
+    }
+
+    @Test("a presenter of a symbolic link is asked by a write of its target, and a presenter of the target by a write through the link")
+    func presenterThroughLink() async throws {
+        let target = scratch.write("target", "x")
+        let link = scratch.path + "/link"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: "target")
+        for (presented, written) in [(link, target), (target, link)] {
+            let (presenter, stream) = try await present(presented)
+            var lines = stream
+            let write = try await filecoord("write", written, "--space", space, stdin: Data("new".utf8))
+            #expect(write.status == 0, "\(write.errorText)")
+            #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"],
+                    "presenting \(presented), writing \(written)")
+            presenter.signal(SIGTERM)
+            _ = await presenter.wait()
+        }
+    }
+}

@@ -119,13 +119,18 @@ extension FileCoordinator {
     // MARK: The two halves of a coordination
 
     /// Runs `body` between ``begin(_:intents:)`` and ``finish(_:accessorSucceeded:)``.
+    /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:_:)``)
+    /// does not apply.
     func perform<T>(
-        _ requests: [ItemRequest], intents: [FileAccessIntent] = [], isolation: isolated (any Actor)? = #isolation,
-        _ body: ([URL]) async throws -> T
+        _ requests: [ItemRequest], intents: [FileAccessIntent] = [], skippingPlain: Bool = false,
+        isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
-        if requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]), !concernsPresenters(requests[0].url) {
-            return try await performPlain(requests[0]) { url in try await body([url]) }
+        if !skippingPlain, requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]) {
+            let (path, key) = try await claimPath(requests[0].url, followingLast: true)
+            if !center.hasPresenters || !center.hasPresenters(concerning: key) {
+                return try await performPlain(requests[0], path: path, key: key) { url in try await body([url]) }
+            }
         }
         let session = try await begin(requests, intents: intents)
         if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
@@ -153,19 +158,22 @@ extension FileCoordinator {
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
-        if Self.isPlain(request), !concernsPresenters(request.url) {
-            return try await performPlain(request, body)
+        if Self.isPlain(request) {
+            let (path, key) = try await claimPath(request.url, followingLast: true)
+            if !center.hasPresenters || !center.hasPresenters(concerning: key) {
+                return try await performPlain(request, path: path, key: key, body)
+            }
         }
-        return try await perform([request]) { urls in try await body(urls[0]) }
+        return try await perform([request], skippingPlain: true) { urls in try await body(urls[0]) }
     }
 
-    /// Whether an item access at `url` concerns any presenter (of the item, or of a
-    /// directory containing it), here or in another process. A URL that cannot be a path
-    /// says yes, leaving its error to the full path.
-    private func concernsPresenters(_ url: URL) -> Bool {
-        guard center.hasPresenters else { return false }
-        guard let (_, key) = try? itemPath(url) else { return true }
-        return center.hasPresenters(concerning: key)
+    /// The path (and its key) that claims and presenters of the item at `url` meet on:
+    /// its canonical path (``CanonicalPaths``). `followingLast`: the access acts on what a
+    /// symbolic link there points to (a read, a write of content), not on the link.
+    func claimPath(_ url: URL, followingLast: Bool) async throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
+        let lexical = try itemPath(url).path
+        let path = await CanonicalPaths.canonical(lexical, followingLast: followingLast)
+        return (path, PathKey(path.platformBytes))
     }
 
     /// One item, no option that needs the file system answered first.
@@ -180,9 +188,9 @@ extension FileCoordinator {
     /// presenter registered there are no messages to send before or after, and moves
     /// reported inside the accessor are applied to waiting claims at once.)
     private func performPlain<T>(
-        _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
+        _ request: ItemRequest, path: FilePath, key: PathKey, isolation: isolated (any Actor)? = #isolation,
+        _ body: (URL) async throws -> T
     ) async throws -> T {
-        let (path, key) = try itemPath(request.url)
         let claim = CoordinationRules.Claim(key: key, access: { if case .writing = request { .writing } else { .reading } }())
         let generation = cancellations.load(ordering: .relaxed)
         let (id, waited) = try await acquire([claim], path: path)
@@ -241,7 +249,11 @@ extension FileCoordinator {
         try await center.prepareSpace()
         var items: [CoordinationSession.Item] = []
         for request in requests {
-            var path = try itemPath(request.url).path
+            // A delete, move or replace acts on the name itself: a link there is the item.
+            let followingLast = if case .writing(_, let options) = request {
+                options.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing])
+            } else { true }
+            var path = try await claimPath(request.url, followingLast: followingLast).path
             var subtree = false
             switch request {
             case .reading(_, let options):
