@@ -38,14 +38,15 @@ struct SpaceOption: ParsableArguments {
 struct CoordinationOptions: ParsableArguments {
     @OptionGroup var space: SpaceOption
 
-    @Option(name: .customLong("presenter-timeout"),
+    @Option(name: .customLong("presenter-timeout"), parsing: .unconditional,
             help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "SECONDS"))
     var presenterTimeout: Double = 30
 
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false
 
-    @Option(help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "SECONDS"))
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "SECONDS"))
     var timeout: Double?
 
     func validate() throws {

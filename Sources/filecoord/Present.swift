@@ -26,7 +26,8 @@ struct Present: AsyncParsableCommand {
     @Flag(help: "Print one JSON object per line.")
     var json = false
 
-    @Option(name: .customLong("ack-delay"), help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "MS"))
+    @Option(name: .customLong("ack-delay"), parsing: .unconditional,
+            help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "MS"))
     var ackDelay = 0
 
     @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
@@ -34,13 +35,22 @@ struct Present: AsyncParsableCommand {
 
     @OptionGroup var space: SpaceOption
 
-    @Option(help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
     var settle: Int?
+
+    func validate() throws {
+        guard ackDelay >= 0 else { throw ValidationError("--ack-delay must be zero or more milliseconds") }
+        if let settle, settle < 0 { throw ValidationError("--settle must be zero or more milliseconds") }
+    }
 
     func run() async throws {
         let target = RawArguments.path(path)
-        guard FileManager.default.fileExists(atPath: target.string) else {
-            Output.report(FileCoordinationError("stat", errno: .noSuchFileOrDirectory, path: target))
+        // On the name's own bytes (a name that is not UTF-8 is a name), and with the
+        // kernel's reason (a loop of links is ELOOP, not "no such file").
+        var info = stat()
+        guard target.withPlatformString({ stat($0, &info) }) == 0 else {
+            Output.report(FileCoordinationError("stat", errno: Errno(rawValue: errno), path: target))
             throw Status.failed
         }
         let printer = EventPrinter(json: json)

@@ -41,7 +41,7 @@ struct Read: AsyncParsableCommand {
     @Flag(name: [.customShort("z"), .customLong("null")], help: "The list separates paths with NUL bytes, for names that contain newlines.")
     var nullSeparated = false
 
-    @Option(help: "How many files are read at once.")
+    @Option(parsing: .unconditional, help: "How many files are read at once.")
     var concurrency = 16
 
     @Flag(name: .customLong("no-coordination"), help: "Read without taking coordinated read intents.")
