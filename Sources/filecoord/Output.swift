@@ -178,6 +178,35 @@ final class DescriptorWriter: Sendable {
         }
     }
 
+    /// Reads at most `count` bytes, on the writer's thread: empty only at the end. Waits
+    /// for input on a descriptor inherited non-blocking; fails, naming `name`, when a read
+    /// fails (what was read so far must not pass for the whole input).
+    func readChunk(upToCount count: Int, name: String = "stdin") async throws(FileCoordinationError) -> Data {
+        let fd = self.fd
+        let result: Result<Data, FileCoordinationError> = await withCheckedContinuation { continuation in
+            queue.async {
+                var buffer = Data(count: count)
+                while true {
+                    let n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, count) }
+                    if n < 0 && errno == EINTR { continue }
+                    if n < 0 && errno == EAGAIN {
+                        var wanted = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                        _ = poll(&wanted, 1, -1)
+                        continue
+                    }
+                    if n < 0 {
+                        continuation.resume(returning: .failure(FileCoordinationError("read", errno: Errno(rawValue: errno), path: FilePath(name))))
+                        return
+                    }
+                    buffer.count = n
+                    continuation.resume(returning: .success(buffer))
+                    return
+                }
+            }
+        }
+        return try result.get()
+    }
+
     /// Reads the descriptor to its end (standard input), on the writer's thread.
     /// Fails, naming `name`, when a read fails (standard input closed, or a directory):
     /// what was read so far must not pass for the whole input.

@@ -245,7 +245,16 @@ struct Read: AsyncParsableCommand {
             if source == "-" {
                 data = try await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
             } else {
-                data = try await Data(asyncContentsOf: RawArguments.path(source))
+                // Read as a stream: a FIFO (`<(find …)`, `/dev/stdin`) is a list too. Its
+                // open waits for a writer, on an I/O thread.
+                let path = RawArguments.path(source)
+                let fd = try await runOnIOThread {
+                    let fd = path.withPlatformString { open($0, O_RDONLY | O_CLOEXEC) }
+                    guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path) }
+                    return fd
+                }
+                defer { close(fd) }
+                data = try await DescriptorWriter(fd: fd, label: "filecoord.list").readToEnd(name: path.string)
             }
         } catch let error as FileCoordinationError {
             Output.report(error)

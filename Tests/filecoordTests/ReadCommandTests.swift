@@ -336,3 +336,17 @@ struct DemoCommandTests {
         #expect(survivors.isEmpty, "\(survivors)")
     }
 }
+
+extension ReadCommandTests {
+    @Test("--from-list reads a FIFO and /dev/stdin as streams")
+    func listFromPipe() async throws {
+        let scratch = Scratch()
+        let result = try await shell("""
+            cd '\(scratch.path)' && printf a > a && printf b > b && mkfifo list && \
+            { printf '%s\\n' "$PWD/a" "$PWD/b" > list & } && "$FILECOORD" read --no-coordination --cat --from-list list && \
+            printf '%s\\n' "$PWD/b" "$PWD/a" | "$FILECOORD" read --no-coordination --cat --from-list /dev/stdin
+            """)
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText == "abba")
+    }
+}

@@ -86,3 +86,33 @@ struct WriteTargetTests {
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
     }
 }
+
+extension WriteTargetTests {
+    @Test("stdin larger than the memory the process may have is streamed, not held: 700 MB under ulimit -v 400 MB, replacing and appending",
+          .timeLimit(.minutes(3)), arguments: [false, true])
+    func hugeInputIsStreamed(append: Bool) async throws {
+        let file = scratch.write("big", "head\n")
+        let flag = append ? "--append" : ""
+        let result = try await shell("ulimit -v 400000 && head -c 700000000 /dev/zero | \"$FILECOORD\" write --space '\(space)' \(flag) '\(file)'")
+        #expect(result.status == 0, "\(result.errorText)")
+        let size = try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int
+        #expect(size == 700_000_000 + (append ? 5 : 0))
+        try FileManager.default.removeItem(atPath: file)
+    }
+
+    @Test("a full disk fails the write with exit 1 naming ENOSPC, and leaves the target as it was (a failed append is cut back)", .enabled(if: getuid() == 0),
+          arguments: [false, true])
+    func fullDisk(append: Bool) async throws {
+        let mount = scratch.path + "/small"
+        try FileManager.default.createDirectory(atPath: mount, withIntermediateDirectories: true)
+        let mounted = try await shell("mount -t tmpfs -o size=1m tmpfs '\(mount)'")
+        try #require(mounted.status == 0, "\(mounted.errorText)")
+        defer { _ = umount2(mount, Int32(MNT_DETACH)) }
+        let file = mount + "/doc"
+        try Data("old\n".utf8).write(to: URL(fileURLWithPath: file))
+        let result = try await shell("head -c 3000000 /dev/zero | \"$FILECOORD\" write --space '\(space)' \(append ? "--append" : "") '\(file)'")
+        #expect(result.status == 1)
+        #expect(result.errorText.contains("ENOSPC") && result.errorText.split(separator: "\n").count == 1, "\(result.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old\n")
+    }
+}
