@@ -342,6 +342,11 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 var indices = skipped == nil
                     ? [result.index] + gate.takeSkipped(after: result.index, limit: owner.window - 1)
                     : [result.index]
+                // As many as one claim can cover with the shards the process may keep open
+                // (all of them unless its descriptor limit is low); the rest stay skipped.
+                let fitting = try await owner.windowCount(indices.lazy.map(owner.url))
+                for index in indices.dropFirst(Swift.max(1, fitting)) { gate.skip(index) }
+                indices = Array(indices.prefix(Swift.max(1, fitting)))
                 var session: CoordinationSession, current: [URL]
                 do {
                     (session, current) = try await owner.claimWindow(indices.map(owner.url))

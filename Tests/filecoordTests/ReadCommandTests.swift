@@ -350,3 +350,22 @@ extension ReadCommandTests {
         #expect(result.outputText == "abba")
     }
 }
+
+extension ReadCommandTests {
+    @Test("a coordinated batch under ulimit -n 20 (a process's own descriptors take most of them) reads every file, a few at a time, in both modes")
+    func coordinatedBatchUnderTinyLimit() async throws {
+        let scratch = Scratch()
+        let result = try await shell("""
+            cd '\(scratch.path)' && for i in $(seq 1 60); do printf "$i," > f$i; done && ls -d "$PWD"/f* > list && \
+            ( ulimit -n 20 && "$FILECOORD" read --space "$PWD/space" --json --from-list list ) > summary && \
+            ( ulimit -n 20 && exec "$FILECOORD" read --space "$PWD/space" --cat --from-list list )
+            """)
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.errorText.isEmpty, "\(result.errorText)")
+        let expected = (try String(contentsOfFile: scratch.path + "/list", encoding: .utf8)).split(separator: "\n")
+            .map { String($0.split(separator: "f").last!) + "," }.joined()
+        #expect(result.outputText == expected)
+        let summary = try String(contentsOfFile: scratch.path + "/summary", encoding: .utf8)
+        #expect(summary.contains(#""files":60"#) && summary.contains(#""failed":0"#), "\(summary)")
+    }
+}

@@ -153,11 +153,30 @@ final class SpaceLocks: Sendable {
     /// Every shard (64) when the process may open 160 descriptors or more; below that,
     /// half of what the limit leaves over 32 (for the process's other files), at least 8.
     /// Under `ulimit -n 64` that is 16, and a coordinated batch still reads 10,000 files.
+    /// Under a limit so low that 8 would not leave room for the files themselves (with
+    /// `ulimit -n 20` a process has some 14 descriptors of its own open), half of what is
+    /// free beyond 2, at least 1: the budget is soft (one claim always gets the shards it
+    /// needs), so a batch then claims and reads a file or two at a time.
     static func defaultShardBudget() -> Int {
         var limit = rlimit()
         guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return shardCount }
         let soft = Int(clamping: limit.rlim_cur)
-        return Swift.min(shardCount, Swift.max(8, (soft - 32) / 2))
+        let budget = Swift.min(shardCount, Swift.max(8, (soft - 32) / 2))
+        guard budget < shardCount else { return budget }
+        let free = soft - openDescriptorCount()
+        return free >= budget * 2 ? budget : Swift.max(1, (free - 2) / 2)
+    }
+
+    /// How many descriptors the process has open (its `/proc/self/fd` entries, less the
+    /// listing's own).
+    static func openDescriptorCount() -> Int {
+        guard let directory = opendir("/proc/self/fd") else { return 0 }
+        defer { closedir(directory) }
+        var count = 0
+        while let entry = readdir(directory) {
+            if entry.pointee.d_name.0 != UInt8(ascii: ".") { count += 1 }
+        }
+        return count - 1
     }
 
     /// The shard a slot's bytes live in.
