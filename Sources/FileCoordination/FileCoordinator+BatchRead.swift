@@ -71,6 +71,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     ) async throws -> [Partial] {
         var partials: [Partial] = []
         var remaining = Array(0 ..< count)
+        let unanswered = UnansweredPresenters()
         // A plain read (no snapshot, no link to resolve) on the thread-pool engine.
         if readsOnWorkers {
             let gate = try await workersGate()
@@ -98,7 +99,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             retryWindow = nil
             let session: CoordinationSession, current: [URL]
             do {
-                (session, current) = try await claimWindow(positions.map(url))
+                (session, current) = try await claimWindow(positions.map(url), unanswered: unanswered)
             } catch {
                 guard let failure = Self.failureOfItsFiles(error) else { throw error }
                 let free = retrying ? [] : await claimableNow(positions, after: failure)
@@ -200,7 +201,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         return (try? await runOnIOThread {
             var partial = initial
             for (position, path) in zip(positions, paths) {
-                body(&partial, BatchFileContents(index: position, platformPath: path, bytes: .failure(failure)))
+                body(&partial, BatchFileContents(index: position, platformPath: path, bytes: .failure(failure.naming(path))))
             }
             return partial
         }) ?? initial
@@ -231,9 +232,13 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     /// Takes one read claim for a window of files and messages their presenters; returns
     /// the session and the URLs to read (they change for files that moved meanwhile).
     /// URLs that are not file URLs take no claim: the batch reports them.
-    fileprivate func claimWindow(_ slice: [URL]) async throws -> (CoordinationSession, [URL]) {
+    /// `unanswered`: the presenters that did not answer in time earlier in the same batch,
+    /// not asked again.
+    fileprivate func claimWindow(_ slice: [URL], unanswered: UnansweredPresenters) async throws -> (CoordinationSession, [URL]) {
         let coordinated = slice.enumerated().filter { $0.element.isFileURL }
-        let session = try await coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
+        let session = try await UnansweredPresenters.$current.withValue(unanswered) {
+            try await coordinator.begin(coordinated.map { ItemRequest.reading($0.element, options) })
+        }
         var current = slice
         for (position, url) in zip(coordinated.map { $0.offset }, session.urls) { current[position] = url }
         return (session, current)
@@ -259,6 +264,8 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     public final class Iterator: AsyncIteratorProtocol {
         private let owner: CoordinatedFileReads
         private var started = false
+        /// Presenters that did not answer in time in an earlier window of this batch.
+        private let unanswered = UnansweredPresenters()
         /// Set when the workers take the claims.
         private var gate: ClaimGate?
         /// Files the workers skipped, being read through the full coordination: their
@@ -331,7 +338,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 guard let result = try await inner?.next() else { return nil }
                 guard case .failure = result.result else { return result }
                 if let failure = failures.removeValue(forKey: result.index) {
-                    return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                    return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure.naming(result.platformPath)))
                 }
                 if skipped?.indices.contains(result.index) == true { return try await readSkipped(result.index) }
                 guard gate.takeSkipped(result.index) else { return result }
@@ -349,7 +356,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 indices = Array(indices.prefix(Swift.max(1, fitting)))
                 var session: CoordinationSession, current: [URL]
                 do {
-                    (session, current) = try await owner.claimWindow(indices.map(owner.url))
+                    (session, current) = try await owner.claimWindow(indices.map(owner.url), unanswered: unanswered)
                 } catch {
                     guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
                     // The files free right now are claimed again together, once; the
@@ -358,13 +365,13 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     for index in indices where !free.contains(index) { failures[index] = failure }
                     do {
                         guard !free.isEmpty else { throw failure }
-                        (session, current) = try await owner.claimWindow(free.map(owner.url))
+                        (session, current) = try await owner.claimWindow(free.map(owner.url), unanswered: unanswered)
                         indices = free
                     } catch {
                         guard let again = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
                         for index in free { failures[index] = again }
                         let failure = failures.removeValue(forKey: result.index) ?? again
-                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure.naming(result.platformPath)))
                     }
                     if let failure = failures.removeValue(forKey: result.index) {
                         // The window of the free files is read as the consumer reaches them.
@@ -372,7 +379,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                         // formed when no other window was open.)
                         skipped = SkippedWindow(indices: indices, left: indices.count, session: session,
                                                 reads: FileBatchReader(urls: current, options: owner.batchOptions).makeAsyncIterator())
-                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure))
+                        return BatchReadResult(index: result.index, platformPath: result.platformPath, result: .failure(failure.naming(result.platformPath)))
                     }
                 }
                 let window = SkippedWindow(indices: indices, left: indices.count, session: session,
@@ -434,10 +441,12 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             next += slice.count
             let session: CoordinationSession, current: [URL]
             do {
-                (session, current) = try await owner.claimWindow(slice)
+                (session, current) = try await owner.claimWindow(slice, unanswered: unanswered)
             } catch {
                 guard let failure = CoordinatedFileReads.failureOfItsFiles(error) else { throw error }
-                failedResults = (base ..< base + count).map { BatchReadResult(index: $0, platformPath: owner.platformPath($0), result: .failure(failure)) }
+                failedResults = (base ..< base + count).map {
+                    BatchReadResult(index: $0, platformPath: owner.platformPath($0), result: .failure(failure.naming(owner.platformPath($0))))
+                }
                 return
             }
             self.session = session
@@ -514,5 +523,15 @@ private final class ClaimGate: InPlaceGate {
 
     func skip(_ index: Int) {
         skippedIndices.withLock { $0.append(index) }
+    }
+}
+
+extension FileCoordinationError {
+    /// The failure of a window's coordination as one of its files reports it: under that
+    /// file's name (the message still names the presenter that failed).
+    func naming(_ file: PlatformPath) -> FileCoordinationError {
+        var named = self
+        named.path = file.filePath
+        return named
     }
 }

@@ -175,3 +175,30 @@ extension CrossProcessTests {
         _ = await presenter.wait()
     }
 }
+
+extension CrossProcessTests {
+    @Test("a batch of 600 files under a stopped directory presenter asks it once, not once per window; --strict names each file",
+          .timeLimit(.minutes(2)))
+    func stoppedDirectoryPresenterAskedOncePerBatch() async throws {
+        try FileManager.default.createDirectory(atPath: scratch.path + "/D", withIntermediateDirectories: true)
+        let files = (0 ..< 600).map { scratch.write("D/f\($0)", "\($0)") }
+        let list = scratch.write("list", files.joined(separator: "\n") + "\n")
+        let (presenter, _) = try await present(scratch.path + "/D")
+        presenter.signal(SIGSTOP)
+        defer { presenter.signal(SIGCONT); presenter.signal(SIGTERM) }
+        for mode in ["--json", "--cat"] {
+            let proceed = try await filecoord("read", mode, "--space", space, "--presenter-timeout", "0.3", "--from-list", list)
+            #expect(proceed.status == 0, "\(proceed.errorText)")
+            let warnings = proceed.errorText.split(separator: "\n").filter { $0.contains("did not answer") }
+            #expect(warnings.count == 1, "\(mode): \(warnings.count) warnings")
+
+            let strict = try await filecoord("read", mode, "--space", space, "--strict", "--presenter-timeout", "0.3", "--from-list", list)
+            #expect(strict.status == 3, "\(strict.errorText)")
+            let named = Set(strict.errorText.split(separator: "\n").compactMap { line -> String? in
+                guard line.contains("did not answer"), let colon = line.dropFirst("filecoord: ".count).firstIndex(of: ":") else { return nil }
+                return String(line[line.index(line.startIndex, offsetBy: "filecoord: ".count) ..< colon])
+            })
+            #expect(named == Set(files), "\(mode): \(named.count) names, e.g. \(Array(named.prefix(3)))")
+        }
+    }
+}

@@ -381,6 +381,8 @@ extension FileCoordinator {
     func messageBefore(_ items: [CoordinationSession.Item]) async throws -> [(PresenterRegistry.Entry, FileReacquirer)] {
         let exclude = filePresenter.map(ObjectIdentifier.init)
         let prepared = PreparedBatch.current?.presenters ?? []
+        let unanswered = UnansweredPresenters.current
+        var known: FileCoordinationError?
         var plans: [ObjectIdentifier: Plan] = [:]
         var order: [ObjectIdentifier] = []
         for item in items {
@@ -389,6 +391,11 @@ extension FileCoordinator {
             let kind: FileAccessRequest.Kind = item.isWrite ? .writing : .reading
             func plan(_ entry: PresenterRegistry.Entry, _ update: (inout Plan) -> Void) {
                 guard !prepared.contains(entry.id) else { return }
+                // Silent earlier in the same batch: not asked again.
+                if let outcome = unanswered?.outcome(of: entry.id) {
+                    if let error = outcome { known = known ?? error }
+                    return
+                }
                 if plans[entry.id] == nil {
                     plans[entry.id] = Plan(entry: entry, path: item.path, kind: kind, purpose: purposeIdentifier)
                     order.append(entry.id)
@@ -416,6 +423,7 @@ extension FileCoordinator {
                 }
             }
         }
+        if let known { throw known }
         guard !plans.isEmpty else { return [] }
         let policy = presenterTimeoutPolicy
         // One presenter (the common case) is asked from this task; several, all at once.

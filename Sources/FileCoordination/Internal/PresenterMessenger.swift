@@ -26,6 +26,7 @@ enum PresenterMessenger {
                 return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
             } catch is RemoteNoAnswer {
                 let error = timeoutError(policy, callback, of: entry)
+                UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
                 if policy.action == .fail { throw error }
                 warnTimeout(policy, callback, of: entry)
                 return nil
@@ -52,11 +53,16 @@ enum PresenterMessenger {
                     switch policy.action {
                     case .proceed:
                         if race.finish(.success(nil)) {
+                            UnansweredPresenters.current?.note(entry.id, nil)
                             warnTimeout(policy, callback, of: entry)
                             work.cancel()
                         }
                     case .fail:
-                        if race.finish(.failure(timeoutError(policy, callback, of: entry))) { work.cancel() }
+                        let error = timeoutError(policy, callback, of: entry)
+                        if race.finish(.failure(error)) {
+                            UnansweredPresenters.current?.note(entry.id, error)
+                            work.cancel()
+                        }
                     }
                 }
                 race.onFinish {
@@ -148,5 +154,25 @@ private final class Race<T: Sendable>: Sendable {
         continuation?.resume(with: result)
         action?()
         return won
+    }
+}
+
+/// The presenters that did not answer in time during one batch of coordinations (a
+/// coordinated batch read's windows): later windows do not ask them again. Under a
+/// failing policy each later window fails with the same error at once; otherwise it
+/// goes on without them. Set as a task-local around each window's coordination.
+final class UnansweredPresenters: Sendable {
+    @TaskLocal static var current: UnansweredPresenters?
+
+    private let state = Mutex<[ObjectIdentifier: FileCoordinationError?]>([:])
+
+    /// `error`: what the coordination failed with (a failing policy), or nil (it went on).
+    func note(_ presenter: ObjectIdentifier, _ error: FileCoordinationError?) {
+        state.withLock { $0[presenter] = error }
+    }
+
+    /// nil: not known to be silent; `.some(nil)`: skip it; `.some(error)`: fail with it.
+    func outcome(of presenter: ObjectIdentifier) -> FileCoordinationError?? {
+        state.withLock { $0[presenter] }
     }
 }
