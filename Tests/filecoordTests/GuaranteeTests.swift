@@ -220,3 +220,26 @@ extension CrossProcessTests {
         }
     }
 }
+
+extension CrossProcessTests {
+    @Test("garbage in the space (a directory, a foreign file, a dead process's malformed record) is dealt with once: ours removed, the rest set aside with one warning; status reports no pid 0")
+    func garbageInTheSpaceOnce() async throws {
+        let file = scratch.write("doc", "old")
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        try FileManager.default.createDirectory(atPath: space + "/presenters/junkdir", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: space + "/procs/weird", withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: space + "/presenters/foreign", contents: Data("hello\n".utf8))
+        // Named as ours, by a process that is gone, and unreadable: ours to remove.
+        _ = FileManager.default.createFile(atPath: space + "/presenters/2147483-dead-1", contents: Data("kind presenter\n".utf8))
+        let first = try await filecoord("write", file, "--space", space, stdin: Data("a".utf8))
+        #expect(first.status == 0)
+        #expect(first.errorText.contains("junkdir") && first.errorText.contains("foreign") && first.errorText.contains("weird"), "\(first.errorText)")
+        for round in 0 ..< 2 {
+            let again = try await filecoord("write", file, "--space", space, stdin: Data("b".utf8))
+            #expect(again.status == 0 && again.errorText.isEmpty, "round \(round): \(again.errorText)")
+        }
+        let status = try await filecoord("status", "--space", space)
+        #expect(!status.outputText.contains("pid 0") && status.errorText.isEmpty, "\(status.outputText)\(status.errorText)")
+        #expect(!FileManager.default.fileExists(atPath: space + "/presenters/2147483-dead-1"))
+    }
+}

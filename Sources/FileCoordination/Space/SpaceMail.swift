@@ -41,6 +41,8 @@ final class SpaceMail: Sendable {
         var remote = PresenterRegistry()
         /// Dead processes cleaned up and not yet reported by `status`.
         var cleanedUp: [Int32] = []
+        /// Presenter records of live processes that could not be read: warned about once.
+        var ignoredRecords: Set<String> = []
     }
 
     private let state = Mutex(State())
@@ -275,7 +277,39 @@ final class SpaceMail: Sendable {
     /// the bytes: with Foundation imported, `String.contains(_:)` goes through `NSString`
     /// (it was 2% of a remote write's CPU time in a profile).
     static func isProcessName(_ name: String) -> Bool {
-        !name.isEmpty && !name.utf8.contains(UInt8(ascii: "/"))
+        // `<pid>-<hex>`, as `CoordinationSpace.join` names a process.
+        let bytes = Array(name.utf8)
+        guard let dash = bytes.firstIndex(of: UInt8(ascii: "-")), dash > 0, dash < bytes.count - 1 else { return false }
+        return bytes[..<dash].allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
+            && bytes[(dash + 1)...].allSatisfy { isHexDigit($0) }
+    }
+
+    private static func isHexDigit(_ byte: UInt8) -> Bool {
+        (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9")) || (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "f"))
+    }
+
+    /// The process of a presenter record's name (`<process>-<number>`), or nil when the
+    /// name is not one this library makes.
+    static func processOfPresenter(_ name: String) -> String? {
+        guard let dash = name.utf8.lastIndex(of: UInt8(ascii: "-")) else { return nil }
+        let process = String(name[..<dash]), number = name[name.index(after: dash)...]
+        guard isProcessName(process), !number.isEmpty, number.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+        return process
+    }
+
+    /// Moves an entry of the space that is not one of ours (a directory, another
+    /// program's or version's file) out of the way, under a hidden name that listings
+    /// skip, and says so once: left in place, it was warned about by every process, on
+    /// every command, for ever. Blocking (`renameat`); nothing is said if another process
+    /// moved it first.
+    private func setAside(_ folder: String, _ name: String, reason: String) {
+        let dirFD = files.directoryFD
+        let hidden = ".foreign-" + name
+        guard renameat(dirFD, "\(folder)/\(name)", dirFD, "\(folder)/\(hidden)") == 0 else { return }
+        PresenterMessenger.logger.warning("set aside an entry of the coordination space that is not one of ours",
+                                          metadata: ["path": "\(files.directory.appending(folder).appending(name))",
+                                                     "now": "\(files.directory.appending(folder).appending(hidden))",
+                                                     "reason": "\(reason)"])
     }
 
     /// Whether `process` still has its record in `procs/` (it has not left, and has not
@@ -622,14 +656,29 @@ final class SpaceMail: Sendable {
         guard state.withLock({ $0.remoteSequence != sequence }) else { return }
         let (dirFD, me) = (files.directoryFD, me)
         let known = state.withLock { Set($0.remoteByName.keys) }
+        let ignored = state.withLock { $0.ignoredRecords }
         let scan: ([String], [String: SpaceMessage])? = try? await runOnIOThread {
             let names = try Self.list(dirFD, "presenters").filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
             var fresh: [String: SpaceMessage] = [:]
-            for name in names where !known.contains(name) {
+            for name in names where !known.contains(name) && !ignored.contains(name) {
+                guard let owner = Self.processOfPresenter(name) else {
+                    self.setAside("presenters", name, reason: "not a presenter record's name")
+                    continue
+                }
+                let reason: String
                 switch self.readMessage(dirFD: dirFD, name: Array("presenters/\(name)".utf8)) {
-                case .success(let record) where record.kind == "presenter": fresh[name] = record
-                case .success(let record): Self.ignored(self.files.directory.appending("presenters/\(name)"), "a \(record.kind), not a presenter")
-                case .failure(let reason): Self.ignored(self.files.directory.appending("presenters/\(name)"), reason.rawValue)
+                case .success(let record) where record.kind == "presenter":
+                    fresh[name] = record
+                    continue
+                case .success(let record): reason = "a \(record.kind), not a presenter"
+                case .failure(let failure): reason = failure.rawValue
+                }
+                // Ours to remove once its process is gone; while it lives, said once here.
+                if !self.isAlive(owner) {
+                    unlinkat(dirFD, "presenters/" + name, 0)
+                } else {
+                    Self.ignored(self.files.directory.appending("presenters/\(name)"), reason)
+                    self.state.withLock { _ = $0.ignoredRecords.insert(name) }
                 }
             }
             return (names, fresh)
@@ -936,10 +985,18 @@ final class SpaceMail: Sendable {
     func cleanUpDeadProcesses() async throws {
         let (dirFD, me) = (files.directoryFD, me)
         let candidates = try await runOnIOThread { () throws -> [String] in
-            let records = try Self.list(dirFD, "procs")
+            var records = try Self.list(dirFD, "procs")
+            var mailboxes = (try? Self.list(dirFD, "mail")) ?? []
+            for (folder, names) in [("procs", records), ("mail", mailboxes)] {
+                for name in names where !name.hasPrefix(".") && !Self.isProcessName(name) {
+                    self.setAside(folder, name, reason: "not a process's name")
+                }
+            }
+            records = records.filter { $0.hasPrefix(".") || Self.isProcessName($0) }
+            mailboxes = mailboxes.filter(Self.isProcessName)
             let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
             let named = Set(processes)
-            let strays = ((try? Self.list(dirFD, "mail")) ?? []).filter { $0 != me && !named.contains($0) }
+            let strays = mailboxes.filter { $0 != me && !named.contains($0) }
                 + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
             return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
         }
