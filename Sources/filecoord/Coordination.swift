@@ -1,5 +1,6 @@
 import ArgumentParser
-import FileCoordination
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileCoordination
 import Foundation
 import Logging
 
@@ -24,11 +25,28 @@ struct SpaceOption: ParsableArguments {
     @discardableResult
     func join() async throws -> CoordinationSpace {
         Logs.bootstrap()
+        let joined: CoordinationSpace
         do {
-            return try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
+            joined = try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
         } catch let error as FileCoordinationError {
             Output.report(error)
             throw Status.failed
+        }
+        Self.removeFilesOnFatalSignals(joined)
+        return joined
+    }
+
+    /// SIGHUP, SIGTERM and SIGINT (those not ignored when filecoord started) remove this
+    /// process's files from the space, then end it as they would have: otherwise its
+    /// record and mailbox stayed until another process joined and cleaned up. Its claims
+    /// end with it, in the kernel. (`present` ends cleanly on them instead; `exec` passes
+    /// them on to its command while it runs.)
+    private static func removeFilesOnFatalSignals(_ space: CoordinationSpace) {
+        let numbers = [SIGHUP, SIGTERM, SIGINT].filter { fc_ignored_at_start($0) == 0 }
+        try? CaughtSignals.shared.catchSignals(numbers) { number in
+            space.removeFilesBeforeExit()
+            CaughtSignals.shared.release([number])
+            kill(getpid(), number) // to the process: this thread may block it
         }
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CFileCoordinationShims
 import FileCoordination
 import Foundation
 import Synchronization
@@ -61,8 +62,12 @@ struct Present: AsyncParsableCommand {
         // Signals end the session cleanly: unregister, exit 0. Until they are caught a
         // signal ends it the default way.
         let stop = AsyncStream.makeStream(of: Void.self)
-        try CaughtSignals.shared.catchSignals([SIGINT, SIGTERM]) { _ in stop.continuation.yield() }
         try await space.join()
+        // After joining, which catches them to remove the process's files and die: a
+        // presenter ends cleanly instead (a closed terminal's SIGHUP included).
+        try CaughtSignals.shared.catchSignals([SIGINT, SIGTERM, SIGHUP].filter { fc_ignored_at_start($0) == 0 }) { _ in
+            stop.continuation.yield()
+        }
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", presenter.path, pid: getpid())
         for await _ in stop.stream { break }

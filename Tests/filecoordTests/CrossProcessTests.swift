@@ -372,7 +372,7 @@ struct CrossProcessTests {
         // A space exists once one process joined it.
         #expect(try await filecoord("status", "--json", "--space", space).status == 0)
         let dead = try await shell("true & echo $!; wait").outputText.trimmingCharacters(in: .whitespacesAndNewlines)
-        let (old, young) = ("\(dead)-0ld", "\(dead)-y0ung")
+        let (old, young) = ("\(dead)-01d", "\(dead)-70a")
         let fileManager = FileManager.default
         for process in [old, young] {
             try fileManager.createDirectory(atPath: space + "/mail/" + process, withIntermediateDirectories: false)

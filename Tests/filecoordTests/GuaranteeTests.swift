@@ -243,3 +243,36 @@ extension CrossProcessTests {
         #expect(!FileManager.default.fileExists(atPath: space + "/presenters/2147483-dead-1"))
     }
 }
+
+extension CrossProcessTests {
+    /// The names in one of the space's folders, hidden ones left out.
+    func entries(_ folder: String) -> Set<String> {
+        Set(((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") })
+    }
+
+    @Test("a command ended by SIGHUP, SIGTERM or SIGINT while it waits removes its record and mailbox on the way out (and still dies of the signal); a presenter ends cleanly on SIGHUP",
+          .timeLimit(.minutes(2)), arguments: [SIGHUP, SIGTERM, SIGINT])
+    func signalledCommandCleansUp(signal: Int32) async throws {
+        let file = scratch.write("f", "x")
+        let fifo = scratch.path + "/go"
+        let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
+        let before = (procs: entries("procs"), mail: entries("mail"))
+        let reader = try Spawned([filecoordBinary, "read", "--space", space, file])
+        for _ in 0 ..< 500 {
+            if try await waitingPids().contains(reader.pid) { break }
+            try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state
+        }
+        kill(reader.pid, signal)
+        #expect(await reader.wait() == 128 + signal)
+        #expect(entries("procs") == before.procs, "left: \(entries("procs").subtracting(before.procs))")
+        #expect(entries("mail") == before.mail, "left: \(entries("mail").subtracting(before.mail))")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
+        if signal == SIGHUP {
+            let (presenter, _) = try await present(file)
+            presenter.signal(SIGHUP)
+            #expect(await presenter.wait().status == 0)
+            #expect(entries("presenters").isEmpty && entries("procs").isEmpty)
+        }
+    }
+}

@@ -82,12 +82,21 @@ public final class CoordinationSpace: Sendable {
                 mail.processEnded(event)
             }
         } catch {
+            files.removeOwnEntries()
             files.close()
             throw error
         }
         mail.start()
         try? await mail.cleanUpDeadProcesses()
         return space
+    }
+
+    /// Removes this process's files from the space at once, on the calling thread, and
+    /// leaves its claims to the kernel: for a process about to die of a signal
+    /// (`filecoord` on SIGHUP, SIGTERM or SIGINT), whose claims end with it.
+    @_spi(FileCoordinationInternal)
+    public func removeFilesBeforeExit() {
+        mail.removeFilesNow()
     }
 
     /// Leaves the space: this process's files are removed (its claims must have ended).
@@ -158,13 +167,19 @@ struct SpaceFiles: Sendable {
         self.directory = directory
         self.processName = processName
         var opened: [Int32] = []
+        // What this process made of its own, removed again if joining fails: nobody else
+        // should have to clean up after a process that never joined.
+        var made: (mailbox: Bool, hidden: Bool) = (false, false)
+        var dirFD: Int32 = -1
         func fail(_ operation: String, _ path: FilePath, _ code: Int32 = errno) -> FileCoordinationError {
+            if made.hidden { unlinkat(dirFD, "procs/.\(processName)", 0) }
+            if made.mailbox { unlinkat(dirFD, "mail/\(processName)", AT_REMOVEDIR) }
             for fd in opened { Glibc.close(fd) }
             return FileCoordinationError(operation, errno: Errno(rawValue: code), path: path)
         }
         // The space itself, then its folders: created 0700, refused if not ours alone.
         if mkdir(directory.string, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory) }
-        let dirFD = fc_open(directory.string, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        dirFD = fc_open(directory.string, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
         guard dirFD >= 0 else {
             if errno == ELOOP || errno == ENOTDIR {
                 throw FileCoordinationError(code: .insecureSpace, path: directory, operation: "open",
@@ -202,12 +217,14 @@ struct SpaceFiles: Sendable {
         // process can find it unlocked (and take this process for dead).
         let mailbox = "mail/\(processName)"
         if mkdirat(dirFD, mailbox, 0o700) != 0 { throw fail("mkdir", directory.appending(mailbox)) }
+        made.mailbox = true
         let boxFD = fc_openat(dirFD, mailbox, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
         guard boxFD >= 0 else { throw fail("open", directory.appending(mailbox)) }
         opened.append(boxFD)
         mailboxFD = boxFD
         let hidden = "procs/.\(processName)"
         let procFD = try openFile(hidden, O_CREAT | O_EXCL)
+        made.hidden = true
         processFD = procFD
         var record = SpaceMessage(kind: "process")
         record.set("pid", "\(getpid())")
@@ -243,6 +260,13 @@ struct SpaceFiles: Sendable {
 
     func close() {
         for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { Glibc.close(fd) }
+    }
+
+    /// Removes this process's record and (empty) mailbox: joining failed after they were
+    /// made. Blocking.
+    func removeOwnEntries() {
+        unlinkat(directoryFD, "procs/\(processName)", 0)
+        unlinkat(directoryFD, "mail/\(processName)", AT_REMOVEDIR)
     }
 
     /// The registry's change counter (shared memory).

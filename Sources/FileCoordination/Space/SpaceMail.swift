@@ -1022,20 +1022,24 @@ final class SpaceMail: Sendable {
     /// Removes this process's files; called when it leaves the space.
     func leave() async {
         await flush()
+        incoming.finish()
+        _ = try? await runOnIOThread { [self] in removeFilesNow() }
+    }
+
+    /// Removes this process's record, message slots, presenter records and mailbox, on
+    /// the calling thread (it blocks).
+    func removeFilesNow() {
         let (dirFD, files, me) = (files.directoryFD, files, me)
         let numbers = state.withLock { Array($0.local.keys) }
-        incoming.finish()
-        _ = try? await runOnIOThread { [slots] in
-            // The record first: a receiver that reads one of this process's slots after
-            // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
-            unlinkat(dirFD, "procs/" + me, 0)
-            slots.removeAll(dirFD: dirFD)
-            for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
-            Self.removeMailbox(dirFD, me)
-            // Only the presenters are the registry that others cache: a process that
-            // had none changes nothing for them.
-            if !numbers.isEmpty { files.bumpSequence() }
-        }
+        // The record first: a receiver that reads one of this process's slots after
+        // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
+        unlinkat(dirFD, "procs/" + me, 0)
+        slots.removeAll(dirFD: dirFD)
+        for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
+        Self.removeMailbox(dirFD, me)
+        // Only the presenters are the registry that others cache: a process that
+        // had none changes nothing for them.
+        if !numbers.isEmpty { files.bumpSequence() }
     }
 }
 
