@@ -394,7 +394,10 @@ public final class InotifyThread: @unchecked Sendable {
     /// Startup failed on the thread: fail what is queued and everything sent later, and
     /// let the thread end.
     private func failAll(_ errno: Errno) {
-        let error = Self.watchError(FilePath("/proc/self/fd/\(doorbell)"), errno)
+        var error = Self.watchError(FilePath("/proc/self/fd/\(doorbell)"), errno)
+        // The instance itself could not be had: no file is to blame. (The EMFILE of
+        // `inotify_init` is the per-user instance limit, or this process's descriptors.)
+        if error.operation == "inotify_init" { error.path = nil }
         let pending = queue.withLock { queue in
             queue.failure = error
             defer { queue.commands.removeAll() }

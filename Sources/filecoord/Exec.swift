@@ -54,7 +54,10 @@ struct Exec: AsyncParsableCommand {
         let (command, intents) = (command, wanted)
         let status = try await coordination.run {
             try await coordinator.coordinate(with: intents) {
-                try await Child.run(command, keeping: FileCoordinator.coordinationSpace?.claimDescriptors ?? [])
+                let space = FileCoordinator.coordinationSpace
+                // `status` reads them there: a process that never waited does not listen.
+                await space?.describeClaimsInRecord()
+                return try await Child.run(command, keeping: space?.claimDescriptors ?? [])
             }
         }
         throw ExitCode(status)

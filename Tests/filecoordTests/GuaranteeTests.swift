@@ -276,3 +276,45 @@ extension CrossProcessTests {
         }
     }
 }
+
+extension CrossProcessTests {
+    /// How many writers ``manyProcessesUnderInstanceLimit()`` runs at once
+    /// (`FILECOORD_MANY_WRITERS`; `make limits` runs 1,000).
+    static var manyWriters: Int { Int(ProcessInfo.processInfo.environment["FILECOORD_MANY_WRITERS"] ?? "") ?? 150 }
+
+    @Test("under a user's inotify instance limit (128), with 125 presenters running: concurrent exec writers (each waits) all succeed with no lost update, and write and status still work",
+          .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(10)))
+    func manyProcessesUnderInstanceLimit() async throws {
+        // A uid of its own: the per-user limits it exhausts are nobody else's.
+        let uid = 64123
+        let directory = scratch.path + "/limits"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        #expect(chown(directory, uid_t(uid), gid_t(uid)) == 0)
+        #expect(chmod(scratch.path, 0o755) == 0)
+        let writers = Self.manyWriters
+        let script = """
+            cd '\(directory)' && S="$PWD/space" && echo 0 > counter && echo x > doc
+            presenters=""
+            for i in $(seq 1 125); do echo x > p$i; "$FILECOORD" present --space "$S" p$i > p$i.out 2>&1 & presenters="$presenters $!"; done
+            for i in $(seq 1 125); do
+              until grep -q ready p$i.out; do grep -q filecoord: p$i.out && { cat p$i.out >&2; exit 9; }; sleep 0.05; done # ok: polling files
+            done
+            writers=""
+            for i in $(seq 1 \(writers)); do
+              "$FILECOORD" exec --space "$S" --write counter -- sh -c 'n=$(cat counter); echo $((n+1)) > counter' || echo "exec failed: $?" >&2 &
+              writers="$writers $!"
+            done
+            echo new | "$FILECOORD" write --space "$S" p1 || echo "write failed: $?" >&2
+            "$FILECOORD" status --space "$S" > status.out || echo "status failed: $?" >&2
+            wait $writers
+            kill $presenters; wait $presenters
+            cat counter
+            """
+        let result = try await shell("exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.errorText.isEmpty, "\(result.errorText)")
+        #expect(result.outputText.trimmingCharacters(in: .whitespacesAndNewlines) == "\(writers)")
+        let status = (try? String(contentsOfFile: directory + "/status.out", encoding: .utf8)) ?? ""
+        #expect(status.contains("p125"), "\(status)")
+    }
+}

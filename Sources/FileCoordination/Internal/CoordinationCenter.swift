@@ -382,6 +382,12 @@ final class CoordinationCenter: Sendable {
             guard let space = try await space() else { return }
             // Still registered (not removed meanwhile)?
             guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
+            // Other processes' requests come through the mailbox: it must be watched.
+            guard await space.startWatching() else {
+                PresenterMessenger.logger.warning("cannot watch the coordination space (no inotify instance to be had?); the presenter is known in this process only",
+                                                  metadata: ["path": "\(path)", "space": "\(space.directory)"])
+                return
+            }
             await space.mail.register(presenter, at: path)
         } catch {
             PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",

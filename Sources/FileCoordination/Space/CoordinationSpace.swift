@@ -38,6 +38,8 @@ public final class CoordinationSpace: Sendable {
 
     let locks: SpaceLocks
     let mail: SpaceMail
+    /// This process's watches on the space (see ``startWatching()``): nil until asked for.
+    private let watching = Mutex<Task<Bool, Never>?>(nil)
 
     init(directory: FilePath, processName: String, locks: SpaceLocks, mail: SpaceMail) {
         self.directory = directory
@@ -45,6 +47,56 @@ public final class CoordinationSpace: Sendable {
         self.locks = locks
         self.mail = mail
     }
+
+    /// Watches the space through inotify, once: `claims.lock` (a waiting claim wakes on
+    /// a release), this process's mailbox (replies, and requests for its presenters) and
+    /// `procs/` (deaths). Returns whether the watches are in place.
+    ///
+    /// Not done on joining: an inotify instance is a per-user resource (128 by default),
+    /// and a process that never waits, asks nobody and presents nothing (most `exec`s, a
+    /// `write` with no presenter) needs none; a build running hundreds of such processes
+    /// would run out. A process that needs the watches and cannot have them (the limit
+    /// reached) still works: its claims and its requests poll instead (see
+    /// ``SpaceLocks`` and ``SpaceMail``), and a presenter fails to register, saying why.
+    /// Until it watches, the process's record says it does not listen, and `status`
+    /// reads what it holds from the record instead of asking.
+    func startWatching() async -> Bool {
+        let task = watching.withLock { task in
+            if let task { return task }
+            let (locks, mail, files, directory) = (locks, mail, mail.files, directory)
+            let started = Task<Bool, Never> {
+                do {
+                    let thread = InotifyThread.shared
+                    _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
+                        locks.somethingChanged()
+                    }
+                    _ = try await thread.addWatch(files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
+                        mail.received(event)
+                    }
+                    _ = try await thread.addWatch(directory.appending("procs"), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
+                        mail.processEnded(event)
+                    }
+                    // Anything that came before the mailbox was watched.
+                    try await runOnIOThread {
+                        mail.receivedBeforeWatching()
+                        try files.writeRecord(listening: true)
+                    }
+                    locks.nowListening()
+                    return true
+                } catch {
+                    // Not a warning: the process works on (its waits poll); a command's
+                    // stderr stays clean when hundreds of processes run at once.
+                    PresenterMessenger.logger.info("cannot watch the coordination space; this process polls instead",
+                                                   metadata: ["path": "\(directory)", "error": "\(error)"])
+                    return false
+                }
+            }
+            task = started
+            return started
+        }
+        return await task.value
+    }
+
 
     /// The space used when none is named: `$FILECOORD_SPACE`, else
     /// `$XDG_RUNTIME_DIR/filecoord`, else `/tmp/filecoord-<uid>`.
@@ -70,25 +122,25 @@ public final class CoordinationSpace: Sendable {
                                directoryFD: files.directoryFD, directory: directory)
         let mail = SpaceMail(files: files)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
-        do {
-            let thread = InotifyThread.shared
-            _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
-                locks.somethingChanged()
-            }
-            _ = try await thread.addWatch(files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
-                mail.received(event)
-            }
-            _ = try await thread.addWatch(directory.appending("procs"), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
-                mail.processEnded(event)
-            }
-        } catch {
-            files.removeOwnEntries()
-            files.close()
-            throw error
-        }
+        locks.startWatching = { [weak space] in await space?.startWatching() ?? false }
+        mail.startWatching = { [weak space] in await space?.startWatching() ?? false }
         mail.start()
         try? await mail.cleanUpDeadProcesses()
         return space
+    }
+
+    /// Writes the claims this process holds into its record, for `status` to read while
+    /// the process does not listen to its mailbox (`filecoord exec`, before its command
+    /// runs). Nothing to do for a process that listens: it is asked.
+    @_spi(FileCoordinationInternal)
+    public func describeClaimsInRecord() async {
+        guard !(watching.withLock { $0 != nil }) else { return }
+        let claims = CoordinationCenter.shared.statusClaims()
+        let fields = claims.held.enumerated().map { index, claim in
+            SpaceMessage.Field(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
+        }
+        let files = mail.files
+        _ = try? await runOnIOThread { try files.writeRecord(listening: false, fields: fields) }
     }
 
     /// Removes this process's files from the space at once, on the calling thread, and
@@ -226,9 +278,7 @@ struct SpaceFiles: Sendable {
         let procFD = try openFile(hidden, O_CREAT | O_EXCL)
         made.hidden = true
         processFD = procFD
-        var record = SpaceMessage(kind: "process")
-        record.set("pid", "\(getpid())")
-        let bytes = record.encoded()
+        let bytes = Self.record(listening: false).encoded()
         guard bytes.withUnsafeBytes({ write(procFD, $0.baseAddress, $0.count) }) == bytes.count else {
             throw fail("write", directory.appending(hidden))
         }
@@ -260,6 +310,25 @@ struct SpaceFiles: Sendable {
 
     func close() {
         for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { Glibc.close(fd) }
+    }
+
+    /// This process's record: its pid, whether it reads its mailbox (a process that does
+    /// not is not asked for its status), and `fields` (claims held, as `status` reports them).
+    static func record(listening: Bool, fields: [SpaceMessage.Field] = []) -> SpaceMessage {
+        var record = SpaceMessage(kind: "process", fields: fields)
+        record.set("pid", "\(getpid())")
+        record.set("listening", listening ? "1" : "0")
+        return record
+    }
+
+    /// Rewrites this process's record in place (its descriptor holds the liveness lock).
+    /// Blocking.
+    func writeRecord(listening: Bool, fields: [SpaceMessage.Field] = []) throws {
+        let bytes = Self.record(listening: listening, fields: fields).encoded()
+        let written = bytes.withUnsafeBytes { pwrite(processFD, $0.baseAddress, $0.count, 0) }
+        guard written == bytes.count, ftruncate(processFD, off_t(bytes.count)) == 0 else {
+            throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: directory.appending("procs/\(processName)"))
+        }
     }
 
     /// Removes this process's record and (empty) mailbox: joining failed after they were

@@ -140,6 +140,25 @@ final class SpaceLocks: Sendable {
     private let closed = Atomic<Bool>(false)
     /// At most this many shard files are kept open, unless one claim needs more.
     let shardBudget: Int
+    /// Starts the space's watches (``CoordinationSpace/startWatching()``) when a claim
+    /// first has to wait; false when they cannot be had, and waits then poll.
+    var startWatching: @Sendable () async -> Bool {
+        get { watchingHook.withLock { $0 } }
+        set { watchingHook.withLock { $0 = newValue } }
+    }
+    private let watchingHook = Mutex<@Sendable () async -> Bool>({ false })
+    /// Whether the process hears the doorbell (its watches are in place). Only then are
+    /// idle bytes kept: a process deaf to the doorbell could not be asked to give them back.
+    private let listening = Atomic<Bool>(false)
+    /// Claims released so far, while not listening: the second starts the watches in the
+    /// background, so that a process that coordinates again and again (not a one-shot
+    /// command) keeps idle bytes.
+    private let releases = Atomic<Int>(0)
+
+    /// The watches are in place: idle bytes may be kept from now on.
+    func nowListening() { listening.store(true, ordering: .relaxed) }
+    /// The longest pause between two tries of a claim that waits without a watch.
+    static let longestPoll: Duration = .milliseconds(50)
 
     /// `shardBudget` nil: ``defaultShardBudget()``.
     init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil) {
@@ -491,6 +510,8 @@ final class SpaceLocks: Sendable {
         try await openShards(needed)
         var queued: [Byte] = []
         var flagged = false
+        var watched = false
+        var poll: Duration = .milliseconds(1)
         defer {
             if flagged { lowerWaitingFlag() }
             if let token { _ = state.withLock { $0.cancelled.remove(token) } }
@@ -511,6 +532,8 @@ final class SpaceLocks: Sendable {
                 case .conflict: break
                 }
                 if !flagged {
+                    // Watched before the flag is raised, so no doorbell rung after it is missed.
+                    watched = await startWatching()
                     // Raise the flag, then try again before sleeping: a release between the
                     // first attempt and the flag would not have rung. The doorbell asks
                     // every process to give back its idle bytes (one may be in the way).
@@ -522,7 +545,14 @@ final class SpaceLocks: Sendable {
                 pin(needed, by: -1)
                 pinned = false
                 ClaimWait.noteWaiting()
-                try await waitForChange(after: generation)
+                if watched {
+                    try await waitForChange(after: generation)
+                } else {
+                    // No inotify instance to be had: try again after a pause that grows to
+                    // ``longestPoll``. Slower than a doorbell, never stuck.
+                    try await Task.sleep(for: poll) // ok: the fallback when nothing can be watched
+                    poll = Swift.min(poll * 2, Self.longestPoll)
+                }
                 pin(needed, by: 1)
                 pinned = true
                 try await openShards(needed)
@@ -680,7 +710,8 @@ final class SpaceLocks: Sendable {
         shards[Self.shard(byte.offset)].state.withLock { state in
             guard var count = state.counts[byte.offset] else { return false }
             if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
-            if count.total <= 0 && count.kernel == fc_F_RDLCK && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed) {
+            if count.total <= 0 && count.kernel == fc_F_RDLCK && listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed)
+                && !closed.load(ordering: .relaxed) {
                 // Kept, idle: the shared kernel lock stays for the next task that needs it
                 // (an exclusive one is never kept: a process stopped with it would hold off
                 // every reader). Past the limit, every idle byte goes (``release(_:)``).
@@ -752,6 +783,10 @@ final class SpaceLocks: Sendable {
     /// another process waits.
     func release(_ held: Held) {
         guard !held.bytes.isEmpty else { return }
+        if !listening.load(ordering: .relaxed), releases.add(1, ordering: .relaxed).newValue == 2 {
+            let start = startWatching
+            Task { _ = await start() }
+        }
         var changed = false
         for byte in held.bytes.reversed() where give(byte) { changed = true }
         if idleTotal.load(ordering: .relaxed) > Self.idleLimit { dropIdleBytes() }

@@ -46,6 +46,16 @@ final class SpaceMail: Sendable {
     }
 
     private let state = Mutex(State())
+    /// Held while a message file is read and acted on: by the watcher thread, or by a
+    /// poll of the mailbox (a process that could not watch it, or a rescan as it starts to).
+    private let receiving = Mutex(())
+    /// Starts the space's watches (``CoordinationSpace/startWatching()``) before a request
+    /// whose reply must be heard; false when they cannot be had, and replies are polled.
+    var startWatching: @Sendable () async -> Bool {
+        get { watchingHook.withLock { $0 } }
+        set { watchingHook.withLock { $0 = newValue } }
+    }
+    private let watchingHook = Mutex<@Sendable () async -> Bool>({ false })
     /// Messages waiting to be written to each process, in the order they were posted. A
     /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
     private let outboxes = Mutex<[String: [@Sendable () -> Void]]>([:])
@@ -84,11 +94,19 @@ final class SpaceMail: Sendable {
     /// queue overflow (events lost), every file in the mailbox is read.
     func received(_ event: InotifyEvent) {
         if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
-            for name in rescanOrder() { receive(name, rescanning: true) }
+            receivedBeforeWatching()
             return
         }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
-        receive(event.name, rescanning: false)
+        receiving.withLock { _ in receive(event.name, rescanning: false) }
+    }
+
+    /// Reads every message in the mailbox (after a queue overflow, as the mailbox starts to
+    /// be watched, or on each poll of a process that cannot watch it). Blocking.
+    func receivedBeforeWatching() {
+        receiving.withLock { _ in
+            for name in rescanOrder() { receive(name, rescanning: true) }
+        }
     }
 
     /// Reads and acts on the message file `name`. A rescan leaves alone what may still be
@@ -463,8 +481,10 @@ final class SpaceMail: Sendable {
     ///
     /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
     func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
+        let watched = await startWatching()
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
+        if !watched { pollForReply(id, from: target) }
         if let timeout = RemoteDeadline.timeout {
             deadlines.add(id, after: timeout) { [self] in resolve(id, with: .failure(RemoteNoAnswer())) }
         }
@@ -531,6 +551,25 @@ final class SpaceMail: Sendable {
         continuation?.resume(with: outcome)
     }
 
+    /// Without a watch on the mailbox (no inotify instance to be had): reads the mailbox
+    /// after pauses growing to 50 ms until the reply to `id` is in, and ends the wait if
+    /// `target` dies meanwhile.
+    private func pollForReply(_ id: UInt64, from target: String) {
+        Task.detached { [self] in
+            var pause: Duration = .milliseconds(1)
+            while state.withLock({ state in
+                switch state.replies[id] { case .registered?, .waiting?: true; default: false }
+            }) {
+                try? await Task.sleep(for: pause) // ok: the fallback when nothing can be watched
+                pause = Swift.min(pause * 2, .milliseconds(50))
+                _ = try? await runOnIOThread { [self] in
+                    receivedBeforeWatching()
+                    if !isAlive(target) { resolve(id, with: .success(nil)) }
+                }
+            }
+        }
+    }
+
     /// A process's record was closed: if that process is gone, its pending requests end.
     func processEnded(_ event: InotifyEvent) {
         let name = String(decoding: event.name, as: UTF8.self)
@@ -574,6 +613,15 @@ final class SpaceMail: Sendable {
         ended.set("from", process)
         ended.set("id", "0")
         incoming.yield(ended)
+    }
+
+    /// `process`'s record. Blocking.
+    private func readRecord(of process: String) throws -> SpaceMessage {
+        guard Self.isProcessName(process) else { throw SendError.gone }
+        switch readMessage(dirFD: files.directoryFD, name: Array("procs/\(process)".utf8)) {
+        case .success(let record): return record
+        case .failure: throw SendError.gone
+        }
     }
 
     /// Whether `process` still holds the lock on its record.
@@ -867,6 +915,11 @@ final class SpaceMail: Sendable {
             for process in processes {
                 group.addTask { [self] in
                     guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead) }
+                    // A process that does not read its mailbox is not asked: its record
+                    // says what it holds (see ``CoordinationSpace/describeClaimsInRecord()``).
+                    if let record = try? await runOnIOThread({ try self.readRecord(of: process) }), record.string("listening") == "0" {
+                        return (process, .reply(record))
+                    }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
                         race.addTask { try await Task.sleep(for: timeout); return .silent } // ok: a deadline
