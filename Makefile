@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test watch-check demo bench clean
+.PHONY: all deps build test watch-check soak limits demo bench clean
 
 all: build
 
@@ -47,6 +47,23 @@ watch-check: deps
 	FILECOORD_WATCH_CHECK_SEEDS=$${FILECOORD_WATCH_CHECK_SEEDS:-50} \
 	FILECOORD_WATCH_CHECK_STEPS=$${FILECOORD_WATCH_CHECK_STEPS:-3000} \
 		$(SWIFT) test --skip-build --filter WatcherModelCheck
+
+# The randomized cross-process checker at length: rounds of 5 worker processes with
+# crossed claims, moves, presenters, SIGKILLs and SIGSTOPs for 10 minutes
+# (FILECOORD_CHECK_SOAK_MINUTES); every round is checked, a failing one prints its seed,
+# and FILECOORD_CHECK_SEED=N replays it. Figures: docs/reliability.md.
+soak: deps
+	$(SWIFT) build --build-tests
+	FILECOORD_CHECK_SOAK_MINUTES=$${FILECOORD_CHECK_SOAK_MINUTES:-10} \
+		$(SWIFT) test --skip-build --filter "CoordinationCheckTests/soak"
+
+# 1,000 concurrent writers (and 125 presenters) of one user under the default inotify
+# instance limit, as a dedicated unprivileged uid (needs root to switch to it); some
+# 10 minutes here. `make test` runs the same test with 150 writers.
+limits: deps
+	$(SWIFT) build --build-tests
+	FILECOORD_MANY_WRITERS=$${FILECOORD_MANY_WRITERS:-1000} \
+		$(SWIFT) test --skip-build --filter "manyProcessesUnderInstanceLimit"
 
 demo: deps
 	$(SWIFT) build -c release --product filecoord

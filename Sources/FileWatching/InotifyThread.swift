@@ -1,4 +1,4 @@
-import AsyncFileIO
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import CFileCoordinationShims
 import CInotifyTools
 import Synchronization
@@ -333,7 +333,7 @@ public final class InotifyThread: @unchecked Sendable {
         guard fstat(doorbell, &info) == 0, let directory = opendir("/proc/self/fd") else { return nil }
         defer { closedir(directory) }
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = String(decoding: directoryEntryName(entry), as: UTF8.self)
             guard let fd = Int32(name) else { continue }
             if fdinfoWatches(fd).contains(where: { $0.wd == wd && $0.inode == UInt64(info.st_ino) }) { return fd }
         }

@@ -471,9 +471,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         defer { closedir(handle) }
         var entries: [(name: [UInt8], isDirectory: Bool, inode: UInt64)] = []
         while let entry = readdir(handle) {
-            let name: [UInt8] = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                Array(raw.prefix { $0 != 0 })
-            }
+            let name = directoryEntryName(entry)
             if name == [0x2E] || name == [0x2E, 0x2E] { continue }
             var isDirectory = entry.pointee.d_type == UInt8(DT_DIR)
             if entry.pointee.d_type == UInt8(DT_UNKNOWN) {

@@ -139,11 +139,17 @@ extension CrossProcessTests {
 struct Spawned {
     let pid: pid_t
 
-    init(_ arguments: [String]) throws {
+    init(pid: pid_t) { self.pid = pid }
+
+    /// `environment`: `NAME=value` entries added to this process's environment.
+    /// `output`: a file for its stdout and stderr (else `/dev/null`).
+    init(_ arguments: [String], environment: [String] = [], output: String? = nil) throws {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        for fd: Int32 in 0 ... 2 { posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, output ?? "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
@@ -153,8 +159,16 @@ struct Spawned {
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
         let argv = arguments.map { strdup($0) } + [nil]
         defer { for pointer in argv { free(pointer) } }
+        var inherited: [String] = []
+        var index = 0
+        while let entry = environ[index] {
+            inherited.append(String(cString: entry))
+            index += 1
+        }
+        let envp = (inherited + environment).map { strdup($0) } + [nil]
+        defer { for pointer in envp { free(pointer) } }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, environ)
+        let result = posix_spawn(&pid, arguments[0], &actions, &attributes, argv, envp)
         guard result == 0 else { throw POSIXError(POSIXErrorCode(rawValue: result) ?? .EIO) }
         self.pid = pid
     }

@@ -158,3 +158,15 @@ enum FileType: Equatable {
         }
     }
 }
+
+/// The name of a directory entry `readdir(3)` returned, read in place.
+///
+/// Not `entry.pointee.d_name`: that copies the whole 256-byte array, and an entry is only
+/// as long as its name (`d_reclen`), so the copy of the last entry of glibc's buffer read
+/// past its end (a crash seen with a thousand processes listing the space's mailboxes).
+@_spi(FileCoordinationInternal)
+public func directoryEntryName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
+    let offset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
+    let name = UnsafeRawPointer(entry).advanced(by: offset).assumingMemoryBound(to: CChar.self)
+    return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+}

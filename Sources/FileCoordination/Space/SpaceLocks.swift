@@ -193,7 +193,7 @@ final class SpaceLocks: Sendable {
         defer { closedir(directory) }
         var count = 0
         while let entry = readdir(directory) {
-            if entry.pointee.d_name.0 != UInt8(ascii: ".") { count += 1 }
+            if directoryEntryName(entry).first != UInt8(ascii: ".") { count += 1 }
         }
         return count - 1
     }

@@ -975,7 +975,7 @@ final class SpaceMail: Sendable {
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let name = String(decoding: directoryEntryName(entry), as: UTF8.self)
             if name != "." && name != ".." { names.append(name) }
         }
         return names
