@@ -11,8 +11,8 @@ import Glibc
 /// resolved too when the coordination acts on what a link points to (a read, a write of
 /// content). A delete, move or replace acts on the name itself and claims the link.
 ///
-/// Without it, `LINK` and its target, or `dirlink/f` and `dir/f`, were different items:
-/// two writers of one file through two names never excluded each other.
+/// Otherwise `LINK` and its target, or `dirlink/f` and `dir/f`, would be different items,
+/// and two writers of one file through two names would not exclude each other.
 ///
 /// Cost, on the path of every coordination: the directory's resolution comes from a
 /// cache (one lookup; `realpath(3)`, on an I/O thread, when a directory is new or its

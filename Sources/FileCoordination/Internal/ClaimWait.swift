@@ -2,8 +2,8 @@ import Synchronization
 
 /// Tells a claim's timeout when the claim starts to wait, so that the timeout runs only
 /// while the claim really waits: an uncontended claim succeeds with any timeout, zero
-/// included (as `flock -n`). A timer started with the claim raced the first claim of a
-/// process (which opens its claim shards on an I/O thread) and often won.
+/// included (as `flock -n`). A timer started with the claim would race the first claim of
+/// a process (which opens its claim shards on an I/O thread), and often win.
 ///
 /// Set as a task-local around an acquisition; the in-process center and the space's locks
 /// call ``noteWaiting()`` where they park.

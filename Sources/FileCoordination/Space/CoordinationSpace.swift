@@ -78,7 +78,7 @@ public final class CoordinationSpace: Sendable {
                     }
                     // Anything that came before the mailbox was watched.
                     try await runOnIOThread {
-                        mail.receivedBeforeWatching()
+                        mail.readWholeMailbox()
                         try files.writeRecord(listening: true)
                     }
                     locks.nowListening()
@@ -96,7 +96,6 @@ public final class CoordinationSpace: Sendable {
         }
         return await task.value
     }
-
 
     /// The space used when none is named: `$FILECOORD_SPACE`, else
     /// `$XDG_RUNTIME_DIR/filecoord`, else `/tmp/filecoord-<uid>`.
@@ -134,7 +133,7 @@ public final class CoordinationSpace: Sendable {
     /// runs). Nothing to do for a process that listens: it is asked.
     @_spi(FileCoordinationInternal)
     public func describeClaimsInRecord() async {
-        guard !(watching.withLock { $0 != nil }) else { return }
+        if let task = watching.withLock({ $0 }), await task.value { return }
         let claims = CoordinationCenter.shared.statusClaims()
         let fields = claims.held.enumerated().map { index, claim in
             SpaceMessage.Field(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
@@ -331,12 +330,6 @@ struct SpaceFiles: Sendable {
         }
     }
 
-    /// Removes this process's record and (empty) mailbox: joining failed after they were
-    /// made. Blocking.
-    func removeOwnEntries() {
-        unlinkat(directoryFD, "procs/\(processName)", 0)
-        unlinkat(directoryFD, "mail/\(processName)", AT_REMOVEDIR)
-    }
 
     /// The registry's change counter (shared memory).
     func loadSequence() -> UInt64 { fc_atomic_load_u64(sequence) }

@@ -94,7 +94,7 @@ final class SpaceMail: Sendable {
     /// queue overflow (events lost), every file in the mailbox is read.
     func received(_ event: InotifyEvent) {
         if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
-            receivedBeforeWatching()
+            readWholeMailbox()
             return
         }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
@@ -103,7 +103,7 @@ final class SpaceMail: Sendable {
 
     /// Reads every message in the mailbox (after a queue overflow, as the mailbox starts to
     /// be watched, or on each poll of a process that cannot watch it). Blocking.
-    func receivedBeforeWatching() {
+    func readWholeMailbox() {
         receiving.withLock { _ in
             for name in rescanOrder() { receive(name, rescanning: true) }
         }
@@ -317,8 +317,8 @@ final class SpaceMail: Sendable {
 
     /// Moves an entry of the space that is not one of ours (a directory, another
     /// program's or version's file) out of the way, under a hidden name that listings
-    /// skip, and says so once: left in place, it was warned about by every process, on
-    /// every command, for ever. Blocking (`renameat`); nothing is said if another process
+    /// skip, and says so once: left in place, every process would warn about it on every
+    /// command, for ever. Blocking (`renameat`); nothing is said if another process
     /// moved it first.
     private func setAside(_ folder: String, _ name: String, reason: String) {
         let dirFD = files.directoryFD
@@ -563,7 +563,7 @@ final class SpaceMail: Sendable {
                 try? await Task.sleep(for: pause) // ok: the fallback when nothing can be watched
                 pause = Swift.min(pause * 2, .milliseconds(50))
                 _ = try? await runOnIOThread { [self] in
-                    receivedBeforeWatching()
+                    readWholeMailbox()
                     if !isAlive(target) { resolve(id, with: .success(nil)) }
                 }
             }
@@ -599,9 +599,9 @@ final class SpaceMail: Sendable {
     /// What a dead process left with this process's presenters is undone: its queued
     /// relinquish requests are not served, and a message that the serving task takes
     /// after everything already handed to it ends the echo suppressions and runs the
-    /// reacquirers kept for it (``serve(_:)``, `process-ended`). Without this, a writer
-    /// killed after a presenter relinquished left the presenter without its item and
-    /// deaf to every later change of it.
+    /// reacquirers kept for it (``serve(_:)``, `process-ended`). Otherwise a writer
+    /// killed after a presenter relinquished would leave the presenter without its item
+    /// and deaf to every later change of it.
     private func forgetRequests(of process: String) {
         let prefix = process + "/"
         let concerned = state.withLock { state in
