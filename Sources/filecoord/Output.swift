@@ -162,22 +162,6 @@ final class DescriptorWriter: Sendable {
         }
     }
 
-    /// Reads at most `count` bytes (one read(2)), on the writer's thread; empty at the end.
-    func read(upToCount count: Int) async -> Data {
-        let fd = self.fd
-        return await withCheckedContinuation { continuation in
-            queue.async {
-                var buffer = Data(count: count)
-                var n = 0
-                repeat {
-                    n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, count) }
-                } while n < 0 && errno == EINTR
-                buffer.count = max(0, n)
-                continuation.resume(returning: buffer)
-            }
-        }
-    }
-
     /// Reads at most `count` bytes, on the writer's thread: empty only at the end. Waits
     /// for input on a descriptor inherited non-blocking; fails, naming `name`, when a read
     /// fails (what was read so far must not pass for the whole input).
@@ -207,35 +191,16 @@ final class DescriptorWriter: Sendable {
         return try result.get()
     }
 
-    /// Reads the descriptor to its end (standard input), on the writer's thread.
+    /// Reads the descriptor to its end (standard input, a list), on the writer's thread.
     /// Fails, naming `name`, when a read fails (standard input closed, or a directory):
     /// what was read so far must not pass for the whole input.
     func readToEnd(name: String = "stdin") async throws(FileCoordinationError) -> Data {
-        let fd = self.fd
-        let result: Result<Data, FileCoordinationError> = await withCheckedContinuation { continuation in
-            queue.async {
-                var data = Data()
-                var buffer = [UInt8](repeating: 0, count: 65536)
-                while true {
-                    let n = buffer.withUnsafeMutableBytes { Foundation.read(fd, $0.baseAddress, $0.count) }
-                    if n < 0 && errno == EINTR { continue }
-                    if n < 0 && errno == EAGAIN {
-                        // Inherited non-blocking: wait for input here (this queue's own thread).
-                        var wanted = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-                        _ = poll(&wanted, 1, -1)
-                        continue
-                    }
-                    if n < 0 {
-                        continuation.resume(returning: .failure(FileCoordinationError("read", errno: Errno(rawValue: errno), path: FilePath(name))))
-                        return
-                    }
-                    if n == 0 { break }
-                    data.append(contentsOf: buffer[0 ..< n])
-                }
-                continuation.resume(returning: .success(data))
-            }
+        var data = Data()
+        while true {
+            let chunk = try await readChunk(upToCount: 1 << 16, name: name)
+            if chunk.isEmpty { return data }
+            data += chunk
         }
-        return try result.get()
     }
 }
 

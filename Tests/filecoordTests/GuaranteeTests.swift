@@ -124,7 +124,7 @@ extension CrossProcessTests {
     @Test("exec's command killed with SIGKILL: exec exits 137 and the claims are free at once")
     func killedCommandFreesClaims() async throws {
         let file = scratch.write("f", "x")
-        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo $$; exec sleep 62"])
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo $$; exec sleep 62"]) // ok: the command holding the claim
         var lines = holder.lines.makeAsyncIterator()
         let command = try #require(Int32(await lines.next() ?? ""))
         kill(command, SIGKILL)
@@ -311,7 +311,7 @@ extension CrossProcessTests {
             presenters=""
             for i in $(seq 1 125); do echo x > p$i; "$FILECOORD" present --space "$S" p$i > p$i.out 2>&1 & presenters="$presenters $!"; done
             for i in $(seq 1 125); do
-              until grep -q ready p$i.out; do grep -q filecoord: p$i.out && { cat p$i.out >&2; exit 9; }; sleep 0.05; done # ok: polling files
+              until grep -q ready p$i.out; do grep -q filecoord: p$i.out && { cat p$i.out >&2; exit 9; }; sleep 0.05; done # polling files (// ok)
             done
             writers=""
             for i in $(seq 1 \(writers)); do

@@ -39,7 +39,7 @@ extension CrossProcessTests {
         let ready = scratch.path + "/ready"
         #expect(mkfifo(ready, 0o600) == 0)
         let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
-                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"])
+                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
         let command = try #require(Int32(try await offThePool { String(decoding: FileHandle(forReadingAtPath: ready)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
             .trimmingCharacters(in: .whitespacesAndNewlines)))
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
