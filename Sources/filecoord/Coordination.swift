@@ -38,7 +38,7 @@ struct SpaceOption: ParsableArguments {
 
     /// SIGHUP, SIGTERM and SIGINT (those not ignored when filecoord started) remove this
     /// process's files from the space, then end it as they would have: otherwise its
-    /// record and mailbox stayed until another process joined and cleaned up. Its claims
+    /// record and mailbox would stay until another process joined and cleaned up. Its claims
     /// end with it, in the kernel. (`present` ends cleanly on them instead; `exec` passes
     /// them on to its command while it runs.)
     private static func removeFilesOnFatalSignals(_ space: CoordinationSpace) {
