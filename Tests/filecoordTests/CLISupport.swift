@@ -34,7 +34,7 @@ func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, enviro
         process.standardInput = input
         try withUnblockedSignals { try process.run() }
         let errorReader = Thread.detachedRead(errors.fileHandleForReading)
-        if let stdin { input.fileHandleForWriting.write(stdin) }
+        if let stdin { writeIgnoringBrokenPipe(stdin, to: input.fileHandleForWriting.fileDescriptor) }
         try input.fileHandleForWriting.close()
         let stdout = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
@@ -203,5 +203,31 @@ func onThread(_ body: @escaping @Sendable () -> Void) async {
             body()
             continuation.resume()
         }.start()
+    }
+}
+
+/// Writes `data` to a pipe whose reader may already have exited (a command that failed
+/// before reading its input): `EPIPE` is ignored, and the SIGPIPE it raises on this thread
+/// is blocked and consumed, so that it does not end the test process.
+func writeIgnoringBrokenPipe(_ data: Data, to fd: Int32) {
+    var pipeSignal = sigset_t(), previous = sigset_t()
+    sigemptyset(&pipeSignal)
+    sigaddset(&pipeSignal, SIGPIPE)
+    pthread_sigmask(SIG_BLOCK, &pipeSignal, &previous)
+    defer {
+        var none = timespec()
+        while sigtimedwait(&pipeSignal, nil, &none) == SIGPIPE {}
+        pthread_sigmask(SIG_SETMASK, &previous, nil)
+    }
+    data.withUnsafeBytes { raw in
+        var offset = 0
+        while offset < raw.count {
+            let written = write(fd, raw.baseAddress! + offset, raw.count - offset)
+            if written < 0 {
+                if errno == EINTR { continue }
+                return
+            }
+            offset += written
+        }
     }
 }
