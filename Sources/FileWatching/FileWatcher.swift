@@ -318,6 +318,12 @@ public final class FileWatcher: AsyncSequence, Sendable {
         tree.stop()
     }
 
+    /// Directories of the tree that are not watched because the user's inotify watch
+    /// limit (`fs.inotify.max_user_watches`) was reached: changes inside them are not
+    /// reported. Empty while coverage is whole. When the limit is met, a share of the
+    /// watches (1% of the limit, at least 64) is given back for the user's other processes.
+    public var unwatchedDirectories: [FilePath] { tree.unwatched }
+
     /// The number of inotify watches this watcher holds (one per watched directory).
     public func watchCount() async -> Int {
         await tree.watchCount()

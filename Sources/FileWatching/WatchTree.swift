@@ -1,5 +1,6 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import CInotifyTools
+import Synchronization
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -78,6 +79,21 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     /// The watched file's current name (a file watcher follows renames within its directory).
     private var fileName: [UInt8]
     private var stopped = false
+    /// The directories watched, in the order their watches were added (for the headroom
+    /// given back when the user's watch limit is reached).
+    private var watchOrder: [WatchNode] = []
+    /// Set once adding a watch met the user's watch limit: no more are added.
+    private var limited = false
+
+    /// Directories of the tree left unwatched because the user's inotify watch limit
+    /// was reached (the watcher thread adds to it; anyone may read it).
+    private let unwatchedPaths = Mutex<[FilePath]>([])
+    var unwatched: [FilePath] { unwatchedPaths.withLock { $0 } }
+
+    /// Watches given back when the limit is reached, so that the user's other processes
+    /// can still watch what they need (a waiting claim needs three): 1% of the user's
+    /// limit, at least 64.
+    static var headroom: Int { Swift.max(64, Int(inotifytools_get_max_user_watches()) / 100) }
 
     init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, filter: FileEventFilter) {
         self.root = root
@@ -344,7 +360,19 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     @discardableResult
     private func watch(_ node: WatchNode, thread: InotifyThread.OnThread) -> Bool {
         let path = absolute(node)
-        guard case .success(let wd) = thread.addWatch(path, mask: Self.mask, client: self) else { return false }
+        if limited {
+            unwatchedPaths.withLock { $0.append(path) }
+            return false
+        }
+        let wd: Int32
+        switch thread.addWatch(path, mask: Self.mask, client: self) {
+        case .success(let added): wd = added
+        case .failure(let error) where error.code == .watchLimitReached:
+            limitReached(at: path, thread: thread)
+            return false
+        case .failure: return false
+        }
+        watchOrder.append(node)
         if let other = nodes[wd], other !== node {
             // The same directory under two paths (a bind mount): keep the first. But if
             // the other node's path no longer leads there, it was given this directory's
@@ -361,6 +389,25 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         node.wd = wd
         nodes[wd] = node
         return true
+    }
+
+    /// The user's watch limit was reached at `path`: it and every directory not watched
+    /// yet stay unwatched, and the watches added last (the deepest, most recent part of
+    /// the scan) are given back, ``headroom`` of them, so that the user's other processes
+    /// can still watch. Said once, through ``unwatched`` and the presenter's warning.
+    private func limitReached(at path: FilePath, thread: InotifyThread.OnThread) {
+        limited = true
+        var given: [FilePath] = [path]
+        var count = 0
+        while count < Self.headroom, let node = watchOrder.popLast() {
+            guard node !== top, node.wd >= 0 else { continue }
+            nodes[node.wd] = nil
+            thread.removeWatch(node.wd, client: self)
+            node.wd = -1
+            given.append(absolute(node))
+            count += 1
+        }
+        unwatchedPaths.withLock { $0 += given }
     }
 
     /// Lists a directory (recursively when watching recursively), learning its entries

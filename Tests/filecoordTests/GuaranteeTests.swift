@@ -334,3 +334,36 @@ extension CrossProcessTests {
         #expect(status.contains("presenters:") && status.contains("/p"), "\(status)")
     }
 }
+
+extension CrossProcessTests {
+    @Test("a presenter of a tree with more directories than the user's watch limit says which part is unwatched, and leaves watches for the user's other processes",
+          .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(5)))
+    func watchLimitIsReportedWithHeadroom() async throws {
+        // A uid of its own: the watches it exhausts are nobody else's.
+        let uid = 64124
+        let limit = Int((try? String(contentsOfFile: "/proc/sys/fs/inotify/max_user_watches", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines) ?? "") ?? 8192
+        let directory = scratch.path + "/watches"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        #expect(chown(directory, uid_t(uid), gid_t(uid)) == 0)
+        #expect(chmod(scratch.path, 0o755) == 0)
+        let groups = limit / 1000 + 2 // a thousand directories each: more than the limit
+        let script = """
+            cd '\(directory)' && S="$PWD/space" && echo x > small
+            for i in $(seq 1 \(groups)); do mkdir -p tree/d$i && (cd tree/d$i && seq 1 1000 | sed 's/^/e/' | xargs mkdir); done
+            "$FILECOORD" present --space "$S" tree > big.out 2> big.err & big=$!
+            until grep -q ready big.out; do grep -q 'filecoord: /' big.err && break; sleep 0.2; done # polling files (// ok)
+            "$FILECOORD" present --space "$S" small > small.out 2> small.err & small=$!
+            until grep -q ready small.out; do grep -q 'filecoord: /' small.err && break; sleep 0.1; done # polling files (// ok)
+            kill $small $big; wait
+            cat big.out small.out; cat big.err small.err >&2
+            """
+        let result = try await shell("exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText.contains("ready \(directory)/tree") && result.outputText.contains("ready \(directory)/small"), "\(result.outputText)")
+        let lines = result.errorText.split(separator: "\n")
+        #expect(lines.count == 1 && lines[0].contains("watch limit") && lines[0].contains("\(directory)/tree/d"),
+                "one warning naming the unwatched part, none for the other presenter: \(result.errorText)")
+        removeTreeLater(directory)
+    }
+}

@@ -384,7 +384,7 @@ final class CoordinationCenter: Sendable {
             guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
             // Other processes' requests come through the mailbox: it must be watched.
             guard await space.startWatching() else {
-                PresenterMessenger.logger.warning("cannot watch the coordination space (no inotify instance to be had?); the presenter is known in this process only",
+                PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
                                                   metadata: ["path": "\(path)", "space": "\(space.directory)"])
                 return
             }

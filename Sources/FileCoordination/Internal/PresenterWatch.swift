@@ -36,6 +36,12 @@ final class PresenterWatch: Sendable {
     func start(at path: FilePath) async {
         do {
             let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval)
+            let unwatched = watcher.unwatchedDirectories
+            if !unwatched.isEmpty {
+                PresenterMessenger.logger.warning(
+                    "the inotify watch limit (fs.inotify.max_user_watches) is reached: \(unwatched.count) directories of a presenter's item (and all inside them) are not watched, and changes made there outside coordination are not heard; some watches were left for other processes",
+                    metadata: ["path": "\(path)", "unwatched": "\(unwatched.prefix(3).map(\.string).joined(separator: ", "))\(unwatched.count > 3 ? ", ..." : "")"])
+            }
             let consumer = Task { await self.consume(watcher, item: path) }
             let keep = state.withLock { state -> Bool in
                 guard !state.stopped else { return false }
