@@ -151,8 +151,8 @@ final class SpaceLocks: Sendable {
     /// idle bytes kept: a process deaf to the doorbell could not be asked to give them back.
     private let listening = Atomic<Bool>(false)
     /// Claims released so far, while not listening: the second starts the watches in the
-    /// background, so that a process that coordinates again and again (not a one-shot
-    /// command) keeps idle bytes.
+    /// background (unless descriptors are short), so that a process that coordinates
+    /// again and again (not a one-shot command) keeps idle bytes.
     private let releases = Atomic<Int>(0)
 
     /// The watches are in place: idle bytes may be kept from now on.
@@ -783,7 +783,9 @@ final class SpaceLocks: Sendable {
     /// another process waits.
     func release(_ held: Held) {
         guard !held.bytes.isEmpty else { return }
-        if !listening.load(ordering: .relaxed), releases.add(1, ordering: .relaxed).newValue == 2 {
+        // Not under a reduced budget: the watches cost descriptors (the inotify instance,
+        // the watcher's doorbell) that such a process counted on for its files.
+        if shardBudget == Self.shardCount, !listening.load(ordering: .relaxed), releases.add(1, ordering: .relaxed).newValue == 2 {
             let start = startWatching
             Task { _ = await start() }
         }
