@@ -36,10 +36,16 @@ extension CrossProcessTests {
         _ = try await shell("echo go > '\(fifo)'")
     }
 
-    func waitingPids() async throws -> Set<Int32> {
-        let result = try await filecoord("status", "--json", "--space", space)
-        let object = try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any]
-        return Set(((object?["waiting"] as? [[String: Any]]) ?? []).compactMap { $0["pid"] as? Int32 })
+    /// The pids `status --json` lists as waiting.
+    func waitingPids(in status: [String: Any]) -> Set<Int32> {
+        Set(((status["waiting"] as? [[String: Any]]) ?? []).compactMap { $0["pid"] as? Int32 })
+    }
+
+    /// The pid a command wrote into the FIFO `fifo` (`echo $$ > FIFO`), read on a thread of
+    /// its own (opening a FIFO waits for its writer).
+    func pid(writtenTo fifo: String) async throws -> Int32 {
+        let text = try await offThePool { String(decoding: FileHandle(forReadingAtPath: fifo)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
+        return try #require(Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)), "\(fifo) gave \(text)")
     }
 
     @Test("crossed multi-item claims in two processes (read X + write Y, read Y + write X) queued behind a reader of both: both complete",
@@ -65,11 +71,7 @@ extension CrossProcessTests {
                                                  fifo: fifo)
         let first = try LineProcess(["exec", "--space", space] + a + ["--", "true"])
         let second = try LineProcess(["exec", "--space", space] + b + ["--", "true"])
-        for _ in 0 ..< 500 {
-            if try await waitingPids().isSuperset(of: [first.pid, second.pid]) { break }
-            try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state
-        }
-        #expect(try await waitingPids().isSuperset(of: [first.pid, second.pid]))
+        try await waitForStatus { waitingPids(in: $0).isSuperset(of: [first.pid, second.pid]) }
         try await release(fifo)
         #expect(await ends(first, within: .seconds(10), "the first crossed claim") == 0)
         #expect(await ends(second, within: .seconds(10), "the second crossed claim") == 0)
@@ -104,8 +106,7 @@ extension CrossProcessTests {
         // holder of its socket has closed it.
         let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
                                    "sh", "-c", "echo $$ > '\(ready)'; read x < '\(go)'"])
-        let command = try #require(Int32(try await offThePool { String(decoding: FileHandle(forReadingAtPath: ready)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
-            .trimmingCharacters(in: .whitespacesAndNewlines)))
+        let command = try await pid(writtenTo: ready)
         kill(wrapper.pid, SIGKILL)
         #expect(await wrapper.wait() == 128 + SIGKILL)
         #expect(kill(command, 0) == 0, "the command lives on")
@@ -113,9 +114,7 @@ extension CrossProcessTests {
         #expect(meanwhile.status == 3, "a writer got the claim while the command ran: \(meanwhile.errorText)")
         let waiter = try LineProcess(["exec", "--space", space, "--write", file, "--", "echo", "after"])
         var waiterLines = waiter.lines.makeAsyncIterator()
-        try await waitForStatus { status in
-            ((status["waiting"] as? [[String: Any]]) ?? []).contains { $0["pid"] as? Int32 == waiter.pid }
-        }
+        try await waitForStatus { waitingPids(in: $0).contains(waiter.pid) }
         try await release(go)
         #expect(await waiterLines.next() == "after")
         #expect(await ends(waiter, within: .seconds(10), "the writer waiting for the command") == 0)
@@ -272,10 +271,7 @@ extension CrossProcessTests {
         let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
         let before = (procs: entries("procs"), mail: entries("mail"))
         let reader = try Spawned([filecoordBinary, "read", "--space", space, file])
-        for _ in 0 ..< 500 {
-            if try await waitingPids().contains(reader.pid) { break }
-            try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state
-        }
+        try await waitForStatus { waitingPids(in: $0).contains(reader.pid) }
         kill(reader.pid, signal)
         #expect(await reader.wait() == 128 + signal)
         #expect(entries("procs") == before.procs, "left: \(entries("procs").subtracting(before.procs))")

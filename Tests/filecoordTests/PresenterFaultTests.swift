@@ -40,8 +40,7 @@ extension CrossProcessTests {
         #expect(mkfifo(ready, 0o600) == 0)
         let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
                                    "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
-        let command = try #require(Int32(try await offThePool { String(decoding: FileHandle(forReadingAtPath: ready)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
-            .trimmingCharacters(in: .whitespacesAndNewlines)))
+        let command = try await pid(writtenTo: ready)
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
         kill(wrapper.pid, SIGKILL)
         kill(command, SIGKILL)
