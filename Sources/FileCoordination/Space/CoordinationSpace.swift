@@ -40,6 +40,8 @@ public final class CoordinationSpace: Sendable {
     let mail: SpaceMail
     /// This process's watches on the space (see ``startWatching()``): nil until asked for.
     private let watching = Mutex<Task<Bool, Never>?>(nil)
+    /// Set once the watches are in place.
+    private let watched = Atomic<Bool>(false)
 
     init(directory: FilePath, processName: String, locks: SpaceLocks, mail: SpaceMail) {
         self.directory = directory
@@ -61,10 +63,12 @@ public final class CoordinationSpace: Sendable {
     /// Until it watches, the process's record says it does not listen, and `status`
     /// reads what it holds from the record instead of asking.
     func startWatching() async -> Bool {
+        // Every request asks: once the watches are in place, one load answers.
+        if watched.load(ordering: .acquiring) { return true }
         let task = watching.withLock { task in
             if let task { return task }
             let (locks, mail, files, directory) = (locks, mail, mail.files, directory)
-            let started = Task<Bool, Never> {
+            let started = Task<Bool, Never> { [self] in
                 do {
                     let thread = InotifyThread.shared
                     _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
@@ -82,6 +86,7 @@ public final class CoordinationSpace: Sendable {
                         try files.writeRecord(listening: true)
                     }
                     locks.nowListening()
+                    watched.store(true, ordering: .releasing)
                     return true
                 } catch {
                     // Not a warning: the process works on (its waits poll); a command's
@@ -133,7 +138,7 @@ public final class CoordinationSpace: Sendable {
     /// runs). Nothing to do for a process that listens: it is asked.
     @_spi(FileCoordinationInternal)
     public func describeClaimsInRecord() async {
-        if let task = watching.withLock({ $0 }), await task.value { return }
+        if watched.load(ordering: .acquiring) { return }
         let claims = CoordinationCenter.shared.statusClaims()
         let fields = claims.held.enumerated().map { index, claim in
             SpaceMessage.Field(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
