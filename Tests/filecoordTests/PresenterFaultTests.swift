@@ -47,7 +47,8 @@ extension CrossProcessTests {
         _ = await wrapper.wait()
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["reacquire"])
         // Not coordinated: heard through the presenter's watch, which no longer drops it.
-        try await offThePool { try Data("changed outside".utf8).write(to: URL(fileURLWithPath: file)) }
+        // Renamed into place: one event (a write in place may be two, truncation and data).
+        try await offThePool { try Data("changed outside".utf8).write(to: URL(fileURLWithPath: file), options: .atomic) }
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "didChange" } == ["didChange"])
         let coordinated = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
         #expect(coordinated.status == 0, "\(coordinated.errorText)")
