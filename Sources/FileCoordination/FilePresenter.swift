@@ -90,6 +90,15 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// Apple's protocol; the default calls ``presentedItemDidChange()``.
     func presentedItemDidLoseEvents() async
 
+    /// Part of a presented directory is not watched: the user's inotify watch limit
+    /// (`fs.inotify.max_user_watches`) was reached. `directories` are the ones newly left
+    /// out, each with everything inside it; changes made there by programs that do not
+    /// coordinate are not heard (coordinated access still is). Called when the watch
+    /// starts and again whenever more directories are left out (created after the limit
+    /// was reached). Not in Apple's protocol; the default does nothing (the library logs
+    /// one warning either way).
+    func presentedItemIsPartlyUnwatched(_ directories: [URL]) async
+
     /// Coalescing of changes made outside coordination: with an interval, a burst (a
     /// program writing the file a thousand times) reaches the presenter as one callback
     /// per item and kind. Not in Apple's protocol; the default, nil, delivers every change.
@@ -159,6 +168,8 @@ extension FilePresenter {
     public var presentedItemSettleInterval: Duration? { nil }
     /// Default: the callbacks do not block.
     public var presentedItemCallbacksMayBlock: Bool { false }
+    /// Default: nothing to do (the library's warning says it).
+    public func presentedItemIsPartlyUnwatched(_ directories: [URL]) async {}
     /// Default: treated as a change (`presentedItemDidChange()`).
     public func presentedItemDidLoseEvents() async { await presentedItemDidChange() }
 }

@@ -17,6 +17,9 @@ struct Present: AsyncParsableCommand {
             made the change). A name that is not UTF-8 also gets pathBase64 (and toBase64) \
             with its exact bytes. In text lines, a backslash, a control character and any \
             byte that is not UTF-8 are escaped as `ls -b` escapes them (\\\\, \\n, \\ooo). \
+            A directory left unwatched because the user's inotify watch limit is reached is \
+            printed as "unwatched DIR" (changes made inside it by programs that do not \
+            coordinate are not heard), after ready or when it is created. \
             Coordinated readers and writers in every process of the space message it first.
             """
     )
@@ -172,4 +175,7 @@ final class PrintingPresenter: FilePresenter {
         printer.print("subitemDidMove", path(oldURL), to: path(newURL))
     }
     func accommodatePresentedSubitemDeletion(at url: URL) async throws { printer.print("accommodateSubitemDeletion", path(url)) }
+    func presentedItemIsPartlyUnwatched(_ directories: [URL]) async {
+        for directory in directories { printer.print("unwatched", path(directory)) }
+    }
 }

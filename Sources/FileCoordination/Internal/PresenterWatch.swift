@@ -36,13 +36,10 @@ final class PresenterWatch: Sendable {
     func start(at path: FilePath) async {
         do {
             let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval)
-            let unwatched = watcher.unwatchedDirectories
-            if !unwatched.isEmpty {
-                PresenterMessenger.logger.warning(
-                    "the inotify watch limit (fs.inotify.max_user_watches) is reached: \(unwatched.count) directories of a presenter's item (and all inside them) are not watched, and changes made there outside coordination are not heard; some watches were left for other processes",
-                    metadata: ["path": "\(path)", "unwatched": "\(unwatched.prefix(3).map(\.string).joined(separator: ", "))\(unwatched.count > 3 ? ", ..." : "")"])
-            }
-            let consumer = Task { await self.consume(watcher, item: path) }
+            // Said before the watch is reported started (a command prints `ready` then).
+            let warned = !watcher.unwatchedDirectories.isEmpty
+            if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
+            let consumer = Task { await self.consume(watcher, item: path, warned: warned) }
             let keep = state.withLock { state -> Bool in
                 guard !state.stopped else { return false }
                 state.watcher?.cancel()
@@ -59,6 +56,13 @@ final class PresenterWatch: Sendable {
             PresenterMessenger.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
                                               metadata: ["path": "\(path)", "error": "\(error)"])
         }
+    }
+
+    /// Logs the one warning that part of the item is not watched.
+    private static func warnUnwatched(_ unwatched: [FilePath], of path: FilePath) {
+        PresenterMessenger.logger.warning(
+            "the inotify watch limit (fs.inotify.max_user_watches) is reached: \(unwatched.count) directories of a presenter's item (and all inside them) are not watched, and changes made there outside coordination are not heard; some watches were left for other processes",
+            metadata: ["path": "\(path)", "unwatched": "\(unwatched.prefix(3).map(\.string).joined(separator: ", "))\(unwatched.count > 3 ? ", ..." : "")"])
     }
 
     func stop() {
@@ -124,7 +128,7 @@ final class PresenterWatch: Sendable {
         }
     }
 
-    private func consume(_ watcher: FileWatcher, item start: FilePath) async {
+    private func consume(_ watcher: FileWatcher, item start: FilePath, warned: Bool) async {
         var item = start
         let presenter = self.presenter
         let policy = PresenterTimeoutPolicy.default
@@ -132,7 +136,20 @@ final class PresenterWatch: Sendable {
         func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
             _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
         }
+        // Directories left out by the watch limit, told when the watch starts and
+        // whenever more are (each new directory's creation is an event of its parent's).
+        var unwatchedCount = 0
+        func tellUnwatched() async {
+            let unwatched = watcher.unwatchedDirectories
+            guard unwatched.count > unwatchedCount else { return }
+            if unwatchedCount == 0 && !warned { Self.warnUnwatched(unwatched, of: start) }
+            let added = unwatched[unwatchedCount...].map(\.fileURL)
+            unwatchedCount = unwatched.count
+            await call("presentedItemIsPartlyUnwatched(_:)") { await presenter.presentedItemIsPartlyUnwatched(added) }
+        }
+        await tellUnwatched()
         while let (event, sequence) = try? await watcher.nextSequenced() {
+            await tellUnwatched()
             if isSuppressed(event, sequence: sequence) {
                 // Already reported by a coordinated move; the watcher follows the item.
                 if event.kind == .moved, event.path == item, let destination = event.destination { item = destination }
