@@ -8,7 +8,9 @@ struct StatusCommand: AsyncParsableCommand {
         abstract: "List the live claims and presenters in the coordination space.",
         discussion: """
             Every live process in the space is asked for its claims and presenters; a \
-            process that does not answer within a second (stopped, say) is listed as such. \
+            process that does not answer within a second (stopped, say) is listed as such, \
+            with the claims it has held for more than 100 ms (its record in the space lists \
+            them). \
             Entries left by dead processes are cleaned up, not listed. With --json one \
             object: {"claims":[{"path":P,"access":"read"|"write","pid":N}],"waiting":[...],\
             "presenters":[{"path":P,"pid":N}],"unanswered":[N],"cleanedUp":[N]}.

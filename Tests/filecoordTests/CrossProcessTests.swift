@@ -66,8 +66,8 @@ struct CrossProcessTests {
 
     /// Polls `filecoord status --json` until `condition` holds (the state of other
     /// processes has no event to await).
-    func waitForStatus(_ condition: ([String: Any]) -> Bool) async throws {
-        for _ in 0 ..< 200 {
+    func waitForStatus(attempts: Int = 200, _ condition: ([String: Any]) -> Bool) async throws {
+        for _ in 0 ..< attempts {
             let result = try await filecoord("status", "--json", "--space", space)
             if let object = try? JSONSerialization.jsonObject(with: result.stdout) as? [String: Any], condition(object) { return }
             try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state

@@ -234,6 +234,7 @@ final class CoordinationCenter: Sendable {
             return nil
         }
         state.withLock { $0.kernel[id] = (space.locks, held) }
+        space.claimsChanged()
         return id
     }
 
@@ -245,6 +246,7 @@ final class CoordinationCenter: Sendable {
         // The usual case: nothing in the way and every shard open; no suspension.
         if let held = space.locks.tryAcquireNow(plan) {
             state.withLock { $0.kernel[id] = (space.locks, held) }
+            space.claimsChanged()
             return
         }
         state.withLock { state in
@@ -258,6 +260,7 @@ final class CoordinationCenter: Sendable {
                 state.kernelWaiting[id] = nil
                 state.kernelOwners[id] = nil
             }
+            space.claimsChanged()
         } catch {
             state.withLock { state in
                 state.kernelWaiting[id] = nil
@@ -278,7 +281,10 @@ final class CoordinationCenter: Sendable {
         let (kernel, granted) = state.withLock { state in
             (state.kernel.removeValue(forKey: id), Self.takeWaiters(state.rules.release(id), from: &state))
         }
-        if let (locks, held) = kernel { locks.release(held) }
+        if let (locks, held) = kernel {
+            locks.release(held)
+            joinedSpace?.claimsChanged()
+        }
         for waiter in granted { waiter.continuation.resume() }
     }
 

@@ -42,6 +42,12 @@ public final class CoordinationSpace: Sendable {
     private let watching = Mutex<Task<Bool, Never>?>(nil)
     /// Set once the watches are in place.
     private let watched = Atomic<Bool>(false)
+    /// What this process's record says (see ``writeRecord(listening:claims:)``).
+    private let record = Mutex<(listening: Bool, claims: [SpaceMessage.Field], left: Bool)>((false, [], false))
+    /// Bumped whenever this process's claims in the space change.
+    private let claimsGeneration = Atomic<UInt64>(0)
+    /// Set while a task is on its way to write the claims into the record.
+    private let recordingClaims = Atomic<Bool>(false)
 
     init(directory: FilePath, processName: String, locks: SpaceLocks, mail: SpaceMail) {
         self.directory = directory
@@ -67,14 +73,14 @@ public final class CoordinationSpace: Sendable {
         if watched.load(ordering: .acquiring) { return true }
         let task = watching.withLock { task in
             if let task { return task }
-            let (locks, mail, files, directory) = (locks, mail, mail.files, directory)
+            let (locks, mail, directory) = (locks, mail, directory)
             let started = Task<Bool, Never> { [self] in
                 do {
                     let thread = InotifyThread.shared
                     _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
                         locks.somethingChanged()
                     }
-                    _ = try await thread.addWatch(files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
+                    _ = try await thread.addWatch(mail.files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
                         mail.received(event)
                     }
                     _ = try await thread.addWatch(directory.appending("procs"), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
@@ -83,7 +89,7 @@ public final class CoordinationSpace: Sendable {
                     // Anything that came before the mailbox was watched.
                     try await runOnIOThread {
                         mail.readWholeMailbox()
-                        try files.writeRecord(listening: true)
+                        try self.writeRecord(listening: true)
                     }
                     locks.nowListening()
                     watched.store(true, ordering: .releasing)
@@ -133,18 +139,72 @@ public final class CoordinationSpace: Sendable {
         return space
     }
 
-    /// Writes the claims this process holds into its record, for `status` to read while
-    /// the process does not listen to its mailbox (`filecoord exec`, before its command
-    /// runs). Nothing to do for a process that listens: it is asked.
+    /// Writes the claims this process holds into its record at once, for `status` to read
+    /// (`filecoord exec`, before its command runs: the command inherits the claims).
     @_spi(FileCoordinationInternal)
     public func describeClaimsInRecord() async {
-        if watched.load(ordering: .acquiring) { return }
-        let claims = CoordinationCenter.shared.statusClaims()
-        let fields = claims.held.enumerated().map { index, claim in
-            SpaceMessage.Field(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
+        let fields = Self.claimFields(CoordinationCenter.shared.statusClaims().held)
+        _ = try? await runOnIOThread { try self.writeRecord(claims: fields) }
+    }
+
+    /// This process's claims in the space changed: they are written into its record
+    /// ``claimRecordDelay`` later, so that `status` can list them when the process does not
+    /// answer (it does not read its mailbox, or it is stopped). Cheap on the claim's path
+    /// (two atomics); a process that claims without pause writes its record at most once
+    /// per delay.
+    func claimsChanged() {
+        claimsGeneration.add(1, ordering: .releasing)
+        guard !recordingClaims.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        Task.detached { [self] in await recordClaims() }
+    }
+
+    /// How long a claim is held before this process's record lists it (for `status` to
+    /// read when the process does not answer): a claim shorter than this
+    /// is gone before anyone could look, and not writing it keeps a tight loop of claims
+    /// from writing its record each time.
+    public static let claimRecordDelay = Duration.milliseconds(100)
+
+    private func recordClaims() async {
+        while true {
+            try? await Task.sleep(for: Self.claimRecordDelay) // ok: the debounce of record writes
+            let seen = claimsGeneration.load(ordering: .acquiring)
+            let fields = Self.claimFields(CoordinationCenter.shared.statusClaims().held)
+            _ = try? await runOnIOThread { try self.writeRecord(claims: fields) }
+            if claimsGeneration.load(ordering: .acquiring) != seen { continue }
+            recordingClaims.store(false, ordering: .releasing)
+            // A change that came between the load and the store saw the flag set and left
+            // the writing to this task.
+            guard claimsGeneration.load(ordering: .acquiring) != seen,
+                  !recordingClaims.exchange(true, ordering: .acquiringAndReleasing) else { return }
         }
+    }
+
+    /// Claims as the record and `status` replies list them (`claim.N` = `w PATH` or
+    /// `r PATH`), as many as fit well inside a message.
+    static func claimFields(_ claims: [CoordinationRules.Claim]) -> [SpaceMessage.Field] {
+        var fields: [SpaceMessage.Field] = []
+        var size = 0
+        for claim in claims {
+            let field = SpaceMessage.Field(key: "claim.\(fields.count)",
+                                           value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
+            size += field.key.utf8.count + field.value.count + 2
+            guard size <= SpaceMessage.maximumSize / 2 else { break }
+            fields.append(field)
+        }
+        return fields
+    }
+
+    /// Rewrites this process's record in place (its descriptor holds the liveness lock),
+    /// changing what is given. Blocking; under a lock, so that two writers cannot
+    /// interleave.
+    func writeRecord(listening: Bool? = nil, claims: [SpaceMessage.Field]? = nil) throws {
         let files = mail.files
-        _ = try? await runOnIOThread { try files.writeRecord(listening: false, fields: fields) }
+        try record.withLock { record in
+            guard !record.left else { return }
+            if let listening { record.listening = listening }
+            if let claims { record.claims = claims }
+            try files.writeRecord(SpaceFiles.record(listening: record.listening, fields: record.claims))
+        }
     }
 
     /// Removes this process's files from the space at once, on the calling thread, and
@@ -157,6 +217,7 @@ public final class CoordinationSpace: Sendable {
 
     /// Leaves the space: this process's files are removed (its claims must have ended).
     func leave() async {
+        record.withLock { $0.left = true }
         locks.close()
         await mail.leave()
     }
@@ -193,8 +254,9 @@ public final class CoordinationSpace: Sendable {
         public var waiting: [Claim] = []
         /// Live presenters, by path.
         public var presenters: [Presenter] = []
-        /// Live processes that did not answer in time (stopped or busy); their claims and
-        /// presenters are not listed.
+        /// Live processes that did not answer in time (stopped or busy). Their presenters
+        /// are not listed; their claims are, as their records give them (claims held for
+        /// more than ``CoordinationSpace/claimRecordDelay``).
         public var unanswered: [Int32] = []
         /// Processes found dead and cleaned up by this call.
         public var cleanedUp: [Int32] = []
@@ -317,7 +379,8 @@ struct SpaceFiles: Sendable {
     }
 
     /// This process's record: its pid, whether it reads its mailbox (a process that does
-    /// not is not asked for its status), and `fields` (claims held, as `status` reports them).
+    /// not is not asked for its status), and `fields` (claims held for a while, as
+    /// `status` reports them).
     static func record(listening: Bool, fields: [SpaceMessage.Field] = []) -> SpaceMessage {
         var record = SpaceMessage(kind: "process", fields: fields)
         record.set("pid", "\(getpid())")
@@ -326,9 +389,9 @@ struct SpaceFiles: Sendable {
     }
 
     /// Rewrites this process's record in place (its descriptor holds the liveness lock).
-    /// Blocking.
-    func writeRecord(listening: Bool, fields: [SpaceMessage.Field] = []) throws {
-        let bytes = Self.record(listening: listening, fields: fields).encoded()
+    /// Blocking. Through ``CoordinationSpace/writeRecord(listening:claims:)``.
+    func writeRecord(_ record: SpaceMessage) throws {
+        let bytes = record.encoded()
         let written = bytes.withUnsafeBytes { pwrite(processFD, $0.baseAddress, $0.count, 0) }
         guard written == bytes.count, ftruncate(processFD, off_t(bytes.count)) == 0 else {
             throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: directory.appending("procs/\(processName)"))

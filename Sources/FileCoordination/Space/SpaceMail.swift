@@ -910,43 +910,49 @@ final class SpaceMail: Sendable {
         let processes: [String] = try await runOnIOThread {
             try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }
         }
-        enum Answer: Sendable { case dead, silent, reply(SpaceMessage) }
+        /// `silent`: with the process's record, which lists the claims it has held for a while.
+        enum Answer: Sendable { case dead, silent(SpaceMessage?), reply(SpaceMessage) }
         await withTaskGroup(of: (String, Answer).self) { group in
             for process in processes {
                 group.addTask { [self] in
                     guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead) }
                     // A process that does not read its mailbox is not asked: its record
-                    // says what it holds (see ``CoordinationSpace/describeClaimsInRecord()``).
-                    if let record = try? await runOnIOThread({ try self.readRecord(of: process) }), record.string("listening") == "0" {
-                        return (process, .reply(record))
-                    }
+                    // says what it holds (see ``CoordinationSpace/claimsChanged()``).
+                    let record = try? await runOnIOThread({ try self.readRecord(of: process) })
+                    if let record, record.string("listening") == "0" { return (process, .reply(record)) }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
-                        race.addTask { try await Task.sleep(for: timeout); return .silent } // ok: a deadline
+                        race.addTask { try await Task.sleep(for: timeout); return .silent(record) } // ok: a deadline
                         defer { race.cancelAll() }
                         return try await race.next()!
                     }
-                    return (process, answer ?? .silent)
+                    return (process, answer ?? .silent(record))
+                }
+            }
+            func add(_ reply: SpaceMessage, of pid: Int32) {
+                for field in reply.fields {
+                    let (key, value) = (field.key, field.value)
+                    if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
+                        let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
+                                                                   isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
+                        if key.hasPrefix("claim.") { status.claims.append(claim) } else { status.waiting.append(claim) }
+                    } else if key.hasPrefix("presenter."), value.first == UInt8(ascii: "/") {
+                        status.presenters.append(.init(path: FilePath(platformBytes: value), processIdentifier: pid))
+                    }
                 }
             }
             for await (process, answer) in group {
                 let pid = Self.pid(of: process)
                 switch answer {
-                case .silent: status.unanswered.append(pid)
+                case .silent(let record):
+                    // Stopped or busy: what it holds still stands in the kernel.
+                    status.unanswered.append(pid)
+                    if let record { add(record, of: pid) }
                 case .dead:
                     status.cleanedUp.append(pid)
                     await cleanUp(process)
                 case .reply(let reply):
-                    for field in reply.fields {
-                        let (key, value) = (field.key, field.value)
-                        if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
-                            let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
-                                                                       isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
-                            if key.hasPrefix("claim.") { status.claims.append(claim) } else { status.waiting.append(claim) }
-                        } else if key.hasPrefix("presenter."), value.first == UInt8(ascii: "/") {
-                            status.presenters.append(.init(path: FilePath(platformBytes: value), processIdentifier: pid))
-                        }
-                    }
+                    add(reply, of: pid)
                 }
             }
         }
