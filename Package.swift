@@ -45,6 +45,7 @@ let package = Package(
         .executableTarget(
             name: "filecoord",
             dependencies: [
+                "AsyncFileIO",
                 "FileCoordination",
                 "CFileCoordinationShims",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -54,8 +55,8 @@ let package = Package(
         // Test set-up shared by the test targets (not a product).
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "TestSupport"]),
-        .testTarget(name: "FileWatchingTests", dependencies: ["FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport"]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["FileCoordination", "CFileCoordinationShims", "TestSupport"]),
-        .testTarget(name: "filecoordTests", dependencies: ["FileCoordination", "TestSupport"]),
+        .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport"]),
+        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport"]),
+        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "TestSupport"]),
     ]
 )

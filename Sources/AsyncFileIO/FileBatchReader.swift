@@ -321,7 +321,7 @@ final class BatchStorage: Sendable {
     private let largestFile = Atomic<Int>(0)
     /// Indices a worker claimed in a group but left unread at the buffer limit (without a
     /// gate), sorted; `givenBackCount` mirrors their number, read without the lock.
-    private let givenBack = Mutex<[Int]>([])
+    private let givenBack = Locked<[Int]>([])
     private let givenBackCount = Atomic<Int>(0)
     /// How many times a group was given back (for tests).
     private let givenBackTotal = Atomic<Int>(0)
@@ -334,7 +334,7 @@ final class BatchStorage: Sendable {
     /// False once a read found that the file system cannot tell (no `RWF_NOWAIT`).
     private let cacheProbes = Atomic<Bool>(true)
     private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     init(inputs: FileBatchReader.Inputs, options: BatchReadOptions, gate: (any InPlaceGate)?) {
         self.inputs = inputs
@@ -353,7 +353,7 @@ final class BatchStorage: Sendable {
         let slots = options.order == .given
             ? [BatchReadResult?](repeating: nil, count: window + concurrency * chunk)
             : []
-        state = Mutex(State(slots: slots))
+        state = Locked(State(slots: slots))
     }
 
     /// How many files have been claimed for reading so far (for tests of back-pressure).
@@ -794,7 +794,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         var partials: [Partial] = []
         var done: CheckedContinuation<[Partial], Never>?
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     init(inputs: FileBatchReader.Inputs, maximumFileSize: Int, initial: Partial, gate: (any InPlaceGate)?,
          workers: Int, body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void) {

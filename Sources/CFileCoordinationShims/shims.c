@@ -267,3 +267,18 @@ int fc_catch_signals(const int *numbers, int count) {
 void fc_uncatch_signals(const int *numbers, int count) {
     for (int index = 0; index < count; index++) signal(numbers[index], SIG_DFL);
 }
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FC_TSAN 1
+#endif
+#endif
+#ifdef FC_TSAN
+void __tsan_acquire(void *address);
+void __tsan_release(void *address);
+void fc_tsan_acquire(void *address) { __tsan_acquire(address); }
+void fc_tsan_release(void *address) { __tsan_release(address); }
+#else
+void fc_tsan_acquire(void *address) { (void)address; }
+void fc_tsan_release(void *address) { (void)address; }
+#endif

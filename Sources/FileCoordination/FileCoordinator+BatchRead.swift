@@ -470,7 +470,7 @@ private final class ClaimGate: InPlaceGate {
     let purpose: String
     /// Whether the workers open the claim shards they need (not all may stay open).
     let openingShards: Bool
-    private let skippedIndices = Mutex<[Int]>([])
+    private let skippedIndices = Locked<[Int]>([])
 
     init(center: CoordinationCenter, purpose: String, openingShards: Bool) {
         self.center = center

@@ -61,7 +61,7 @@ extension FileCoordinator {
     /// Runs `operation` in a task and blocks the calling thread until it ends.
     private static func wait<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
         let done = DispatchSemaphore(value: 0)
-        let result = Mutex<Result<T, any Error>?>(nil)
+        let result = Locked<Result<T, any Error>?>(nil)
         Task {
             let outcome = await Result(catching: operation)
             result.withLock { $0 = outcome }
@@ -114,7 +114,7 @@ extension FileCoordinator {
                 return
             }
             let ran = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-                let once = Mutex(false)
+                let once = Locked(false)
                 let resume: @Sendable (Bool) -> Void = { value in
                     if once.withLock({ done in defer { done = true }; return !done }) { continuation.resume(returning: value) }
                 }
@@ -152,7 +152,7 @@ extension FileCoordinator {
                                request: .writing(url, writingOptions), url: url, subtree: false))
         }
         let reacquirers = try await messageBefore(items)
-        let once = Mutex(false)
+        let once = Locked(false)
         let finish: @Sendable () async -> Void = { [self] in
             guard once.withLock({ done in defer { done = true }; return !done }) else { return }
             await runReacquirers(reacquirers)

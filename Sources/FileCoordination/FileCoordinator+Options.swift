@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 
@@ -85,14 +86,14 @@ public final class FileAccessIntent: Sendable {
     }
 
     let kind: Kind
-    private let current: Mutex<URL>
+    private let current: Locked<URL>
 
     /// The item's URL: where it is now, after any coordinated move.
     public var url: URL { current.withLock { $0 } }
 
     init(url: URL, kind: Kind) {
         self.kind = kind
-        current = Mutex(url)
+        current = Locked(url)
     }
 
     func update(_ url: URL) { current.withLock { $0 = url } }

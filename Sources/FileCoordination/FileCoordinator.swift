@@ -42,8 +42,8 @@ public final class FileCoordinator: Sendable {
     /// presenter's coordinators share one derived from the presenter.
     public let purposeIdentifier: String
 
-    private let policy: Mutex<PresenterTimeoutPolicy>
-    private let claimDeadline = Mutex<Duration?>(nil)
+    private let policy: Locked<PresenterTimeoutPolicy>
+    private let claimDeadline = Locked<Duration?>(nil)
     let center: CoordinationCenter
     /// Bumped by ``cancel()``: a coordination that saw another value when it started is
     /// cancelled even if it was already messaging presenters.
@@ -51,7 +51,7 @@ public final class FileCoordinator: Sendable {
     /// The last absolute URL this coordinator turned into a path, with the path's bytes:
     /// a coordinator used again on the same item skips the conversion (a third of an
     /// uncontended coordination's cost).
-    private let lastItem = Mutex<(url: URL, path: FilePath, key: PathKey)?>(nil)
+    private let lastItem = Locked<(url: URL, path: FilePath, key: PathKey)?>(nil)
 
     /// A coordinator, optionally acting for `filePresenter`.
     public convenience init(filePresenter: (any FilePresenter)? = nil) {
@@ -69,7 +69,7 @@ public final class FileCoordinator: Sendable {
         self.purposeIdentifier = purposeIdentifier
             ?? filePresenter.map { "presenter-\(UInt(bitPattern: ObjectIdentifier($0).hashValue))" }
             ?? UUID().uuidString
-        policy = Mutex(.default)
+        policy = Locked(.default)
     }
 
     /// How long presenters may take to answer, and what happens when they do not.

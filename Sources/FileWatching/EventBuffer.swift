@@ -41,7 +41,7 @@ final class EventBuffer: Sendable {
         }
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     let limit: Int
     /// The event reported for a resync (the root, as a directory or not).
     private let resyncEvent: FileEvent

@@ -56,7 +56,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
     private let settleInterval: Duration?
     private static let syncCounter = Atomic<Int>(0)
     /// Coalesced events taken from the buffer and not yet delivered (with a settle interval).
-    private let held = Mutex<[(FileEvent, UInt64)]>([])
+    private let held = Locked<[(FileEvent, UInt64)]>([])
     private let lastSequence = Atomic<UInt64>(0)
 
     /// Starts watching `path`. For a directory, `recursive` extends the watch to
@@ -118,7 +118,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
         let name = ".filecoord-sync-\(getpid())-\(Self.syncCounter.add(1, ordering: .relaxed).newValue)"
         let marker = tree.syncDirectory.appending(name)
         let buffer = tree.buffer
-        let timer = Mutex<Task<Void, Never>?>(nil)
+        let timer = Locked<Task<Void, Never>?>(nil)
         defer { timer.withLock { $0?.cancel() } }
         let root = root
         do {

@@ -99,7 +99,7 @@ public final class InotifyThread: @unchecked Sendable {
         /// Set when the thread could not start inotify: every command fails with it.
         var failure: FileCoordinationError?
     }
-    private let queue = Mutex(Queue())
+    private let queue = Locked(Queue())
     private let doorbell: Int32
     private let startupError: FileCoordinationError?
 

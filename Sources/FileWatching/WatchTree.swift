@@ -87,7 +87,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     /// Directories of the tree left unwatched because the user's inotify watch limit
     /// was reached (the watcher thread adds to it; anyone may read it).
-    private let unwatchedPaths = Mutex<[FilePath]>([])
+    private let unwatchedPaths = Locked<[FilePath]>([])
     var unwatched: [FilePath] { unwatchedPaths.withLock { $0 } }
 
     /// Watches given back when the limit is reached, so that the user's other processes

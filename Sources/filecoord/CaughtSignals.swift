@@ -16,9 +16,9 @@ final class CaughtSignals: Sendable {
     /// The one per process (a signal's handler is per process).
     static let shared = CaughtSignals()
 
-    private let handlers = Mutex<[Int32: @Sendable (Int32) -> Void]>([:])
+    private let handlers = Locked<[Int32: @Sendable (Int32) -> Void]>([:])
     /// Whether the thread that reads the pipe runs.
-    private let reading = Mutex(false)
+    private let reading = Locked(false)
 
     private init() {}
 

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import ArgumentParser
 import CFileCoordinationShims
 import FileCoordination
@@ -241,7 +242,7 @@ struct Demo: AsyncParsableCommand {
 /// (`nohup`) stays ignored; one that comes while the demo is finishing on its own is.
 final class DemoInterruption: Sendable {
     /// The pids of the processes the demo started and has not seen end.
-    private let children = Mutex<Set<Int32>>([])
+    private let children = Locked<Set<Int32>>([])
     /// Set by whichever removes the directory first: the end of the demo or a signal.
     private let cleaning = Atomic<Bool>(false)
     private let root: FilePath

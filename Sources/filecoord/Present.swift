@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import ArgumentParser
 import CFileCoordinationShims
 import FileCoordination
@@ -85,7 +86,7 @@ final class EventPrinter: Sendable {
     /// Lines of callbacks that came before `ready` was printed (the presenter is asked
     /// as soon as it is registered): printed right after it, so `ready` is always first.
     /// Nil once `ready` is out.
-    private let early = Mutex<[String]?>([])
+    private let early = Locked<[String]?>([])
     init(json: Bool) { self.json = json }
 
     /// Prints one line; `pid` is the process the event is about, when known.

@@ -216,7 +216,7 @@ struct FileBatchReaderTests {
         // not by the batch): waiting workers hold none, so nobody can free one. Before,
         // each worker waited for the other to close a file it never had, ~1 s per file.
         let descriptors = DescriptorWaits()
-        let tries = Mutex<[Int]>([])
+        let tries = Locked<[Int]>([])
         // Two workers (whether or not they run at the same time).
         DispatchQueue.concurrentPerform(iterations: 2) { _ in
             descriptors.workerStarted()
@@ -367,7 +367,7 @@ struct IOThreadPoolTests {
 }
 
 final class ManagedFlag: Sendable {
-    private let flag = Mutex(false)
+    private let flag = Locked(false)
     func set() { flag.withLock { $0 = true } }
     var isSet: Bool { flag.withLock { $0 } }
 }

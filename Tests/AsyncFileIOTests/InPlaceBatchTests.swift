@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 import SystemPackage
 import Testing
-@testable import AsyncFileIO
+@_spi(FileCoordinationInternal) @testable import AsyncFileIO
 
 @Suite("FileBatchReader.forEachFile (in place)")
 struct InPlaceBatchTests {
@@ -10,7 +10,7 @@ struct InPlaceBatchTests {
     func everyFileOnce(engine: FileIOEngine, concurrency: Int) async throws {
         let directory = TemporaryDirectory("inplace")
         let files = try await FileBatchReaderTests.makeFiles(directory, count: 600, maximumSize: 40_000)
-        let seen = Mutex<[Int: Data]>([:])
+        let seen = Locked<[Int: Data]>([:])
         try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: concurrency, engine: engine)).forEachFile { file in
             let bytes = try? file.bytes.get()
             let copy = bytes.map { Data($0) }
@@ -30,7 +30,7 @@ struct InPlaceBatchTests {
         let directory = TemporaryDirectory("inplace-errors")
         let paths = try await FileBatchReaderTests.pathsWithBadInputs(directory, count: 40, positions: (5, 15, 25))
         let expected = paths
-        let outcome = Mutex<(successes: Int, failures: [Int: FileCoordinationError.Code])>((0, [:]))
+        let outcome = Locked<(successes: Int, failures: [Int: FileCoordinationError.Code])>((0, [:]))
         try await FileBatchReader(paths: paths).forEachFile { file in
             switch file.bytes {
             case .success: outcome.withLock { $0.successes += 1 }
@@ -48,7 +48,7 @@ struct InPlaceBatchTests {
     func perWorkerValues() async throws {
         let directory = TemporaryDirectory("inplace-partials")
         let files = try await FileBatchReaderTests.makeFiles(directory, count: 300, maximumSize: 5000)
-        let threads = Mutex<Set<String>>([])
+        let threads = Locked<Set<String>>([])
         let partials = try await FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 4))
             .forEachFile(perWorker: 0) { total, file in
                 threads.withLock { _ = $0.insert(currentThreadName()) }

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 import Testing
@@ -10,7 +11,7 @@ final class EventLog: Sendable {
         var events: [String] = []
         var waiters: [(event: String, count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     func append(_ event: String) {
         let ready = state.withLock { state in
@@ -46,14 +47,14 @@ final class Recorder: FilePresenter {
     let name: String
     let log: EventLog
     let behavior: Behavior
-    private let url: Mutex<URL>
+    private let url: Locked<URL>
     var presentedItemURL: URL? { url.withLock { $0 } }
 
     init(_ name: String, url: URL, log: EventLog, behavior: Behavior = .normal) {
         self.name = name
         self.log = log
         self.behavior = behavior
-        self.url = Mutex(url)
+        self.url = Locked(url)
     }
 
     struct Refusal: Error, CustomStringConvertible { var description: String { "document is busy" } }
@@ -129,7 +130,7 @@ func withPresenters<T>(_ presenters: [any FilePresenter], isolation: isolated (a
 /// A one-shot signal that tasks wait for (any number of them) and another gives.
 final class Gate: Sendable {
     /// Nil once open; before, the tasks waiting.
-    private let waiting = Mutex<[CheckedContinuation<Void, Never>]?>([])
+    private let waiting = Locked<[CheckedContinuation<Void, Never>]?>([])
     init() {}
     func open() {
         let waiters = waiting.withLock { waiting in
@@ -152,7 +153,7 @@ final class Gate: Sendable {
 
 /// A value behind a lock, shareable between tasks.
 final class Locked<Value: Sendable>: Sendable {
-    private let mutex: Mutex<Value>
-    init(_ value: Value) { mutex = Mutex(value) }
+    private let mutex: AsyncFileIO.Locked<Value>
+    init(_ value: Value) { mutex = AsyncFileIO.Locked(value) }
     func withLock<T>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
 }

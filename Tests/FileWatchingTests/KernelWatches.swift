@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage
@@ -41,7 +42,7 @@ enum KernelWatches {
 /// wait for it).
 func within<T: Sendable>(_ limit: Duration, _ what: String,
                          _ body: @escaping @Sendable () async throws -> T) async throws -> T {
-    let once = Mutex<CheckedContinuation<T, any Error>?>(nil)
+    let once = Locked<CheckedContinuation<T, any Error>?>(nil)
     let resume: @Sendable (Result<T, any Error>) -> Void = { result in
         once.withLock { continuation in
             continuation?.resume(with: result)

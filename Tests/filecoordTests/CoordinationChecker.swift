@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
 import Foundation
 import Synchronization
@@ -43,7 +44,7 @@ struct CoordinationCheck {
 
     /// When each killed worker was killed (`CLOCK_MONOTONIC`).
     final class Kills: Sendable {
-        let times = Mutex<[Int32: Int64]>([:])
+        let times = Locked<[Int32: Int64]>([:])
     }
 
     static func now() -> Int64 {

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
 import Foundation
 import Synchronization
@@ -688,7 +689,7 @@ final class WatcherProbe: FilePresenter {
     let presentedItemURL: URL?
     let other: URL
     let presentedItemCallbacksMayBlock: Bool
-    let log = Mutex<[String]>([])
+    let log = Locked<[String]>([])
 
     init(_ url: URL, other: URL, mayBlock: Bool = false) {
         presentedItemURL = url

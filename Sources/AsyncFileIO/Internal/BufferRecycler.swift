@@ -26,7 +26,7 @@ enum BufferRecycler {
     /// lazy-initialisation token, which every call reads first (measured: a third of
     /// `allocate`'s time was that read missing the cache).
     private final class Shared: Sendable {
-        let cache = Mutex(Cache())
+        let cache = Locked(Cache())
     }
     private static let shared = Shared()
 

@@ -10,7 +10,7 @@ final class DescriptorLease: Sendable {
     /// Twice the number of leases, plus 1 once closed.
     private let word = Atomic<Int>(0)
     /// The close action, until whoever sees the last lease end after closing runs it.
-    private let pendingClose = Mutex<(@Sendable () -> Void)?>(nil)
+    private let pendingClose = Locked<(@Sendable () -> Void)?>(nil)
 
     /// True once ``close(_:)`` has been called.
     var isClosed: Bool { word.load(ordering: .acquiring) & 1 != 0 }

@@ -13,7 +13,7 @@ final class DispatchChannel: Sendable {
             var result: Errno??
             var waiter: CheckedContinuation<Errno?, Never>?
         }
-        private let state = Mutex(State())
+        private let state = Locked(State())
 
         func finish(_ error: Errno?) {
             let waiter: CheckedContinuation<Errno?, Never>? = state.withLock { state in

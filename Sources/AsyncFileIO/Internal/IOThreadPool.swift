@@ -159,7 +159,7 @@ private final class CancellableJob<T: Sendable>: Sendable {
         case running
         case cancelled
     }
-    private let state = Mutex<State>(.created)
+    private let state = Locked<State>(.created)
 
     /// Stores the continuation; false when the task was cancelled before it got here.
     func install(_ continuation: UnsafeContinuation<T, any Error>) -> Bool {

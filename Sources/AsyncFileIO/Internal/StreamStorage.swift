@@ -18,7 +18,7 @@ final class StreamStorage: Sendable {
     let replacement: AtomicReplacement?
     let channel: DispatchChannel?
     let lease = DescriptorLease()
-    private let position = Mutex<Int64>(0)
+    private let position = Locked<Int64>(0)
     private let cachedPages = CachedPageReader()
     private static let pool = IOThreadPool.shared
 

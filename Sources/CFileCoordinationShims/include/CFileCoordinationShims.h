@@ -86,4 +86,11 @@ int fc_catch_signals(const int *numbers, int count);
 /// Puts the default action back for the `count` signals in `numbers`.
 void fc_uncatch_signals(const int *numbers, int count);
 
+/// ThreadSanitizer annotations: `address` is acquired (the calling thread sees what was
+/// written before the last release of it) or released. They do nothing unless this file
+/// is compiled with `-fsanitize=thread` (`swift build --sanitize=thread`): the sanitizer
+/// does not see `Synchronization.Mutex` (a futex in an uninstrumented library) as a lock.
+void fc_tsan_acquire(void *address);
+void fc_tsan_release(void *address);
+
 #endif

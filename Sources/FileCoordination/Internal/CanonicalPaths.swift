@@ -34,7 +34,7 @@ enum CanonicalPaths {
         var made: ContinuousClock.Instant
     }
 
-    private static let cache = Mutex<[[UInt8]: Entry]>([:])
+    private static let cache = Locked<[[UInt8]: Entry]>([:])
 
     /// The canonical form of `path` (absolute and lexically normalized), resolving what
     /// the cache does not know on an I/O thread.

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Synchronization
 
 /// Tells a claim's timeout when the claim starts to wait, so that the timeout runs only
@@ -10,7 +11,7 @@ import Synchronization
 final class ClaimWait: Sendable {
     @TaskLocal static var current: ClaimWait?
 
-    private let state = Mutex<(started: Bool, waiter: UnsafeContinuation<Void, Never>?)>((false, nil))
+    private let state = Locked<(started: Bool, waiter: UnsafeContinuation<Void, Never>?)>((false, nil))
 
     /// The current acquisition is about to park (in this process's rules, or on another
     /// process's claims).

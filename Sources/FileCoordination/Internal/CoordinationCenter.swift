@@ -39,7 +39,7 @@ final class CoordinationCenter: Sendable {
         var waitingWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Registered presenters, readable without the lock (the fast path's question).
     private let presenterCount = Atomic<Int>(0)
 
@@ -68,7 +68,7 @@ final class CoordinationCenter: Sendable {
 
     /// One space per process, whatever the number of centers (tests make private ones):
     /// the kernel sees one owner per process, and the process counts its tasks' claims.
-    private static let spaceSetting = Mutex(SpaceSetting.automatic)
+    private static let spaceSetting = Locked(SpaceSetting.automatic)
 
     /// The space joined, if any (no waiting).
     var joinedSpace: CoordinationSpace? {
@@ -369,7 +369,7 @@ final class CoordinationCenter: Sendable {
     // MARK: Presenters
 
     /// The watch of each registered presenter's item (changes made outside coordination).
-    private let watches = Mutex<[ObjectIdentifier: PresenterWatch]>([:])
+    private let watches = Locked<[ObjectIdentifier: PresenterWatch]>([:])
 
     /// Registers a presenter and starts watching its item; returns the watch, to await
     /// its start where the caller wants to.

@@ -41,9 +41,9 @@ final class CoordinationContext: Sendable {
     @TaskLocal static var current: CoordinationContext?
 
     let coordinator: FileCoordinator
-    private let deferred = Mutex<[PendingMessage]>([])
+    private let deferred = Locked<[PendingMessage]>([])
     /// Presenters told of a move in this coordination: they hear `didMove`, not `didChange`.
-    private let moved = Mutex<Set<ObjectIdentifier>>([])
+    private let moved = Locked<Set<ObjectIdentifier>>([])
 
     func recordMoved(_ ids: some Sequence<ObjectIdentifier>) {
         moved.withLock { $0.formUnion(ids) }

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Logging
 import Synchronization
@@ -116,7 +117,7 @@ private final class Race<T: Sendable>: Sendable {
         var finished = false
         var onFinish: (@Sendable () -> Void)?
     }
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Stores the continuation; false (after resuming it) when the race was already decided.
     func install(_ continuation: UnsafeContinuation<T?, any Error>) -> Bool {
@@ -164,7 +165,7 @@ private final class Race<T: Sendable>: Sendable {
 final class UnansweredPresenters: Sendable {
     @TaskLocal static var current: UnansweredPresenters?
 
-    private let state = Mutex<[ObjectIdentifier: FileCoordinationError?]>([:])
+    private let state = Locked<[ObjectIdentifier: FileCoordinationError?]>([:])
 
     /// `error`: what the coordination failed with (a failing policy), or nil (it went on).
     func note(_ presenter: ObjectIdentifier, _ error: FileCoordinationError?) {

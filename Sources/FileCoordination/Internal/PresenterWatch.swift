@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
 import Synchronization
@@ -12,7 +13,7 @@ import SystemPackage
 final class PresenterWatch: Sendable {
     private let presenter: any FilePresenter
     private let center: CoordinationCenter
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     private struct State {
         var watcher: FileWatcher?
@@ -28,7 +29,7 @@ final class PresenterWatch: Sendable {
     init(presenter: any FilePresenter, center: CoordinationCenter) {
         self.presenter = presenter
         self.center = center
-        state = Mutex(State())
+        state = Locked(State())
     }
 
     /// Starts watching `path` (recursively for a directory). A failure (a watch limit, a

@@ -39,11 +39,11 @@ public final class CoordinationSpace: Sendable {
     let locks: SpaceLocks
     let mail: SpaceMail
     /// This process's watches on the space (see ``startWatching()``): nil until asked for.
-    private let watching = Mutex<Task<Bool, Never>?>(nil)
+    private let watching = Locked<Task<Bool, Never>?>(nil)
     /// Set once the watches are in place.
     private let watched = Atomic<Bool>(false)
     /// What this process's record says (see ``writeRecord(listening:claims:)``).
-    private let record = Mutex<(listening: Bool, claims: [SpaceMessage.Field], left: Bool)>((false, [], false))
+    private let record = Locked<(listening: Bool, claims: [SpaceMessage.Field], left: Bool)>((false, [], false))
     /// Bumped whenever this process's claims in the space change.
     private let claimsGeneration = Atomic<UInt64>(0)
     /// Set while a task is on its way to write the claims into the record.

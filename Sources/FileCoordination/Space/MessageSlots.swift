@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import CFileCoordinationShims
 import Synchronization
 #if canImport(Glibc)
@@ -63,7 +64,7 @@ final class MessageSlots: Sendable {
         var closed = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let me: String
     /// False when the descriptor limit is low: a descriptor is worth more than a lookup.
     private let keepsSpares: Bool

@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Synchronization
 
 /// The deadlines of the requests this process waits on, kept by one sleeping task for all
@@ -16,7 +17,7 @@ final class ReplyDeadlines: Sendable {
         var nextSleeper: UInt64 = 0
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// Calls `expire` once `timeout` has passed, unless ``remove(_:)`` comes first.
     func add(_ id: UInt64, after timeout: Duration, expire: @escaping @Sendable () -> Void) {

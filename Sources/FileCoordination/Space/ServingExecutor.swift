@@ -27,7 +27,7 @@ final class ServingExecutor: TaskExecutor, @unchecked Sendable {
         var thread: pthread_t
         var jobs: [UnownedJob] = []
     }
-    private let handOver = Mutex<HandOver?>(nil)
+    private let handOver = Locked<HandOver?>(nil)
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)

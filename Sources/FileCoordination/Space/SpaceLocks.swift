@@ -94,7 +94,7 @@ final class SpaceLocks: Sendable {
     }
 
     private final class Shard: Sendable {
-        let state = Mutex(ShardState())
+        let state = Locked(ShardState())
     }
 
     /// What waiting claims share.
@@ -126,7 +126,7 @@ final class SpaceLocks: Sendable {
     /// The space's directory, where `claims/<shard>` are opened.
     private let directoryFD: Int32
     private let directory: FilePath
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let shards = (0 ..< SpaceLocks.shardCount).map { _ in Shard() }
     /// One bit per open shard, changed under the shard's lock with its `fd` (a hint for
     /// the fast path; each shard's lock decides).
@@ -146,7 +146,7 @@ final class SpaceLocks: Sendable {
         get { watchingHook.withLock { $0 } }
         set { watchingHook.withLock { $0 = newValue } }
     }
-    private let watchingHook = Mutex<@Sendable () async -> Bool>({ false })
+    private let watchingHook = Locked<@Sendable () async -> Bool>({ false })
     /// Whether the process hears the doorbell (its watches are in place). Only then are
     /// idle bytes kept: a process deaf to the doorbell could not be asked to give them back.
     private let listening = Atomic<Bool>(false)
@@ -351,7 +351,7 @@ final class SpaceLocks: Sendable {
     }
 
     /// The last one-claim plan made, for a process that coordinates on one item again and again.
-    private let lastPlan = Mutex<(claim: CoordinationRules.Claim, plan: Plan)?>(nil)
+    private let lastPlan = Locked<(claim: CoordinationRules.Claim, plan: Plan)?>(nil)
 
     /// ``plan(for:)``, from a one-entry cache when `claims` is the last single claim planned.
     func cachedPlan(for claims: [CoordinationRules.Claim]) -> Plan {

@@ -45,20 +45,20 @@ final class SpaceMail: Sendable {
         var ignoredRecords: Set<String> = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Held while a message file is read and acted on: by the watcher thread, or by a
     /// poll of the mailbox (a process that could not watch it, or a rescan as it starts to).
-    private let receiving = Mutex(())
+    private let receiving = Locked(())
     /// Starts the space's watches (``CoordinationSpace/startWatching()``) before a request
     /// whose reply must be heard; false when they cannot be had, and replies are polled.
     var startWatching: @Sendable () async -> Bool {
         get { watchingHook.withLock { $0 } }
         set { watchingHook.withLock { $0 = newValue } }
     }
-    private let watchingHook = Mutex<@Sendable () async -> Bool>({ false })
+    private let watchingHook = Locked<@Sendable () async -> Bool>({ false })
     /// Messages waiting to be written to each process, in the order they were posted. A
     /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
-    private let outboxes = Mutex<[String: [@Sendable () -> Void]]>([:])
+    private let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
     private let deadlines = ReplyDeadlines()
     private let slots: MessageSlots
     private let incoming: AsyncStream<SpaceMessage>.Continuation
