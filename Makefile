@@ -42,8 +42,9 @@ test: deps
 
 # The library's threads under ThreadSanitizer: the in-process suites of the I/O
 # engines and of coordination (rules, center, presenters in this process), built with
-# --sanitize=thread (some 10 minutes here). The watcher's suite is not among them: under
-# the sanitizer its sync markers' events do not arrive (docs/reliability.md). Every process's reports go to .build-tsan/reports; the target fails
+# --sanitize=thread (some 3 minutes here, and a minute to build). The watcher's suite
+# is not among them: under the sanitizer its sync markers' events do not arrive
+# (docs/reliability.md). Every process's reports go to .build-tsan/reports; the target fails
 # if there is one. The one suppression (a runtime path, not our code) is explained
 # in Tests/tsan-suppressions.txt; the locks are annotated (Sources/AsyncFileIO/Internal/Locked.swift).
 TSAN_SUITES := AsyncFileIOTests|FileCoordinationTests

@@ -159,9 +159,9 @@ public final class CoordinationSpace: Sendable {
     }
 
     /// How long a claim is held before this process's record lists it (for `status` to
-    /// read when the process does not answer): a claim shorter than this
-    /// is gone before anyone could look, and not writing it keeps a tight loop of claims
-    /// from writing its record each time.
+    /// read when the process does not answer): a claim shorter than this is gone before
+    /// anyone could look, and not writing it keeps a tight loop of claims from writing
+    /// the record each time.
     public static let claimRecordDelay = Duration.milliseconds(100)
 
     private func recordClaims() async {

@@ -878,9 +878,7 @@ final class SpaceMail: Sendable {
         // Built as a list and sorted once: a process may hold thousands of claims.
         var fields = [SpaceMessage.Field(key: "re", value: Array("\(id)".utf8))]
         let claims = CoordinationCenter.shared.statusClaims()
-        for (index, claim) in claims.held.enumerated() {
-            fields.append(.init(key: "claim.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
-        }
+        fields += CoordinationSpace.claimFields(claims.held)
         for (index, claim) in claims.waiting.enumerated() {
             fields.append(.init(key: "waiting.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
         }
