@@ -274,8 +274,17 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         }
         let node = WatchNode(name: name, parent: directory, isDirectory: isDirectory)
         directory.children[name] = node
-        emit(.created, path: child(directory, name), isDirectory: isDirectory)
-        if isDirectory && recursive { watchAndScan(node, thread: thread) }
+        createdAndScanned(node, in: directory, thread: thread)
+    }
+
+    /// Reports a new node, watching a new directory first: a consumer that reads the
+    /// event then finds the directory in ``unwatched`` if the watch limit left it out.
+    /// Then the directory is listed, so its entries are reported after it.
+    private func createdAndScanned(_ node: WatchNode, in directory: WatchNode, report: Bool = true,
+                                   thread: InotifyThread.OnThread) {
+        let watched = node.isDirectory && recursive && watch(node, thread: thread)
+        if report { emit(.created, path: child(directory, node.name), isDirectory: node.isDirectory) }
+        if watched { scan(node, report: report, thread: thread) }
     }
 
     /// An entry left: report it, if it was known, and forget it with its subtree.
@@ -422,8 +431,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             let node = WatchNode(name: name, parent: directory, isDirectory: isDirectory)
             node.inode = inode
             directory.children[name] = node
-            if report { emit(.created, path: child(directory, name), isDirectory: isDirectory) }
-            if isDirectory && recursive, watch(node, thread: thread) { scan(node, report: report, thread: thread) }
+            createdAndScanned(node, in: directory, report: report, thread: thread)
         }
     }
 
@@ -470,8 +478,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
             }
             let node = WatchNode(name: name, parent: directory, isDirectory: isDirectory)
             directory.children[name] = node
-            emit(.created, path: child(directory, name), isDirectory: isDirectory)
-            if isDirectory && recursive { watchAndScan(node, thread: thread) }
+            createdAndScanned(node, in: directory, thread: thread)
         }
     }
 

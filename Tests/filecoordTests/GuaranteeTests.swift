@@ -332,7 +332,7 @@ extension CrossProcessTests {
 }
 
 extension CrossProcessTests {
-    @Test("a presenter of a tree with more directories than the user's watch limit says which part is unwatched (a warning, and a callback), and leaves watches for the user's other processes",
+    @Test("a presenter of a tree with more directories than the user's watch limit says which part is unwatched (a warning, and a callback at the start and for each directory created later), and leaves watches for the user's other processes",
           .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(5)))
     func watchLimitIsReportedWithHeadroom() async throws {
         // A uid of its own: the watches it exhausts are nobody else's.
@@ -351,15 +351,23 @@ extension CrossProcessTests {
             until grep -q ready big.out; do grep -q 'filecoord: /' big.err && break; sleep 0.2; done # polling files (// ok)
             "$FILECOORD" present --space "$S" small > small.out 2> small.err & small=$!
             until grep -q ready small.out; do grep -q 'filecoord: /' small.err && break; sleep 0.1; done # polling files (// ok)
+            for late in late1 late2 late3 late4 late5; do
+                mkdir tree/$late
+                for i in $(seq 1 100); do grep -qx "unwatched $PWD/tree/$late" big.out && break; sleep 0.1; done # polling a file, bounded (// ok)
+            done
             kill $small $big; wait
             cat big.out small.out; cat big.err small.err >&2
             """
         let result = try await shell("exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
         #expect(result.status == 0, "\(result.errorText)")
         #expect(result.outputText.contains("ready \(directory)/tree") && result.outputText.contains("ready \(directory)/small"), "\(result.outputText)")
-        // The presenter hears it too: each directory left out.
+        // The presenter hears it too: each directory left out, at the start and when
+        // one is created later (each one the last event for a while).
         let unwatched = result.outputText.split(separator: "\n").filter { $0.hasPrefix("unwatched ") }
         #expect(unwatched.contains { $0.hasPrefix("unwatched \(directory)/tree/d") }, "\(result.outputText.prefix(2000))")
+        for late in 1...5 {
+            #expect(unwatched.contains("unwatched \(directory)/tree/late\(late)"), "\(unwatched.suffix(6))")
+        }
         #expect(!result.outputText.contains("unwatched \(directory)/small"))
         let lines = result.errorText.split(separator: "\n")
         #expect(lines.count == 1 && lines[0].contains("watch limit") && lines[0].contains("\(directory)/tree/d"),
