@@ -52,38 +52,44 @@ struct SpaceOption: ParsableArguments {
 }
 
 /// The options every coordinating subcommand shares (`--space`, `--presenter-timeout`,
-/// `--strict`, `--timeout`), and what they do.
+/// `--strict`, `--timeout` and its flock(1) spellings), and what they do.
 struct CoordinationOptions: ParsableArguments {
     @OptionGroup var space: SpaceOption
 
     @Option(name: .customLong("presenter-timeout"), parsing: .unconditional,
-            help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "SECONDS"))
-    var presenterTimeout: Double = 30
+            help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "DURATION"))
+    var presenterTimeout = CommandDuration(seconds: 30)
 
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false
 
-    @Option(parsing: .unconditional,
-            help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "SECONDS"))
-    var timeout: Double?
+    @Option(name: [.customLong("timeout"), .customShort("w"), .customLong("wait")], parsing: .unconditional,
+            help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "DURATION"))
+    var timeout: CommandDuration?
+
+    @Flag(name: [.customShort("n"), .customLong("nonblock")],
+          help: "Fail at once (exit 3) if a conflicting claim is held: --timeout 0.")
+    var nonblock = false
 
     func validate() throws {
-        guard presenterTimeout > 0 else { throw ValidationError("--presenter-timeout must be positive") }
-        if let timeout, !(timeout >= 0) { throw ValidationError("--timeout must be zero or more seconds") }
+        try presenterTimeout.requireNonNegative("--presenter-timeout")
+        guard presenterTimeout.seconds > 0 else { throw ValidationError("--presenter-timeout must be more than zero") }
+        try timeout?.requireNonNegative("--timeout")
+        if nonblock, let timeout, timeout.seconds != 0 {
+            throw ValidationError("--nonblock and --timeout \(timeout.description) contradict each other")
+        }
     }
 
-    /// `seconds` as a duration; nil for infinity (forever). Beyond 30 years is forever too.
-    static func duration(seconds: Double) -> Duration? {
-        seconds.isFinite && seconds < 1e9 ? .seconds(seconds) : nil
-    }
+    /// How long a claim may wait; nil for forever.
+    var claimTimeout: Duration? { nonblock ? .zero : timeout?.duration }
 
     /// Joins the space and returns a coordinator with the chosen presenter policy.
     func coordinator() async throws -> FileCoordinator {
         try await space.join()
         let coordinator = FileCoordinator()
-        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: Self.duration(seconds: presenterTimeout) ?? .seconds(1e9),
+        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: presenterTimeout.duration ?? .seconds(1e9),
                                                                      action: strict ? .fail : .proceed))
-        coordinator.setClaimTimeout(timeout.flatMap { Self.duration(seconds: $0) })
+        coordinator.setClaimTimeout(claimTimeout)
         return coordinator
     }
 

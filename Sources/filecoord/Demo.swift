@@ -160,7 +160,7 @@ struct Demo: AsyncParsableCommand {
         let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
         let presenter = Process()
         presenter.executableURL = me
-        presenter.arguments = ["present", file, "--space", space, "--ack-delay", "200"]
+        presenter.arguments = ["present", file, "--space", space, "--ack-delay", "200ms"]
         let output = Pipe()
         presenter.standardOutput = output
         try interruption.start(presenter)

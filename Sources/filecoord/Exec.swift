@@ -21,7 +21,8 @@ struct Exec: AsyncParsableCommand {
             group by a process, as `kill -- -PGID` does, so reaches it twice), and the claims \
             are held until it exits. The exit \
             status is COMMAND's (128+N if a signal N ended it; 127 if it was not found, 126 if \
-            it could not be run).
+            it could not be run); when the claims could not be had in time it is 3, or N \
+            with -E N.
             """
     )
 
@@ -36,10 +37,18 @@ struct Exec: AsyncParsableCommand {
 
     @OptionGroup var coordination: CoordinationOptions
 
+    @Option(name: [.customShort("E"), .customLong("conflict-exit-code")], parsing: .unconditional,
+            help: ArgumentHelp("Exit with N instead of 3 when the claims could not be had in time (a conflicting claim, or a presenter under --strict), so that a script tells that from COMMAND's own status.",
+                               valueName: "N"))
+    var conflictExitCode: Int32?
+
     @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.")
     var command: [String] = []
 
     func validate() throws {
+        if let conflictExitCode, !(0 ... 255).contains(conflictExitCode) {
+            throw ValidationError("--conflict-exit-code must be from 0 to 255")
+        }
         guard !command.isEmpty else { throw ValidationError("name a command after --") }
         guard !(reads.isEmpty && writes.isEmpty && deletes.isEmpty) else {
             throw ValidationError("name at least one --read, --write or --delete")
@@ -52,13 +61,19 @@ struct Exec: AsyncParsableCommand {
         wanted += deletes.map { FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting) }
         let coordinator = try await coordination.coordinator()
         let (command, intents) = (command, wanted)
-        let status = try await coordination.run {
-            try await coordinator.coordinate(with: intents) {
-                let space = FileCoordinator.coordinationSpace
-                // `status` reads them there: a process that never waited does not listen.
-                await space?.describeClaimsInRecord()
-                return try await Child.run(command, keeping: space?.claimDescriptors ?? [])
+        let status: Int32
+        do {
+            status = try await coordination.run {
+                try await coordinator.coordinate(with: intents) {
+                    let space = FileCoordinator.coordinationSpace
+                    // `status` reads them there: a process that never waited does not listen.
+                    await space?.describeClaimsInRecord()
+                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [])
+                }
             }
+        } catch let exit as ExitCode where exit == Status.timedOut && conflictExitCode != nil {
+            // Only the claims' timeout: the command has not run.
+            throw ExitCode(conflictExitCode!)
         }
         throw ExitCode(status)
     }

@@ -15,13 +15,24 @@ struct FileCoord: ParsableCommand {
             Readers share, writers are exclusive, and presenters hear about changes \
             before and after they happen. See `filecoord help <subcommand>`.
             """,
-        subcommands: [Read.self, Write.self, Exec.self, Present.self, StatusCommand.self, Demo.self]
+        version: "filecoord \(version)",
+        subcommands: [Read.self, Write.self, Exec.self, Present.self, StatusCommand.self, Demo.self, Version.self]
     )
+
+    /// The tool's version, as `--version` and `filecoord version` print it.
+    static let version = "0.1.0"
 
     /// Bare `filecoord` is a usage error (exit 2, one line), not a silent success; the
     /// help is `filecoord help` or `--help`.
     func run() throws {
-        throw ValidationError("a subcommand is required: read, write, exec, present, status or demo")
+        throw ValidationError("a subcommand is required: read, write, exec, present, status, demo or version")
+    }
+
+    /// The subcommand the arguments name (the first argument that is one), for the
+    /// pointer to its help in a usage error.
+    static func subcommandNamed(in arguments: [String]) -> String? {
+        let names = configuration.subcommands.map { $0._commandName }
+        return arguments.prefix { $0 != "--" }.first { names.contains($0) }
     }
 
     /// Runs the command in a task while the main thread waits for it.
@@ -55,7 +66,13 @@ struct FileCoord: ParsableCommand {
     private static func runCommand() async {
         var status: Int32 = 0
         do {
-            var command = try parseAsRoot(RawArguments.parserArguments)
+            let arguments = RawArguments.parserArguments
+            // `help NOSUCH` would print the general help and succeed.
+            if arguments.first == "help", arguments.count > 1, !arguments[1].hasPrefix("-"),
+               !configuration.subcommands.contains(where: { $0._commandName == arguments[1] }) {
+                throw ValidationError("no subcommand named '\(arguments[1])'")
+            }
+            var command = try parseAsRoot(arguments)
             if var command = command as? AsyncParsableCommand {
                 try await command.run()
             } else {
@@ -72,11 +89,21 @@ struct FileCoord: ParsableCommand {
             // Usage errors exit 2 per the contract (ArgumentParser's own default is 64), and
             // take one line, as every error does (the usage is what --help prints).
             let message = self.message(for: error).split(separator: "\n").joined(separator: " ")
-            if !message.isEmpty { Output.error(message + " (see 'filecoord help')") }
+            let help = ["filecoord", "help"] + (subcommandNamed(in: RawArguments.parserArguments).map { [$0] } ?? [])
+            if !message.isEmpty { Output.error(message + " (see '\(help.joined(separator: " "))')") }
             status = code == .validationFailure ? 2 : code.rawValue
         }
         await FileCoordinator.leaveCoordinationSpace()
         Foundation.exit(status)
+    }
+}
+
+/// `filecoord version`: what `--version` prints.
+struct Version: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the version.")
+
+    func run() {
+        Output.writeStandardOutput(Array("filecoord \(FileCoord.version)\n".utf8))
     }
 }
 

@@ -32,8 +32,8 @@ struct Present: AsyncParsableCommand {
     var json = false
 
     @Option(name: .customLong("ack-delay"), parsing: .unconditional,
-            help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "MS"))
-    var ackDelay = 0
+            help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "DURATION"))
+    var ackDelay = CommandDuration(seconds: 0)
 
     @Flag(name: .customLong("refuse-writers"), help: "Answer relinquish-to-writer with an error.")
     var refuseWriters = false
@@ -41,12 +41,38 @@ struct Present: AsyncParsableCommand {
     @OptionGroup var space: SpaceOption
 
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "MS"))
-    var settle: Int?
+            help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "DURATION"))
+    var settle: CommandDuration?
+
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("Exit 0 after N events (ready and unwatched lines do not count); a relinquish's writer or reader has finished by then.",
+                               valueName: "N"))
+    var count: Int?
+
+    @Flag(help: "Exit 0 after the first event: --count 1.")
+    var once = false
+
+    @Option(parsing: .unconditional,
+            help: ArgumentHelp("Exit 2 when no event comes for this long (after ready, and after each event).", valueName: "DURATION"))
+    var timeout: CommandDuration?
+
+    @Option(name: [.customShort("e"), .customLong("event")],
+            help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated.", valueName: "NAME[,NAME...]"))
+    var events: [String] = []
+
+    @Option(help: ArgumentHelp("Print only events whose path (or a move's destination) matches this POSIX extended regular expression.", valueName: "REGEX"))
+    var include: String?
+
+    @Option(help: ArgumentHelp("Leave out events whose path (and a move's destination) match this POSIX extended regular expression.", valueName: "REGEX"))
+    var exclude: String?
 
     func validate() throws {
-        guard ackDelay >= 0 else { throw ValidationError("--ack-delay must be zero or more milliseconds") }
-        if let settle, settle < 0 { throw ValidationError("--settle must be zero or more milliseconds") }
+        try ackDelay.requireNonNegative("--ack-delay")
+        try settle?.requireNonNegative("--settle")
+        try timeout?.requireNonNegative("--timeout")
+        if let count, count < 1 { throw ValidationError("--count must be 1 or more") }
+        if once, let count, count != 1 { throw ValidationError("--once and --count \(count) contradict each other") }
+        _ = try EventFilter(events: events, include: include, exclude: exclude)
     }
 
     func run() async throws {
@@ -58,39 +84,190 @@ struct Present: AsyncParsableCommand {
             Output.report(FileCoordinationError("stat", errno: Errno(rawValue: errno), path: target))
             throw Status.failed
         }
-        let printer = EventPrinter(json: json)
+        // Signals, the count reached, a relinquish's access finished and the idle timer all
+        // wake the loop below.
+        let wakes = AsyncStream.makeStream(of: PresentWake.self)
+        let printer = EventPrinter(json: json, filter: try EventFilter(events: events, include: include, exclude: exclude),
+                                   limit: once ? 1 : count, wakes: wakes.continuation)
         // A relative PATH is taken from the current directory: every line names the item
         // absolute, `ready` included.
-        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: .milliseconds(ackDelay),
-                                          refuseWriters: refuseWriters, settle: settle.map { .milliseconds($0) })
-        // Signals end the session cleanly: unregister, exit 0. Until they are caught a
-        // signal ends it the default way.
-        let stop = AsyncStream.makeStream(of: Void.self)
+        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: ackDelay.duration ?? .seconds(1e9),
+                                          refuseWriters: refuseWriters, settle: settle.map { $0.duration ?? .seconds(1e9) })
         try await space.join()
         // After joining, which catches them to remove the process's files and die: a
         // presenter ends cleanly instead (a closed terminal's SIGHUP included).
         try CaughtSignals.shared.catchSignals([SIGINT, SIGTERM, SIGHUP].filter { fc_ignored_at_start($0) == 0 }) { _ in
-            stop.continuation.yield()
+            wakes.continuation.yield(.stop)
         }
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", presenter.path, pid: getpid())
-        for await _ in stop.stream { break }
+        let status = await Self.waitForEnd(wakes.stream, printer: printer, idle: timeout.map { $0.duration ?? .seconds(1e9) })
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()
+        if status != 0 { throw ExitCode(status) }
+    }
+
+    /// Runs until a signal (0), the count reached with no relinquished access still
+    /// going on (0: `present --once f && make` runs make after the writer is done), or
+    /// `idle` without an event (2, as `inotifywait -t` does).
+    private static func waitForEnd(_ wakes: AsyncStream<PresentWake>, printer: EventPrinter, idle: Duration?) async -> Int32 {
+        var timer: Task<Void, Never>?
+        var generation = 0
+        func arm() {
+            timer?.cancel()
+            guard let idle else { return }
+            generation += 1
+            let armed = generation, continuation = printer.wakes
+            timer = Task {
+                try? await Task.sleep(for: idle)
+                if !Task.isCancelled { continuation.yield(.idle(armed)) }
+            }
+        }
+        defer { timer?.cancel() }
+        arm()
+        for await wake in wakes {
+            switch wake {
+            case .stop:
+                return 0
+            case .event:
+                if printer.isDone {
+                    timer?.cancel()
+                    if printer.relinquished == 0 { return 0 }
+                } else {
+                    arm()
+                }
+            case .reacquired:
+                if printer.isDone && printer.relinquished == 0 { return 0 }
+            case .idle(let armed):
+                if armed == generation && !printer.isDone { return 2 }
+            }
+        }
+        return 0
     }
 }
 
-/// Prints presenter callbacks, one line each, in text or JSON.
+/// What wakes `present`'s loop.
+enum PresentWake: Sendable {
+    case stop
+    /// An event was printed.
+    case event
+    /// A relinquished access ended (its reacquirer ran).
+    case reacquired
+    /// The idle timer armed `n`-th fired.
+    case idle(Int)
+}
+
+/// `--event`, `--include` and `--exclude`: which events `present` prints.
+struct EventFilter: Sendable {
+    /// Passes every event.
+    static let all = try! EventFilter()
+
+    static let names = ["relinquishToReader", "relinquishToWriter", "reacquire", "save", "accommodateDeletion", "didChange",
+                        "didMove", "subitemDidAppear", "subitemDidChange", "subitemDidMove", "accommodateSubitemDeletion", "resync"]
+    /// Nil: every event.
+    let events: Set<String>?
+    let include: PosixRegex?
+    let exclude: PosixRegex?
+
+    init(events given: [String] = [], include: String? = nil, exclude: String? = nil) throws {
+        var events: Set<String> = []
+        for name in given.flatMap({ $0.split(separator: ",") }).map({ $0.trimmingCharacters(in: .whitespaces) }) {
+            guard let known = Self.names.first(where: { $0.lowercased() == name.lowercased() }) else {
+                throw ValidationError("--event: no event named '\(name)'; the events are \(Self.names.joined(separator: ", "))")
+            }
+            events.insert(known)
+        }
+        self.events = given.isEmpty ? nil : events
+        self.include = try include.map { try PosixRegex($0, option: "--include") }
+        self.exclude = try exclude.map { try PosixRegex($0, option: "--exclude") }
+    }
+
+    /// Whether an event is printed: its name is wanted, one of its paths included (when
+    /// `--include` is given), and not all of them excluded.
+    func passes(_ event: String, paths: [FilePath]) -> Bool {
+        if let events, !events.contains(event) { return false }
+        if let include, !paths.contains(where: include.matches) { return false }
+        if let exclude, paths.allSatisfy(exclude.matches) { return false }
+        return true
+    }
+}
+
+/// A POSIX extended regular expression (`regcomp(3)`, as `grep -E` and `inotifywait`
+/// take them), matched against a path's bytes.
+final class PosixRegex: Sendable {
+    private nonisolated(unsafe) let compiled: UnsafeMutablePointer<regex_t>
+
+    init(_ pattern: String, option: String) throws {
+        // Compiled before it is stored: a failed init of a class still runs its deinit.
+        let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
+        let result = regcomp(compiled, pattern, REG_EXTENDED | REG_NOSUB)
+        guard result == 0 else {
+            var message = [UInt8](repeating: 0, count: 256)
+            message.withUnsafeMutableBufferPointer { buffer in
+                _ = buffer.withMemoryRebound(to: CChar.self) { regerror(result, compiled, $0.baseAddress, $0.count) }
+            }
+            compiled.deallocate()
+            let text = String(decoding: message.prefix { $0 != 0 }, as: UTF8.self)
+            throw ValidationError("\(option) '\(pattern)': \(text)")
+        }
+        self.compiled = compiled
+    }
+
+    deinit {
+        regfree(compiled)
+        compiled.deallocate()
+    }
+
+    /// `regexec` on a compiled pattern is safe from several threads (glibc locks it).
+    func matches(_ path: FilePath) -> Bool {
+        path.withPlatformString { regexec(compiled, $0, 0, nil, 0) == 0 }
+    }
+}
+
+/// Prints presenter callbacks, one line each, in text or JSON, those the filter passes,
+/// up to the limit.
 final class EventPrinter: Sendable {
     let json: Bool
-    /// Lines of callbacks that came before `ready` was printed (the presenter is asked
-    /// as soon as it is registered): printed right after it, so `ready` is always first.
-    /// Nil once `ready` is out.
-    private let early = Locked<[String]?>([])
-    init(json: Bool) { self.json = json }
+    let filter: EventFilter
+    let limit: Int?
+    let wakes: AsyncStream<PresentWake>.Continuation
 
-    /// Prints one line; `pid` is the process the event is about, when known.
+    private struct State {
+        /// Lines of callbacks that came before `ready` was printed (the presenter is asked
+        /// as soon as it is registered): printed right after it, so `ready` is always
+        /// first. Nil once `ready` is out.
+        var early: [String]? = []
+        var printed = 0
+        /// Relinquishes answered whose reacquirer has not run yet.
+        var relinquished = 0
+    }
+    private let state = Locked(State())
+
+    init(json: Bool, filter: EventFilter = EventFilter.all, limit: Int? = nil,
+         wakes: AsyncStream<PresentWake>.Continuation = AsyncStream.makeStream(of: PresentWake.self).continuation) {
+        self.json = json
+        self.filter = filter
+        self.limit = limit
+        self.wakes = wakes
+    }
+
+    /// The limit of events is reached: nothing more is printed.
+    var isDone: Bool { state.withLock { state in limit.map { state.printed >= $0 } ?? false } }
+
+    /// Relinquishes answered whose access has not ended yet.
+    var relinquished: Int { state.withLock { $0.relinquished } }
+
+    /// A relinquish was answered (+1) or its reacquirer ran (-1).
+    func relinquish(_ change: Int) {
+        state.withLock { $0.relinquished += change }
+        if change < 0 { wakes.yield(.reacquired) }
+    }
+
+    /// Prints one line; `pid` is the process the event is about, when known. `ready` and
+    /// `unwatched` are always printed and never counted.
     func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil, pid: Int32? = nil) {
+        let counted = event != "ready" && event != "unwatched"
+        if counted && !filter.passes(event, paths: [path] + (destination.map { [$0] } ?? [])) { return }
         let time = Date().timeIntervalSince1970
         var line: String
         if json {
@@ -101,19 +278,26 @@ final class EventPrinter: Sendable {
         } else {
             line = "\(event) \(Output.displayed(path))" + (destination.map { " -> \(Output.displayed($0))" } ?? "")
         }
-        // Written under the lock: a line must not overtake `ready` and those held for it.
-        early.withLock { early in
-            guard let held = early else {
+        // Written under the lock: a line must not overtake `ready` and those held for it,
+        // and no line passes the limit.
+        let printed = state.withLock { state -> Bool in
+            if counted {
+                if let limit, state.printed >= limit { return false }
+                state.printed += 1
+            }
+            guard let held = state.early else {
                 Output.writeStandardOutput(Array((line + "\n").utf8))
-                return
+                return true
             }
             guard event == "ready" else {
-                early = held + [line]
-                return
+                state.early = held + [line]
+                return true
             }
-            early = nil
+            state.early = nil
             Output.writeStandardOutput(Array(([line] + held).map { $0 + "\n" }.joined().utf8))
+            return true
         }
+        if printed && counted { wakes.yield(.event) }
     }
 
     static func jsonString(_ text: String) -> String {
@@ -152,17 +336,32 @@ final class PrintingPresenter: FilePresenter {
     var path: FilePath { (try? FilePath(fileURL: presentedItemURL!)) ?? FilePath("") }
     private func path(_ url: URL) -> FilePath { (try? FilePath(fileURL: url)) ?? FilePath(url.path) }
 
+    // A relinquish is counted from before its line until its reacquirer runs: `--count`
+    // waits for the access it let through to end.
+
     func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
+        printer.relinquish(+1)
         printer.print("relinquishToReader", path(reader.url), pid: reader.processIdentifier)
         if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        return { [printer, path] in printer.print("reacquire", path, pid: reader.processIdentifier) }
+        return reacquirer(for: reader)
     }
 
     func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        printer.relinquish(+1)
         printer.print("relinquishToWriter", path(writer.url), pid: writer.processIdentifier)
         if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        if refuseWriters { throw Refused(path: Output.displayed(path)) }
-        return { [printer, path] in printer.print("reacquire", path, pid: writer.processIdentifier) }
+        if refuseWriters {
+            printer.relinquish(-1)
+            throw Refused(path: Output.displayed(path))
+        }
+        return reacquirer(for: writer)
+    }
+
+    private func reacquirer(for request: FileAccessRequest) -> FileReacquirer {
+        { [printer, path] in
+            printer.print("reacquire", path, pid: request.processIdentifier)
+            printer.relinquish(-1)
+        }
     }
 
     func savePresentedItemChanges() async throws { printer.print("save", path) }

@@ -147,10 +147,10 @@ struct CrossProcessTests {
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
     }
 
-    @Test("--ack-delay 300 delays the writer; relinquishToWriter comes before the file changes, didChange after")
+    @Test("--ack-delay 300ms delays the writer; relinquishToWriter comes before the file changes, didChange after")
     func ordering() async throws {
         let file = scratch.write("doc", "old")
-        let (presenter, stream) = try await present(file, "--ack-delay", "300")
+        let (presenter, stream) = try await present(file, "--ack-delay", "300ms")
         var lines = stream
         let clock = ContinuousClock()
         let start = clock.now
@@ -205,7 +205,7 @@ struct CrossProcessTests {
         let file = scratch.write("doc", "old")
         // Settling holds the watch's events back, so the writes' events are still unchecked
         // when their reacquire arrives (the suppression must reach past them).
-        let (presenter, stream) = try await present(file, "--settle", "200")
+        let (presenter, stream) = try await present(file, "--settle", "0.2")
         var lines = stream
         for round in 0 ..< 3 {
             let result = try await filecoord("write", file, "--space", space, stdin: Data("new \(round)".utf8))

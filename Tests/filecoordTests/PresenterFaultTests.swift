@@ -61,7 +61,7 @@ extension CrossProcessTests {
           .timeLimit(.minutes(2)))
     func staleRequestsAreSkipped() async throws {
         let file = scratch.write("doc", "old")
-        let (presenter, stream) = try await present(file, "--ack-delay", "1500")
+        let (presenter, stream) = try await present(file, "--ack-delay", "1.5s")
         var lines = stream
         presenter.signal(SIGSTOP)
         for round in 0 ..< 4 {

@@ -1,0 +1,107 @@
+import Foundation
+import Testing
+
+/// What a script author brings from `flock(1)` and `inotifywait`: their options, their
+/// exit statuses, one spelling of durations, and a tool that says what it is.
+@Suite("filecoord as scripts use it")
+struct ScriptHabitsTests {
+    let scratch = Scratch()
+    var space: String { scratch.path + "/space" }
+
+    @Test("--version and 'version' print the version; 'help NOSUCH' is a usage error; a usage error names the subcommand's help")
+    func versionAndHelp() async throws {
+        let version = try await filecoord("--version")
+        #expect(version.status == 0 && version.outputText.hasPrefix("filecoord "), "\(version.errorText)")
+        let subcommand = try await filecoord("version")
+        #expect(subcommand.status == 0 && subcommand.outputText == version.outputText)
+        let nosuch = try await filecoord("help", "nosuch")
+        #expect(nosuch.status == 2 && nosuch.outputText.isEmpty)
+        #expect(nosuch.errorText == "filecoord: no subcommand named 'nosuch' (see 'filecoord help')\n", "\(nosuch.errorText)")
+        let unknown = try await filecoord("read", "f", "--bogus")
+        #expect(unknown.status == 2)
+        #expect(unknown.errorText == "filecoord: Unknown option '--bogus' (see 'filecoord help read')\n", "\(unknown.errorText)")
+    }
+
+    @Test("durations take one rule everywhere: seconds, or a unit (500ms, 2s); a value that is none is a usage error naming the option",
+          arguments: ["0.3", "300ms", "0.005m"])
+    func durations(spelling: String) async throws {
+        let file = scratch.write("f", "x")
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; sleep 30"])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let started = ContinuousClock.now
+        let waited = try await filecoord("write", file, "--space", space, "--timeout", spelling, stdin: Data("new".utf8))
+        let elapsed = ContinuousClock.now - started
+        #expect(waited.status == 3, "\(waited.errorText)")
+        // 0.3 s, not 300 s or 0.3 ms: it ended, and after the wait (start-up is well under 0.3 s).
+        #expect(elapsed >= .milliseconds(300), "\(elapsed)")
+        holder.signal(SIGKILL)
+        _ = await holder.wait()
+        let bad = try await filecoord("present", file, "--space", space, "--settle", "3 fortnights")
+        #expect(bad.status == 2 && bad.errorText.contains("--settle"), "\(bad.errorText)")
+    }
+
+    @Test("exec -n fails at once on a held claim (exit 3), -E N changes that status, -w is --timeout; a command's own 3 stays 3, an uncontended -n runs",
+          .timeLimit(.minutes(3)))
+    func flockOptions() async throws {
+        let file = scratch.write("f", "x")
+        let free = try await filecoord("exec", "--space", space, "-n", "-E", "42", "--write", file, "--", "sh", "-c", "exit 3")
+        #expect(free.status == 3, "the command's status: \(free.errorText)")
+        let holder = try LineProcess(["exec", "--space", space, "--read", file, "--", "sh", "-c", "echo held; sleep 30"])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let nonblocking = try await filecoord("exec", "--space", space, "-n", "--write", file, "--", "true")
+        #expect(nonblocking.status == 3, "\(nonblocking.errorText)")
+        let conflict = try await filecoord("exec", "--space", space, "--nonblock", "-E", "42", "--write", file, "--", "true")
+        #expect(conflict.status == 42, "\(conflict.errorText)")
+        let waited = try await filecoord("exec", "--space", space, "-w", "0.2", "--conflict-exit-code", "7", "--write", file, "--", "true")
+        #expect(waited.status == 7, "\(waited.errorText)")
+        let reader = try await filecoord("exec", "--space", space, "-n", "--read", file, "--", "true")
+        #expect(reader.status == 0, "readers share: \(reader.errorText)")
+        let contradiction = try await filecoord("exec", "--space", space, "-n", "-w", "2", "--write", file, "--", "true")
+        #expect(contradiction.status == 2 && contradiction.errorText.contains("--nonblock"), "\(contradiction.errorText)")
+        holder.signal(SIGKILL)
+        _ = await holder.wait()
+    }
+
+    @Test("present --once exits 0 after the first event, once the writer it let through is done (present --once f && cat f shows the new content)",
+          .timeLimit(.minutes(3)))
+    func presentOnce() async throws {
+        let file = scratch.write("f", "old")
+        let presenter = try LineProcess(["present", "--once", file, "--space", space])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready \(file)")
+        // The command writes well after the presenter relinquished.
+        let writer = try await filecoord("exec", "--space", space, "--write", file, "--", "sh", "-c", "sleep 0.5; printf new > '\(file)'")
+        #expect(writer.status == 0, "\(writer.errorText)")
+        #expect(await lines.next() == "relinquishToWriter \(file)")
+        #expect(await lines.next() == nil, "one event only")
+        #expect(await presenter.wait().status == 0)
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+    }
+
+    @Test("present --count N with --event and --exclude prints N matching events and exits 0; --timeout exits 2 when nothing comes",
+          .timeLimit(.minutes(3)))
+    func presentCountFiltersTimeout() async throws {
+        let directory = scratch.path + "/d"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let presenter = try LineProcess(["present", directory, "--space", space, "-e", "subitemDidAppear,didChange",
+                                         "--exclude", #"\.swp$"#, "--count", "2"])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready \(directory)")
+        let made = try await shell("cd '\(directory)' && echo a > a.swp && echo b > b && echo c > c")
+        #expect(made.status == 0)
+        #expect(await lines.next() == "subitemDidAppear \(directory)/b")
+        #expect(await lines.next() == "subitemDidAppear \(directory)/c")
+        #expect(await lines.next() == nil)
+        #expect(await presenter.wait().status == 0)
+
+        let quiet = try await filecoord("present", directory, "--space", space, "--timeout", "300ms")
+        #expect(quiet.status == 2, "\(quiet.errorText)")
+        #expect(quiet.outputText == "ready \(directory)\n")
+        let badRegex = try await filecoord("present", directory, "--include", "(")
+        #expect(badRegex.status == 2 && badRegex.errorText.contains("--include '('"), "\(badRegex.errorText)")
+        let badEvent = try await filecoord("present", directory, "-e", "didChnage")
+        #expect(badEvent.status == 2 && badEvent.errorText.contains("no event named 'didChnage'"), "\(badEvent.errorText)")
+    }
+}
