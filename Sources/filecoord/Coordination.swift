@@ -10,8 +10,24 @@ struct SpaceOption: ParsableArguments {
                                valueName: "DIR"))
     var space: String?
 
+    @Option(name: .customLong("log-level"),
+            help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
+                               valueName: "LEVEL"))
+    var logLevel: String?
+
     func validate() throws {
         try Self.validate(space)
+        if let logLevel {
+            guard let level = Logs.level(named: logLevel) else {
+                throw ValidationError("--log-level: no level named '\(logLevel)'; the levels are error, warning, info, debug, trace")
+            }
+            Logs.level = level
+        } else if let name = ProcessInfo.processInfo.environment["FILECOORD_LOG_LEVEL"], !name.isEmpty {
+            guard let level = Logs.level(named: name) else {
+                throw ValidationError("FILECOORD_LOG_LEVEL: no level named '\(name)'; the levels are error, warning, info, debug, trace")
+            }
+            Logs.level = level
+        }
     }
 
     /// A `--space` value must name a directory: an empty one would make the current
@@ -56,9 +72,12 @@ struct SpaceOption: ParsableArguments {
 struct CoordinationOptions: ParsableArguments {
     @OptionGroup var space: SpaceOption
 
+    /// 10 s, where Apple's coordinator waits for ever and the library 30 s: a script
+    /// wants a bounded wait it is told about (the waiting line after a second names the
+    /// presenter), and a live presenter answers in milliseconds (docs/cli.md).
     @Option(name: .customLong("presenter-timeout"), parsing: .unconditional,
             help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "DURATION"))
-    var presenterTimeout = CommandDuration(seconds: 30)
+    var presenterTimeout = CommandDuration(seconds: 10)
 
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false
@@ -95,11 +114,24 @@ struct CoordinationOptions: ParsableArguments {
 
     /// Runs a coordination, mapping its failures to the contract's exit statuses: a claim
     /// that waited past `--timeout`, or a presenter past `--presenter-timeout` under
-    /// `--strict`, exits 3; any other failure 1.
-    func run<T>(_ body: () async throws -> T) async throws -> T {
+    /// `--strict`, exits 3; any other failure 1. While the claims on `wanted` wait, a
+    /// line after a second says who is in the way (unless `--log-level error`), and a
+    /// claim's timeout names them; `body` calls the reporter's `granted()` once the
+    /// accessor runs.
+    func run<T>(wanted: [InTheWay.Wanted] = [], _ body: (WaitReporter) async throws -> T) async throws -> T {
+        let reporter = WaitReporter(wanted, enabled: Logs.level <= .warning)
+        defer { reporter.granted() }
         do {
-            return try await body()
-        } catch let error as FileCoordinationError {
+            return try await body(reporter)
+        } catch var error as FileCoordinationError {
+            reporter.granted()
+            if error.code == .timedOut, error.operation == "coordinate", !wanted.isEmpty,
+               let space = FileCoordinator.coordinationSpace {
+                let blockers = await InTheWay.describe(wanted, in: space, timeout: .milliseconds(500))
+                if !blockers.isEmpty {
+                    error.message = "held by " + blockers.joined(separator: ", ") + "; " + error.message
+                }
+            }
             Output.report(error)
             throw error.code == .timedOut ? Status.timedOut : Status.failed
         } catch let error as ExitCode {
@@ -112,17 +144,32 @@ struct CoordinationOptions: ParsableArguments {
 }
 
 /// Library log messages (a presenter that did not answer in time, a malformed file in the
-/// space) as one stderr line each: `filecoord: warning: <message> (<details>)`.
+/// space; at `debug`, claims, waits and messages) as one stderr line each:
+/// `filecoord: warning: <message>`, with its details from `debug` on.
 enum Logs {
+    /// From `--log-level`, else `$FILECOORD_LOG_LEVEL`, else `warning`; set while the
+    /// arguments are parsed.
+    static var level: Logger.Level {
+        get { setting.withLock { $0 } }
+        set { setting.withLock { $0 = newValue } }
+    }
+    private static let setting = Locked(Logger.Level.warning)
+
     private static let once: Void = {
-        LoggingSystem.bootstrap { _ in StderrLogHandler() }
+        let level = Self.level
+        LoggingSystem.bootstrap { _ in StderrLogHandler(logLevel: level) }
     }()
 
     static func bootstrap() { _ = once }
 
+    /// The level a `--log-level` or `FILECOORD_LOG_LEVEL` value names.
+    static func level(named name: String) -> Logger.Level? {
+        Logger.Level(rawValue: name.lowercased())
+    }
+
     struct StderrLogHandler: LogHandler {
         var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level = .warning
+        var logLevel: Logger.Level
 
         subscript(metadataKey key: String) -> Logger.Metadata.Value? {
             get { metadata[key] }
@@ -130,10 +177,10 @@ enum Logs {
         }
 
         func log(event: LogEvent) {
-            let details = metadata.merging(event.metadata ?? [:]) { $1 }
+            // The message says it all once; the details are for tracing.
+            let details = logLevel > .debug ? "" : metadata.merging(event.metadata ?? [:]) { $1 }
                 .sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-            let level = event.level == .warning ? "warning" : "\(event.level)"
-            Output.error("\(level): \(event.message)" + (details.isEmpty ? "" : " (\(details))"))
+            Output.error("\(event.level): \(Output.words("\(event.message)"))" + (details.isEmpty ? "" : " (\(details))"))
         }
     }
 }

@@ -63,8 +63,12 @@ struct Exec: AsyncParsableCommand {
         let (command, intents) = (command, wanted)
         let status: Int32
         do {
-            status = try await coordination.run {
+            var wanted = reads.map { InTheWay.Wanted(RawArguments.path($0), isWrite: false) }
+            wanted += writes.map { InTheWay.Wanted(RawArguments.path($0), isWrite: true) }
+            wanted += deletes.map { InTheWay.Wanted(RawArguments.path($0), isWrite: true, followingLast: false) }
+            status = try await coordination.run(wanted: wanted) { reporter in
                 try await coordinator.coordinate(with: intents) {
+                    reporter.granted()
                     let space = FileCoordinator.coordinationSpace
                     // `status` reads them there: a process that never waited does not listen.
                     await space?.describeClaimsInRecord()

@@ -21,15 +21,50 @@ enum Output {
         writeStandardError(Array((line + "\n").utf8))
     }
 
-    /// `filecoord: <path>: <what failed>: <cause> (<ERRNO>)` on stderr.
+    /// `filecoord: <path>: <what failed>: <cause> (<ERRNO>)` on stderr: the library's
+    /// steps in words (``words(_:)``), a timeout as ETIMEDOUT, and the path once.
     static func report(_ failure: FileCoordinationError) {
         var line = Array("filecoord: ".utf8)
-        if let path = failure.path { line += Array("\(displayed(path)): ".utf8) }
-        line += Array("\(failure.operation) failed: \(failure.message)".utf8)
-        if let errno = failure.errno { line += Array(" (\(errno.symbolicName))".utf8) }
+        var message = words(failure.message)
+        if let path = failure.path {
+            line += Array("\(displayed(path)): ".utf8)
+            // A presenter in another process names its item, which the line names already.
+            message = message.replacingOccurrences(of: "the presenter of \(path) in process", with: "the presenter in process")
+        }
+        line += Array("\(words(failure.operation)) failed: \(message)".utf8)
+        if let errno = failure.errno {
+            line += Array(" (\(errno.symbolicName))".utf8)
+        } else if failure.code == .timedOut {
+            line += Array(" (ETIMEDOUT)".utf8)
+        }
         line.append(UInt8(ascii: "\n"))
         writeStandardError(line)
     }
+
+    /// The library names its steps as Swift does (`coordinate`, a presenter callback's
+    /// `relinquishPresentedItem(toWriter:)`); a script's reader gets words.
+    static func words(_ text: String) -> String {
+        var text = text
+        for (swift, words) in stepWords where text.contains(swift) {
+            text = text.replacingOccurrences(of: swift, with: words)
+        }
+        return text == "coordinate" ? "claim" : text
+    }
+
+    private static let stepWords: [(String, String)] = [
+        ("relinquishPresentedItem(toWriter:)", "relinquish to a writer"),
+        ("relinquishPresentedItem(toReader:)", "relinquish to a reader"),
+        ("savePresentedItemChanges()", "save"),
+        ("accommodatePresentedItemDeletion()", "accommodate the deletion"),
+        ("accommodatePresentedSubitemDeletion(at:)", "accommodate a deletion inside"),
+        ("presentedItemDidChange()", "didChange"),
+        ("presentedItemDidMove(to:)", "didMove"),
+        ("presentedItemDidLoseEvents()", "resync"),
+        ("presentedSubitemDidAppear(at:)", "subitemDidAppear"),
+        ("presentedSubitemDidChange(at:)", "subitemDidChange"),
+        ("presentedSubitem(at:didMoveTo:)", "subitemDidMove"),
+        ("presentedItemIsPartlyUnwatched(_:)", "unwatched"),
+    ]
 
     /// `path` for a line of text: its characters as they are, except a backslash, a
     /// control character (a newline, a tab) and each byte that is not part of valid UTF-8,

@@ -84,7 +84,7 @@ struct Read: AsyncParsableCommand {
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
-            try await coordination.run {
+            try await coordination.run { _ in
                 try await summarizeInPlace(list, options: options, coordinator: coordinator)
             }
             return
@@ -95,7 +95,7 @@ struct Read: AsyncParsableCommand {
         } else {
             results = FileBatchReader(paths: list, options: options)
         }
-        try await coordination.run {
+        try await coordination.run { _ in
             try await consume(results, coordinator: coordinator, output: output, progress: progress)
         }
     }

@@ -104,4 +104,61 @@ struct ScriptHabitsTests {
         let badEvent = try await filecoord("present", directory, "-e", "didChnage")
         #expect(badEvent.status == 2 && badEvent.errorText.contains("no event named 'didChnage'"), "\(badEvent.errorText)")
     }
+
+    @Test("a wait says after a second who is in the way (a claim's holder, or a stopped presenter), and a timeout's error names them, in words, with ETIMEDOUT",
+          .timeLimit(.minutes(3)))
+    func whoIsInTheWay() async throws {
+        let file = scratch.write("f", "x")
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; sleep 30"])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let waited = try await filecoord("write", file, "--space", space, "-w", "2.5", stdin: Data("new".utf8))
+        #expect(waited.status == 3)
+        #expect(waited.errorText == """
+            filecoord: waiting for pid \(holder.pid) (write claim on \(file))
+            filecoord: \(file): claim failed: held by pid \(holder.pid) (write claim on \(file)); a conflicting claim did not end within 2.5 s (ETIMEDOUT)
+
+            """, "\(waited.errorText)")
+        // At once (-n): no waiting line, the holder named all the same.
+        let nonblocking = try await filecoord("exec", "--space", space, "-n", "--read", file, "--", "true")
+        #expect(nonblocking.status == 3)
+        #expect(nonblocking.errorText.contains("held by pid \(holder.pid) (write claim on \(file))") && !nonblocking.errorText.contains("waiting"),
+                "\(nonblocking.errorText)")
+        // --log-level error: no waiting line.
+        let quiet = try await filecoord("write", file, "--space", space, "-w", "1.5", "--log-level", "error", stdin: Data("new".utf8))
+        #expect(quiet.status == 3 && !quiet.errorText.contains("waiting"), "\(quiet.errorText)")
+        holder.signal(SIGKILL)
+        _ = await holder.wait()
+
+        let presenter = try LineProcess(["present", file, "--space", space])
+        var presented = presenter.lines.makeAsyncIterator()
+        #expect(await presented.next() == "ready \(file)")
+        presenter.signal(SIGSTOP)
+        let strict = try await filecoord("write", file, "--space", space, "--strict", "--presenter-timeout", "2.5", stdin: Data("new".utf8))
+        #expect(strict.status == 3)
+        #expect(strict.errorText == """
+            filecoord: waiting for pid \(presenter.pid) (presenter of \(file), not answering)
+            filecoord: \(file): relinquish to a writer failed: the presenter in process \(presenter.pid) did not answer within 2.5 s (ETIMEDOUT)
+
+            """, "\(strict.errorText)")
+        let status = try await filecoord("status", "--space", space)
+        #expect(status.outputText.contains("presenters:\n  \(file)  (pid \(presenter.pid))"), "\(status.outputText)")
+        presenter.signal(SIGCONT)
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
+
+    @Test("FILECOORD_LOG_LEVEL=debug (or --log-level debug) traces claims and messages on stderr; a level that does not exist is a usage error")
+    func logLevel() async throws {
+        let file = scratch.write("f", "x")
+        let traced = try await run(filecoordBinary, ["exec", "--space", space, "--write", file, "--", "true"],
+                                   environment: ["FILECOORD_LOG_LEVEL": "debug"])
+        #expect(traced.status == 0)
+        #expect(traced.errorText.contains("filecoord: debug: claim granted #1: writing \(file)"), "\(traced.errorText)")
+        #expect(traced.errorText.contains("filecoord: debug: claim released #1"), "\(traced.errorText)")
+        let plain = try await filecoord("exec", "--space", space, "--write", file, "--", "true")
+        #expect(plain.status == 0 && plain.errorText.isEmpty, "\(plain.errorText)")
+        let wrong = try await filecoord("exec", "--space", space, "--log-level", "loud", "--write", file, "--", "true")
+        #expect(wrong.status == 2 && wrong.errorText.contains("--log-level: no level named 'loud'"), "\(wrong.errorText)")
+    }
 }

@@ -175,8 +175,10 @@ final class CoordinationCenter: Sendable {
         for watcher in watchers { watcher.resume() }
         if granted {
             if joinedSpace != nil { try await takeKernelClaims(id, claims, owner: owner) }
+            Self.trace("claim granted", id, claims)
             return (id, false)
         }
+        Self.trace("claim waits for another in this process", id, claims)
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 enum Outcome { case granted, waiting, cancelled(any Error) }
@@ -200,7 +202,14 @@ final class CoordinationCenter: Sendable {
             withdraw(id, because: CancellationError())
         }
         try await takeKernelClaims(id, claims, owner: owner)
+        Self.trace("claim granted after waiting", id, claims)
         return (id, true)
+    }
+
+    /// A debug line for a claim's step ("why is my write blocked"); nothing is built
+    /// below the debug level.
+    static func trace(_ step: @autoclosure () -> String, _ id: RequestID, _ claims: [CoordinationRules.Claim]) {
+        PresenterMessenger.logger.debug("\(step()) \(id): \(claims.map { "\($0.access) \($0.path)" }.joined(separator: ", "))")
     }
 
     /// Grants `claims` only if that needs no waiting here or in another process; nil
@@ -253,6 +262,7 @@ final class CoordinationCenter: Sendable {
             state.kernelWaiting[id] = claims
             state.kernelOwners[id] = owner
         }
+        Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
         do {
             let held = try await space.locks.acquire(plan, token: id.raw)
             state.withLock { state in
@@ -278,6 +288,7 @@ final class CoordinationCenter: Sendable {
 
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
+        PresenterMessenger.logger.debug("claim released \(id)")
         let (kernel, granted) = state.withLock { state in
             (state.kernel.removeValue(forKey: id), Self.takeWaiters(state.rules.release(id), from: &state))
         }

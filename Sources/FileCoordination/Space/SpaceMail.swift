@@ -147,6 +147,7 @@ final class SpaceMail: Sendable {
         case .failure(.empty): return
         case .failure(let reason): return Self.ignored(path, reason.rawValue)
         }
+        PresenterMessenger.logger.debug("message \(message.kind) #\(message.number("id") ?? 0) from \(message.string("from") ?? "?")")
         switch message.kind {
         case "reply", "status-reply":
             guard let id = message.number("re") else { return Self.ignored(path, "a reply without `re`") }
@@ -432,6 +433,7 @@ final class SpaceMail: Sendable {
     /// is one of this process's slots in `target`'s mailbox (see ``MessageSlots``), else,
     /// while every slot holds a message not read yet, a file created for this message.
     private func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
+        PresenterMessenger.logger.debug("message \(message.kind) #\(id) to \(target)")
         var message = message
         message.set("from", me)
         message.set("id", "\(id)")
@@ -943,9 +945,13 @@ final class SpaceMail: Sendable {
                 let pid = Self.pid(of: process)
                 switch answer {
                 case .silent(let record):
-                    // Stopped or busy: what it holds still stands in the kernel.
+                    // Stopped or busy: what it holds still stands in the kernel, and its
+                    // presenters are still asked (their records say what they present).
                     status.unanswered.append(pid)
                     if let record { add(record, of: pid) }
+                    for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
+                        status.presenters.append(.init(path: path, processIdentifier: pid))
+                    }
                 case .dead:
                     status.cleanedUp.append(pid)
                     await cleanUp(process)
@@ -964,6 +970,16 @@ final class SpaceMail: Sendable {
         }
         status.cleanedUp.sort()
         return status
+    }
+
+    /// The items of `process`'s presenters, from their records in `presenters/` (blocking).
+    private func publishedPresenters(of process: String) -> [FilePath] {
+        let names = (try? Self.list(files.directoryFD, "presenters")) ?? []
+        return names.filter { Self.processOfPresenter($0) == process }.compactMap { name in
+            guard case .success(let record) = readMessage(dirFD: files.directoryFD, name: Array("presenters/\(name)".utf8)),
+                  record.kind == "presenter" else { return nil }
+            return record.path("path")
+        }
     }
 
     // MARK: Cleaning up

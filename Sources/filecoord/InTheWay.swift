@@ -1,0 +1,88 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+@_spi(FileCoordinationInternal) import FileCoordination
+import Foundation
+
+/// Who keeps a claim waiting: the processes holding conflicting claims, else the
+/// presenters of the items (asked, or not answering). For the line a wait prints after a
+/// second, and for the error of a claim that timed out.
+enum InTheWay {
+    /// An item a command claims, as the space names it (links resolved as the library
+    /// resolves them, closely enough to find the holders).
+    struct Wanted: Sendable {
+        var path: FilePath
+        var isWrite: Bool
+
+        init(_ path: FilePath, isWrite: Bool, followingLast: Bool = true) {
+            self.path = InTheWay.canonical(path, followingLast: followingLast)
+            self.isWrite = isWrite
+        }
+    }
+
+    /// How long a waiting claim stays silent before it says who is in the way.
+    static let quietWait = Duration.seconds(1)
+
+    /// `pid N (write claim on PATH)`, `pid N (presenter of PATH, not answering)`, one per
+    /// process in the way; empty when the space names nobody (the wait ended meanwhile).
+    static func describe(_ wanted: [Wanted], in space: CoordinationSpace, timeout: Duration) async -> [String] {
+        guard let status = try? await space.status(timeout: timeout) else { return [] }
+        let me = getpid()
+        var found: [String] = []
+        for claim in status.claims where claim.processIdentifier != me {
+            guard wanted.contains(where: { ($0.isWrite || claim.isWrite) && related($0.path, claim.path) }) else { continue }
+            let line = "pid \(claim.processIdentifier) (\(claim.isWrite ? "write" : "read") claim on \(Output.displayed(claim.path)))"
+            if !found.contains(line) { found.append(line) }
+        }
+        if !found.isEmpty { return found }
+        for presenter in status.presenters where presenter.processIdentifier != me {
+            guard wanted.contains(where: { related($0.path, presenter.path) }) else { continue }
+            let silent = status.unanswered.contains(presenter.processIdentifier) ? ", not answering" : ""
+            found.append("pid \(presenter.processIdentifier) (presenter of \(Output.displayed(presenter.path))\(silent))")
+        }
+        return found
+    }
+
+    /// The same item, or one inside the other.
+    private static func related(_ a: FilePath, _ b: FilePath) -> Bool {
+        a == b || a.starts(with: b) || b.starts(with: a)
+    }
+
+    /// `path` made absolute with its links resolved (`realpath`); for a name that does
+    /// not exist yet, or a link acted on as itself, its directory's.
+    static func canonical(_ path: FilePath, followingLast: Bool) -> FilePath {
+        let absolute = path.isAbsolute ? path : FilePath(FileManager.default.currentDirectoryPath).pushing(path)
+        if followingLast, let resolved = realPath(absolute) { return resolved }
+        guard let name = absolute.lastComponent, let directory = realPath(absolute.removingLastComponent()) else { return absolute }
+        return directory.appending(name)
+    }
+
+    private static func realPath(_ path: FilePath) -> FilePath? {
+        path.withPlatformString { name in
+            guard let resolved = realpath(name, nil) else { return nil }
+            defer { free(resolved) }
+            return FilePath(platformString: resolved)
+        }
+    }
+}
+
+/// Says who is in the way once a claim has waited ``InTheWay/quietWait``, unless the
+/// claims are granted first (``granted()``).
+final class WaitReporter: Sendable {
+    private let task: Task<Void, Never>?
+
+    init(_ wanted: [InTheWay.Wanted], enabled: Bool) {
+        guard enabled && !wanted.isEmpty else {
+            task = nil
+            return
+        }
+        task = Task {
+            try? await Task.sleep(for: InTheWay.quietWait)
+            guard !Task.isCancelled, let space = FileCoordinator.coordinationSpace else { return }
+            let blockers = await InTheWay.describe(wanted, in: space, timeout: .seconds(1))
+            guard !Task.isCancelled, !blockers.isEmpty else { return }
+            Output.error("waiting for " + blockers.joined(separator: ", "))
+        }
+    }
+
+    /// The claims are had (the accessor runs): nothing more to say.
+    func granted() { task?.cancel() }
+}
