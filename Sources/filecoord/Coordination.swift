@@ -7,12 +7,11 @@ import Logging
 /// `--space DIR`, and joining that space (every subcommand that takes part in one).
 struct SpaceOption: ParsableArguments {
     @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
-                               valueName: "DIR"))
+                               valueName: "DIR"), completion: .directory)
     var space: String?
 
-    @Option(name: .customLong("log-level"),
-            help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
-                               valueName: "LEVEL"))
+    @Option(name: .customLong("log-level"), help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
+                               valueName: "LEVEL"), completion: .list(["error", "warning", "info", "debug", "trace"]))
     var logLevel: String?
 
     func validate() throws {
@@ -177,10 +176,13 @@ enum Logs {
         }
 
         func log(event: LogEvent) {
-            // The message says it all once; the details are for tracing.
-            let details = logLevel > .debug ? "" : metadata.merging(event.metadata ?? [:]) { $1 }
+            // Each thing said once: details the message already gives are left out (all of
+            // them from debug on).
+            let message = "\(event.message)"
+            let details = metadata.merging(event.metadata ?? [:]) { $1 }
+                .filter { logLevel <= .debug || !message.contains("\($0.value)") }
                 .sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-            Output.error("\(event.level): \(Output.words("\(event.message)"))" + (details.isEmpty ? "" : " (\(details))"))
+            Output.error("\(event.level): \(Output.words(message))" + (details.isEmpty ? "" : " (\(details))"))
         }
     }
 }

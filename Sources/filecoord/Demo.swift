@@ -14,7 +14,7 @@ struct Demo: AsyncParsableCommand {
     var files = 5000
 
     @Option(help: ArgumentHelp("The coordination space of the demo's processes (default: one of its own, in its directory).",
-                               valueName: "DIR"))
+                               valueName: "DIR"), completion: .directory)
     var space: String?
 
     func validate() throws {

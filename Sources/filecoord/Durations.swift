@@ -34,6 +34,12 @@ struct CommandDuration: ExpressibleByArgument, Sendable, Equatable {
         guard seconds >= 0 else { throw ValidationError("\(option) must be zero or more (seconds, or with a unit: 500ms, 2s)") }
     }
 
+    /// How `--help` shows a default: as it would be typed.
+    var defaultValueDescription: String {
+        guard seconds.isFinite else { return "inf" }
+        return seconds == seconds.rounded() && seconds < 1e15 ? "\(Int(seconds))s" : "\(seconds)s"
+    }
+
     /// The value as the tool prints it: `0.3 s`, `2 s`, `forever`.
     var description: String {
         guard seconds.isFinite else { return "forever" }

@@ -26,13 +26,13 @@ struct Exec: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .customLong("read"), help: ArgumentHelp("Hold a read claim on PATH.", valueName: "PATH"))
+    @Option(name: .customLong("read"), help: ArgumentHelp("Hold a read claim on PATH.", valueName: "PATH"), completion: .file())
     var reads: [String] = []
 
-    @Option(name: .customLong("write"), help: ArgumentHelp("Hold a write claim on PATH.", valueName: "PATH"))
+    @Option(name: .customLong("write"), help: ArgumentHelp("Hold a write claim on PATH.", valueName: "PATH"), completion: .file())
     var writes: [String] = []
 
-    @Option(name: .customLong("delete"), help: ArgumentHelp("Hold a delete claim on PATH.", valueName: "PATH"))
+    @Option(name: .customLong("delete"), help: ArgumentHelp("Hold a delete claim on PATH.", valueName: "PATH"), completion: .file())
     var deletes: [String] = []
 
     @OptionGroup var coordination: CoordinationOptions
@@ -42,7 +42,7 @@ struct Exec: AsyncParsableCommand {
                                valueName: "N"))
     var conflictExitCode: Int32?
 
-    @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.")
+    @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.", completion: .file())
     var command: [String] = []
 
     func validate() throws {

@@ -25,7 +25,7 @@ struct Present: AsyncParsableCommand {
             """
     )
 
-    @Argument(help: "The file or directory to present.")
+    @Argument(help: "The file or directory to present.", completion: .file())
     var path: String
 
     @Flag(help: "Print one JSON object per line.")
@@ -56,8 +56,7 @@ struct Present: AsyncParsableCommand {
             help: ArgumentHelp("Exit 2 when no event comes for this long (after ready, and after each event).", valueName: "DURATION"))
     var timeout: CommandDuration?
 
-    @Option(name: [.customShort("e"), .customLong("event")],
-            help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated.", valueName: "NAME[,NAME...]"))
+    @Option(name: [.customShort("e"), .customLong("event")], help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated.", valueName: "NAME[,NAME...]"), completion: .list(EventFilter.names))
     var events: [String] = []
 
     @Option(help: ArgumentHelp("Print only events whose path (or a move's destination) matches this POSIX extended regular expression.", valueName: "REGEX"))

@@ -32,10 +32,10 @@ struct Read: AsyncParsableCommand {
             """
     )
 
-    @Argument(help: "Files to read.")
+    @Argument(help: "Files to read.", completion: .file())
     var paths: [String] = []
 
-    @Option(name: .customLong("from-list"), help: ArgumentHelp("Read paths from FILE, one a line (- for stdin).", valueName: "FILE"))
+    @Option(name: .customLong("from-list"), help: ArgumentHelp("Read paths from FILE, one a line (- for stdin).", valueName: "FILE"), completion: .file())
     var fromList: String?
 
     @Flag(name: [.customShort("z"), .customLong("null")], help: "The list separates paths with NUL bytes, for names that contain newlines.")

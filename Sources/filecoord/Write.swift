@@ -20,7 +20,7 @@ struct Write: AsyncParsableCommand {
             """
     )
 
-    @Argument(help: "The file to write.")
+    @Argument(help: "The file to write.", completion: .file())
     var path: String
 
     @Flag(help: "Append to the file instead of replacing it.")

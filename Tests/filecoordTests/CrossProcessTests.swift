@@ -406,7 +406,7 @@ struct CrossProcessTests {
         let mixed = try await filecoord("read", before, file, after, "--cat", "--space", space, "--timeout", "0.3")
         #expect(mixed.status == 3, "\(mixed.errorText)")
         #expect(mixed.outputText == "BA")
-        #expect(mixed.errorText.contains("\(file): coordinate failed"), "\(mixed.errorText)")
+        #expect(mixed.errorText.contains("\(file): claim failed"), "\(mixed.errorText)")
         let summary = try await filecoord("read", before, file, after, "--json", "--space", space, "--timeout", "0.3")
         #expect(summary.status == 3, "\(summary.errorText)")
         let object = try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any]

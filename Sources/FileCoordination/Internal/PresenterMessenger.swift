@@ -85,7 +85,7 @@ enum PresenterMessenger {
         let seconds = seconds(policy)
         logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
                        metadata: ["presenter": "\(name(of: entry.presenter))", "path": "\(entry.path)",
-                                  "callback": "\(callback)", "timeout": "\(seconds)s"])
+                                  "callback": "\(callback)", "timeout": "\(seconds) s"])
     }
 
     /// The policy fails the coordination when a presenter did not answer.
