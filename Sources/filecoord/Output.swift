@@ -5,7 +5,7 @@ import Foundation
 /// Everything the tool prints.
 ///
 /// A path in a line of text is ``displayed(_:)``: escaped where its bytes would break the
-/// line (a newline) or are not UTF-8. In JSON, ``jsonPath(_:_:)`` adds the exact bytes in
+/// line (a newline) or are not UTF-8. In JSON, ``JSONLines/text(_:)`` adds the exact bytes in
 /// base64 when the name is not UTF-8.
 enum Output {
     static let standardErrorIsTerminal = isatty(2) != 0
@@ -129,18 +129,6 @@ enum Output {
         guard index + length <= bytes.count, second.contains(bytes[index + 1]) else { return 0 }
         for offset in 2 ..< length where !(0x80 ... 0xbf).contains(bytes[index + offset]) { return 0 }
         return length
-    }
-
-    /// `"key":"…"` for a JSON object: the path as a JSON string, and when its bytes are not
-    /// UTF-8 (which a JSON string cannot hold: those bytes read as U+FFFD there), also
-    /// `"keyBase64":"…"` with its exact bytes.
-    static func jsonPath(_ key: String, _ path: FilePath) -> String {
-        let bytes = path.platformBytes
-        var fields = #""\#(key)":\#(EventPrinter.jsonString(String(decoding: bytes, as: UTF8.self)))"#
-        if String(validating: bytes, as: UTF8.self) == nil {
-            fields += #","\#(key)Base64":"\#(Data(bytes).base64EncodedString())""#
-        }
-        return fields
     }
 
     static func writeStandardError(_ bytes: [UInt8]) {

@@ -40,9 +40,12 @@ struct Present: AsyncParsableCommand {
 
     @OptionGroup var space: SpaceOption
 
+    /// On by default: a shell's `echo x > f` truncates, then writes, and would print two
+    /// changes; 50 ms is far below what a person or a script notices.
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Coalesce bursts of changes made outside coordination over this interval.", valueName: "DURATION"))
-    var settle: CommandDuration?
+            help: ArgumentHelp("Print a change made outside coordination once when it repeats within this interval (a truncation and the write after it are one change); 0 prints every inotify event.",
+                               valueName: "DURATION"))
+    var settle = CommandDuration(seconds: 0.05)
 
     @Option(parsing: .unconditional,
             help: ArgumentHelp("Exit 0 after N events (ready and unwatched lines do not count); a relinquish's writer or reader has finished by then.",
@@ -67,7 +70,7 @@ struct Present: AsyncParsableCommand {
 
     func validate() throws {
         try ackDelay.requireNonNegative("--ack-delay")
-        try settle?.requireNonNegative("--settle")
+        try settle.requireNonNegative("--settle")
         try timeout?.requireNonNegative("--timeout")
         if let count, count < 1 { throw ValidationError("--count must be 1 or more") }
         if once, let count, count != 1 { throw ValidationError("--once and --count \(count) contradict each other") }
@@ -91,7 +94,8 @@ struct Present: AsyncParsableCommand {
         // A relative PATH is taken from the current directory: every line names the item
         // absolute, `ready` included.
         let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: ackDelay.duration ?? .seconds(1e9),
-                                          refuseWriters: refuseWriters, settle: settle.map { $0.duration ?? .seconds(1e9) })
+                                          refuseWriters: refuseWriters,
+                                          settle: settle.seconds > 0 ? settle.duration ?? .seconds(1e9) : nil)
         try await space.join()
         // After joining, which catches them to remove the process's files and die: a
         // presenter ends cleanly instead (a closed terminal's SIGHUP included).
@@ -235,7 +239,7 @@ final class EventPrinter: Sendable {
         /// Lines of callbacks that came before `ready` was printed (the presenter is asked
         /// as soon as it is registered): printed right after it, so `ready` is always
         /// first. Nil once `ready` is out.
-        var early: [String]? = []
+        var early: [[UInt8]]? = []
         var printed = 0
         /// Relinquishes answered whose reacquirer has not run yet.
         var relinquished = 0
@@ -267,15 +271,11 @@ final class EventPrinter: Sendable {
     func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil, pid: Int32? = nil) {
         let counted = event != "ready" && event != "unwatched"
         if counted && !filter.passes(event, paths: [path] + (destination.map { [$0] } ?? [])) { return }
-        let time = Date().timeIntervalSince1970
-        var line: String
+        let line: [UInt8]
         if json {
-            line = #"{"event":"\#(event)",\#(Output.jsonPath("path", path))"#
-            if let destination { line += "," + Output.jsonPath("to", destination) }
-            if let pid { line += #","pid":\#(pid)"# }
-            line += #","time":\#(String(format: "%.6f", time))}"#
+            line = JSONLines.line(JSONLines.Event(event, path: path, to: destination, pid: pid, at: Date()))
         } else {
-            line = "\(event) \(Output.displayed(path))" + (destination.map { " -> \(Output.displayed($0))" } ?? "")
+            line = Array(("\(event) \(Output.displayed(path))" + (destination.map { " -> \(Output.displayed($0))" } ?? "") + "\n").utf8)
         }
         // Written under the lock: a line must not overtake `ready` and those held for it,
         // and no line passes the limit.
@@ -285,7 +285,7 @@ final class EventPrinter: Sendable {
                 state.printed += 1
             }
             guard let held = state.early else {
-                Output.writeStandardOutput(Array((line + "\n").utf8))
+                Output.writeStandardOutput(line)
                 return true
             }
             guard event == "ready" else {
@@ -293,16 +293,10 @@ final class EventPrinter: Sendable {
                 return true
             }
             state.early = nil
-            Output.writeStandardOutput(Array(([line] + held).map { $0 + "\n" }.joined().utf8))
+            Output.writeStandardOutput(Array(([line] + held).joined()))
             return true
         }
         if printed && counted { wakes.yield(.event) }
-    }
-
-    static func jsonString(_ text: String) -> String {
-        let data = (try? JSONSerialization.data(withJSONObject: [text])) ?? Data("[\"\"]".utf8)
-        let array = String(decoding: data, as: UTF8.self)
-        return String(array.dropFirst().dropLast())
     }
 }
 

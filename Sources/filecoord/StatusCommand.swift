@@ -33,11 +33,17 @@ struct StatusCommand: AsyncParsableCommand {
             throw Status.failed
         }
         if json {
-            let claims = status.claims.map { #"{\#(Output.jsonPath("path", $0.path)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
-            let waiting = status.waiting.map { #"{\#(Output.jsonPath("path", $0.path)),"access":"\#($0.isWrite ? "write" : "read")","pid":\#($0.processIdentifier)}"# }
-            let presenters = status.presenters.map { #"{\#(Output.jsonPath("path", $0.path)),"pid":\#($0.processIdentifier)}"# }
-            let line = #"{"claims":[\#(claims.joined(separator: ","))],"waiting":[\#(waiting.joined(separator: ","))],"presenters":[\#(presenters.joined(separator: ","))],"unanswered":[\#(status.unanswered.map(String.init).joined(separator: ","))],"cleanedUp":[\#(status.cleanedUp.map(String.init).joined(separator: ","))]}"#
-            Output.writeStandardOutput(Array((line + "\n").utf8))
+            func claim(_ claim: CoordinationSpace.Status.Claim) -> JSONLines.Status.Claim {
+                let (path, base64) = JSONLines.text(claim.path)
+                return .init(path: path, pathBase64: base64, access: claim.isWrite ? "write" : "read", pid: claim.processIdentifier)
+            }
+            let presenters = status.presenters.map { presenter in
+                let (path, base64) = JSONLines.text(presenter.path)
+                return JSONLines.Status.Presenter(path: path, pathBase64: base64, pid: presenter.processIdentifier)
+            }
+            let line = JSONLines.line(JSONLines.Status(claims: status.claims.map(claim), waiting: status.waiting.map(claim),
+                                                       presenters: presenters, unanswered: status.unanswered, cleanedUp: status.cleanedUp))
+            Output.writeStandardOutput(line)
             return
         }
         var lines: [String] = []

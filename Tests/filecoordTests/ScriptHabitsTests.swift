@@ -161,4 +161,32 @@ struct ScriptHabitsTests {
         let wrong = try await filecoord("exec", "--space", space, "--log-level", "loud", "--write", file, "--", "true")
         #expect(wrong.status == 2 && wrong.errorText.contains("--log-level: no level named 'loud'"), "\(wrong.errorText)")
     }
+
+    @Test("one change, one line: a shell's 'echo x > f' (a truncation, then a write) prints one subitemDidChange; JSON lines escape no slash and carry an ISO 8601 date",
+          .timeLimit(.minutes(3)))
+    func oneChangeOneLine() async throws {
+        let directory = scratch.path + "/d"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        _ = scratch.write("d/f", "old")
+        let presenter = try LineProcess(["present", directory, "--space", space, "--json"])
+        var lines = presenter.lines.makeAsyncIterator()
+        let ready = try #require(await lines.next())
+        #expect(!ready.contains(#"\/"#) && ready.contains(#""path":"\#(directory)""#), "\(ready)")
+        // The marker's lines come after every line of f's change.
+        let made = try await shell("cd '\(directory)' && echo x > f && echo y > marker")
+        #expect(made.status == 0)
+        var heard: [String] = []
+        while let line = await lines.next() {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            let date = try #require(object["date"] as? String)
+            let time = try #require(object["time"] as? Double)
+            let parsed = try #require(try? Date(date, strategy: .iso8601.year().month().day().time(includingFractionalSeconds: true)))
+            #expect(abs(parsed.timeIntervalSince1970 - time) < 0.001, "\(line)")
+            heard.append("\(object["event"]!) \((object["path"] as? String ?? "").split(separator: "/").last!)")
+            if heard.last == "subitemDidAppear marker" { break }
+        }
+        #expect(heard == ["subitemDidChange f", "subitemDidAppear marker"])
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
+    }
 }

@@ -1,0 +1,68 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import FileCoordination
+import Foundation
+
+/// The objects `--json` prints, one per line, encoded by `JSONEncoder` (slashes not
+/// escaped, so that grep and sed match paths). Their schema is in docs/cli.md; fields are
+/// only ever added.
+enum JSONLines {
+    /// One line: the object and a newline.
+    static func line(_ value: some Encodable) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes] // a stable order for eyes and diffs
+        // Only strings, numbers and arrays of them: encoding cannot fail.
+        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+        return Array(data) + [UInt8(ascii: "\n")]
+    }
+
+    /// A path as JSON holds it: its text, and when its bytes are not UTF-8 (a JSON string
+    /// cannot hold them: they read as U+FFFD there) its exact bytes in base64 beside it.
+    static func text(_ path: FilePath) -> (text: String, base64: String?) {
+        let bytes = path.platformBytes
+        if let text = String(validating: bytes, as: UTF8.self) { return (text, nil) }
+        return (String(decoding: bytes, as: UTF8.self), Data(bytes).base64EncodedString())
+    }
+
+    /// `present --json`: `{"event","path","pathBase64"?,"to"?,"toBase64"?,"pid"?,"time","date"}`.
+    struct Event: Encodable {
+        var event: String
+        var path: String
+        var pathBase64: String?
+        var to: String?
+        var toBase64: String?
+        var pid: Int32?
+        /// Seconds since the epoch, to the microsecond.
+        var time: Double
+        /// The same instant in ISO 8601, UTC, to the millisecond.
+        var date: String
+
+        init(_ event: String, path: FilePath, to destination: FilePath?, pid: Int32?, at now: Date) {
+            self.event = event
+            (self.path, pathBase64) = JSONLines.text(path)
+            if let destination { (to, toBase64) = JSONLines.text(destination) }
+            self.pid = pid
+            time = (now.timeIntervalSince1970 * 1e6).rounded() / 1e6
+            date = now.formatted(.iso8601.year().month().day().time(includingFractionalSeconds: true).timeZone(separator: .omitted))
+        }
+    }
+
+    /// `status --json`.
+    struct Status: Encodable {
+        struct Claim: Encodable {
+            var path: String
+            var pathBase64: String?
+            var access: String
+            var pid: Int32
+        }
+        struct Presenter: Encodable {
+            var path: String
+            var pathBase64: String?
+            var pid: Int32
+        }
+        var claims: [Claim]
+        var waiting: [Claim]
+        var presenters: [Presenter]
+        var unanswered: [Int32]
+        var cleanedUp: [Int32]
+    }
+}
