@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test test-tsan test-asan watch-check soak limits demo bench clean
+.PHONY: all deps build test test-tsan test-asan watch-check soak limits demo bench install man install-files clean
 
 all: build
 
@@ -23,12 +23,16 @@ build: deps
 	$(SWIFT) build
 
 # Builds everything once (library, CLI, tests), fails on any warning from this
-# project's own sources, then runs the tests without rebuilding.
+# project's own sources, then runs the tests without rebuilding. The manual page is made
+# first (the installation test installs it) and `man` is installed to read it.
 test: deps
 	@mkdir -p .build
 	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
 	@if grep -E "^$(CURDIR)/(Sources|Tests)/.*: warning:" .build/build.log; then \
 		echo "make: compiler warnings in this project's sources (listed above)"; exit 1; fi
+	$(MAKE) --no-print-directory man CONFIG=debug
+	@command -v man >/dev/null || { echo "make: installing man-db (the installation test reads the manual page)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq man-db; }
 	@# On a failure the failing tests are listed again at the end, where a log's
 	@# tail shows them.
 	@$(SWIFT) test --skip-build 2>&1 | tee .build/test.log || { status=$$?; \
@@ -105,6 +109,33 @@ bench: deps
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
 	.build-bench/release/filecoord-bench
+
+# make install [PREFIX=/usr/local] [DESTDIR=...] [STATIC=1]: the filecoord binary, its
+# manual page (generated from its help by swift-argument-parser's plugin) and its bash,
+# zsh and fish completions. STATIC=1 links the Swift runtime and Foundation into the
+# binary, so that it runs on a machine without the toolchain (libinotifytools0 is still
+# needed there).
+PREFIX ?= /usr/local
+CONFIG ?= release
+MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1
+install: deps
+	$(MAKE) --no-print-directory man
+	@# After the manual, whose plugin builds the tool again without STATIC's flag.
+	$(SWIFT) build -c $(CONFIG) --product filecoord $(if $(STATIC),--static-swift-stdlib)
+	$(MAKE) --no-print-directory install-files
+
+man: deps
+	$(SWIFT) package generate-manual --configuration $(CONFIG)
+
+# Copies what `install` built; nothing is built here.
+install-files:
+	install -D -m 755 .build/$(CONFIG)/filecoord $(DESTDIR)$(PREFIX)/bin/filecoord
+	install -D -m 644 $(MANUAL) $(DESTDIR)$(PREFIX)/share/man/man1/filecoord.1
+	mkdir -p $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	.build/$(CONFIG)/filecoord --generate-completion-script bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/filecoord
+	.build/$(CONFIG)/filecoord --generate-completion-script zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_filecoord
+	.build/$(CONFIG)/filecoord --generate-completion-script fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/filecoord.fish
 
 clean:
 	rm -rf .build .build-bench

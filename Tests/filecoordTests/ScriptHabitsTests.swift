@@ -189,4 +189,12 @@ struct ScriptHabitsTests {
         presenter.signal(SIGTERM)
         #expect(await presenter.wait().status == 0)
     }
+
+    @Test("write of a file whose directory takes no new file (/proc/version) says the temporary failed, not that the file is missing")
+    func writeProcVersion() async throws {
+        let result = try await filecoord("write", "/proc/version", "--space", space, stdin: Data("x".utf8))
+        #expect(result.status == 1)
+        #expect(result.errorText.hasPrefix("filecoord: /proc/version: atomic replace failed: no temporary file can be made beside it, in /proc: "),
+                "\(result.errorText)")
+    }
 }

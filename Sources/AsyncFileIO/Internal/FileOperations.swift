@@ -367,8 +367,10 @@ struct AtomicReplacement: Sendable {
         if directory.isEmpty { directory = "." }
         var mode: mode_t?
         var owner: (uid: uid_t, gid: gid_t)?
+        var exists = false
         switch target.withPlatformString({ Syscall.stat(path: $0) }) {
         case .success(let info):
+            exists = true
             switch FileType(mode: info.st_mode) {
             case .regular: break
             case .directory:
@@ -401,14 +403,14 @@ struct AtomicReplacement: Sendable {
             switch directory.withPlatformString({ Syscall.openTemporary(inDirectory: $0, mode: 0o666) }) {
             case .success(let descriptor): fd = descriptor
             case .failure(.notSupported), .failure(.isDirectory), .failure(.invalidArgument): break
-            case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: target))
+            case .failure(let errno): return .failure(temporaryFailed(errno, target: target, exists: exists, in: directory))
             }
         }
         if fd < 0 {
             let name = temporaryName(for: target, in: directory)
             switch name.withPlatformString({ Syscall.open($0, O_WRONLY | O_CREAT | O_EXCL, 0o666) }) {
             case .success(let descriptor): fd = descriptor; named = name
-            case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: target))
+            case .failure(let errno): return .failure(temporaryFailed(errno, target: target, exists: exists, in: directory))
             }
         }
         // The replacement keeps the file's owner and group, as `cat >` (which writes in
@@ -424,6 +426,15 @@ struct AtomicReplacement: Sendable {
         }
         return .success(AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
                                           withoutOverwriting: withoutOverwriting))
+    }
+
+    /// The temporary file could not be made. For a target that exists, say that it is the
+    /// temporary that failed: `/proc/version` is there, but `/proc` takes no new file
+    /// (ENOENT), and "open failed: No such file" would name the wrong file.
+    private static func temporaryFailed(_ errno: Errno, target: FilePath, exists: Bool, in directory: FilePath) -> FileCoordinationError {
+        guard exists else { return FileCoordinationError("open", errno: errno, path: target) }
+        return FileCoordinationError(code: .init(errno), path: target, operation: "atomic replace", errno: errno,
+                                     message: "no temporary file can be made beside it, in \(directory): \(FileCoordinationError.strerror(errno))")
     }
 
     /// `path` with every symbolic link on its last component followed (at most 40), each
