@@ -4,7 +4,7 @@ import FileCoordination
 import Foundation
 
 /// `filecoord`: file coordination for shell scripts and other languages.
-/// The contract is `shared/cli-contract.md`; exit status 0 success, 1 an operation
+/// Its reference is docs/cli.md; exit status 0 success, 1 an operation
 /// failed, 2 usage error, 3 timed out.
 @main
 struct FileCoord: ParsableCommand {

@@ -53,7 +53,8 @@ struct Read: AsyncParsableCommand {
     @Flag(help: "Print one JSON summary object on stdout.")
     var json = false
 
-    @Option(help: ArgumentHelp("The I/O engine: threadPool (default) or dispatchIO.", valueName: "ENGINE"))
+    @Option(help: ArgumentHelp("The I/O engine: threadPool (default) or dispatchIO.", valueName: "ENGINE"),
+            completion: .list(["threadPool", "dispatchIO"]))
     var engine: FileIOEngine = .default
 
     /// Files larger than this are not read whole: the batch fails them as too large and
