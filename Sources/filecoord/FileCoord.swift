@@ -28,6 +28,19 @@ struct FileCoord: ParsableCommand {
         throw ValidationError("a subcommand is required: read, write, exec, present, status, demo or version")
     }
 
+    /// The parser reports a missing argument before an unknown option (`read --bogus`
+    /// says "name files to read"): parsed again with a placeholder argument, arguments
+    /// that hold an unknown option say so.
+    private static func unknownOption(in arguments: [String]) -> (any Error)? {
+        guard let name = subcommandNamed(in: arguments), let index = arguments.firstIndex(of: name) else { return nil }
+        var probe = arguments
+        probe.insert("placeholder", at: index + 1)
+        do { _ = try parseAsRoot(probe) } catch {
+            if message(for: error).hasPrefix("Unknown option") { return error }
+        }
+        return nil
+    }
+
     /// The subcommand the arguments name (the first argument that is one), for the
     /// pointer to its help in a usage error.
     static func subcommandNamed(in arguments: [String]) -> String? {
@@ -88,7 +101,8 @@ struct FileCoord: ParsableCommand {
             }
             // Usage errors exit 2 per the contract (ArgumentParser's own default is 64), and
             // take one line, as every error does (the usage is what --help prints).
-            let message = self.message(for: error).split(separator: "\n").joined(separator: " ")
+            let message = self.message(for: unknownOption(in: RawArguments.parserArguments) ?? error)
+                .split(separator: "\n").joined(separator: " ")
             let help = ["filecoord", "help"] + (subcommandNamed(in: RawArguments.parserArguments).map { [$0] } ?? [])
             if !message.isEmpty { Output.error(message + " (see '\(help.joined(separator: " "))')") }
             status = code == .validationFailure ? 2 : code.rawValue

@@ -17,9 +17,11 @@ struct ScriptHabitsTests {
         let nosuch = try await filecoord("help", "nosuch")
         #expect(nosuch.status == 2 && nosuch.outputText.isEmpty)
         #expect(nosuch.errorText == "filecoord: no subcommand named 'nosuch' (see 'filecoord help')\n", "\(nosuch.errorText)")
-        let unknown = try await filecoord("read", "f", "--bogus")
-        #expect(unknown.status == 2)
-        #expect(unknown.errorText == "filecoord: Unknown option '--bogus' (see 'filecoord help read')\n", "\(unknown.errorText)")
+        for arguments in [["read", "f", "--bogus"], ["read", "--bogus"]] {
+            let unknown = try await filecoord(arguments)
+            #expect(unknown.status == 2)
+            #expect(unknown.errorText == "filecoord: Unknown option '--bogus' (see 'filecoord help read')\n", "\(arguments): \(unknown.errorText)")
+        }
     }
 
     @Test("durations take one rule everywhere: seconds, or a unit (500ms, 2s); a value that is none is a usage error naming the option",
@@ -196,5 +198,29 @@ struct ScriptHabitsTests {
         #expect(result.status == 1)
         #expect(result.errorText.hasPrefix("filecoord: /proc/version: atomic replace failed: no temporary file can be made beside it, in /proc: "),
                 "\(result.errorText)")
+    }
+
+    @Test("rm -rf of a directory reports each item deleted once; after mv a b; rm b the deletion names b",
+          .timeLimit(.minutes(3)))
+    func deletionsAsTheyAre() async throws {
+        let directory = scratch.path + "/d"
+        try FileManager.default.createDirectory(atPath: directory + "/sub", withIntermediateDirectories: true)
+        for name in ["sub/g", "sub/h", "a"] { _ = scratch.write("d/" + name, "x") }
+        let presenter = try LineProcess(["present", directory, "--space", space])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready \(directory)")
+        let made = try await shell("cd '\(directory)' && rm -rf sub && mv a b && rm b && echo y > marker")
+        #expect(made.status == 0)
+        var heard: [String] = []
+        while let line = await lines.next(), line != "subitemDidAppear \(directory)/marker" {
+            heard.append(line.replacingOccurrences(of: directory + "/", with: ""))
+        }
+        let deletions = heard.filter { $0.hasPrefix("accommodateSubitemDeletion ") }
+        #expect(Set(deletions) == ["accommodateSubitemDeletion sub/g", "accommodateSubitemDeletion sub/h",
+                                   "accommodateSubitemDeletion sub", "accommodateSubitemDeletion b"], "\(heard)")
+        #expect(deletions.count == 4, "each once: \(heard)")
+        #expect(heard.contains("subitemDidMove a -> b"), "\(heard)")
+        presenter.signal(SIGTERM)
+        #expect(await presenter.wait().status == 0)
     }
 }
