@@ -7,12 +7,16 @@ import Synchronization
 
 struct Present: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Present a file or directory and print every callback until SIGINT or SIGTERM.",
+        abstract: "Present a file or directory and print every callback until a signal, --count events or --timeout.",
         discussion: """
             Registers a presenter for PATH (a file, or a directory covering its whole subtree). \
             It hears changes made by any program, coordinated or not. The first line is \
             "ready", printed once the presenter is registered and its watches are in place. \
-            With --json each line is {"event":E,"path":P,"to":Q?,"pid":N?,"time":T}; pid is \
+            It ends on SIGINT, SIGTERM or SIGHUP (exit 0), after --count events (exit 0, \
+            once the access a relinquish let through has ended), or when no event came for \
+            --timeout (exit 2). Events: \(EventFilter.names.joined(separator: ", ")). \
+            With --json each line is one object, keys sorted: \
+            {"date":ISO8601,"event":E,"path":P,"pid":N?,"time":EPOCH,"to":Q?}; pid is \
             this process's for ready, and the asking process's for relinquishToReader, \
             relinquishToWriter and the reacquire after them (other events do not know who \
             made the change). A name that is not UTF-8 also gets pathBase64 (and toBase64) \

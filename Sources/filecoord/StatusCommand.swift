@@ -12,8 +12,8 @@ struct StatusCommand: AsyncParsableCommand {
             with the claims it has held for more than 100 ms (its record in the space lists \
             them). \
             Entries left by dead processes are cleaned up, not listed. With --json one \
-            object: {"claims":[{"path":P,"access":"read"|"write","pid":N}],"waiting":[...],\
-            "presenters":[{"path":P,"pid":N}],"unanswered":[N],"cleanedUp":[N]}.
+            object, keys sorted: {"claims":[{"access":"read"|"write","path":P,"pid":N}],\
+            "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"waiting":[...]}.
             """
     )
 
