@@ -108,6 +108,8 @@ bench: deps
 	@command -v inotifywait >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
+	@# The command-line figure runs the tool as `make install` builds it.
+	$(SWIFT) build -c release --product filecoord
 	.build-bench/release/filecoord-bench
 
 # make install [PREFIX=/usr/local] [DESTDIR=...] [STATIC=1]: the filecoord binary, its

@@ -7,6 +7,7 @@ import Synchronization
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "demo",
         abstract: "Show what FileCoordination does, in a temporary directory, in a few seconds."
     )
 

@@ -6,6 +6,7 @@ import Foundation
 
 struct Exec: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "exec",
         abstract: "Run a command while holding coordinated accesses.",
         discussion: """
             Like flock(1), with reader/writer semantics: --read claims are shared, --write \

@@ -114,7 +114,7 @@ struct FileCoord: ParsableCommand {
 
 /// `filecoord version`: what `--version` prints.
 struct Version: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print the version.")
+    static let configuration = CommandConfiguration(commandName: "version", abstract: "Print the version.")
 
     func run() {
         Output.writeStandardOutput(Array("filecoord \(FileCoord.version)\n".utf8))

@@ -7,6 +7,7 @@ import Synchronization
 
 struct Present: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "present",
         abstract: "Present a file or directory and print every callback until a signal, --count events or --timeout.",
         discussion: """
             Registers a presenter for PATH (a file, or a directory covering its whole subtree). \

@@ -17,6 +17,7 @@ extension FileIOEngine: ExpressibleByArgument {
 
 struct Read: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "read",
         abstract: "Read files in parallel, each under a coordinated read intent.",
         discussion: """
             Every file up to 16 MiB is read whole; a larger one, or a device whose size is \

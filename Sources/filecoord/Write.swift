@@ -6,6 +6,7 @@ import Foundation
 
 struct Write: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
+        commandName: "write",
         abstract: "Copy stdin into a file under a coordinated write intent.",
         discussion: """
             Presenters of PATH (and of its directories), in any process of the space, are \

@@ -1,4 +1,4 @@
-// Issue 4's figures: coordination between processes through one coordination space.
+// Coordination between processes through one coordination space.
 import CPeers
 import Dispatch
 import FileCoordination

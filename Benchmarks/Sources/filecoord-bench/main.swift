@@ -7,7 +7,8 @@
 // large:  8 files of 64 MiB, read whole (MiB/s)
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
-// coordination: in-process coordination cost; watch: inotify latency, bursts and
+// coordination: in-process coordination cost; callers: the same from the main actor;
+// cli: one filecoord command as a process, beside flock(1); watch: inotify latency, bursts and
 // watched deletion (watch-delete alone)
 // space: across processes (a second process of this binary presents and holds claims)
 //
@@ -52,7 +53,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "watch", "space"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "callers", "cli", "watch", "space"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -357,7 +358,7 @@ func runRandom(_ path: String) async throws {
     }
 }
 
-/// Issue 3's figures: what an uncontended coordinated read adds to the I/O, and whether
+/// What an uncontended coordinated read adds to the I/O, and whether
 /// 64 concurrent readers of one item run side by side.
 func runCoordination(_ paths: [String]) async throws {
     // Within the process only: the space's kernel claims are measured by `space`.
@@ -514,7 +515,7 @@ func measureBurst(in directory: FilePath, count: Int, perSecond: Int?) async thr
             Double(Int64(last) - Int64(producerEnd)) / 1e6)
 }
 
-/// Issue 5's figures: change-to-event latency, a burst, and a 10,000-directory tree
+/// Change-to-event latency, a burst, and a 10,000-directory tree
 /// beside `inotifywait -r` on the same tree.
 func runWatch() async throws {
     let root = FilePath(NSTemporaryDirectory()).appending("filecoord-bench-watch-\(getpid())")
@@ -683,6 +684,10 @@ for workload in workloads {
         try await runRandom(dataset.big)
     case "coordination":
         try await runCoordination(dataset.small)
+    case "callers":
+        try await runMainActor(dataset.small)
+    case "cli":
+        try runCommandLine()
     case "watch":
         try await runWatch()
         try await runWatchDeletion()

@@ -37,8 +37,10 @@ enum CanonicalPaths {
     private static let cache = Locked<[[UInt8]: Entry]>([:])
 
     /// The canonical form of `path` (absolute and lexically normalized), resolving what
-    /// the cache does not know on an I/O thread.
-    static func canonical(_ path: FilePath, followingLast: Bool) async -> FilePath {
+    /// the cache does not know on an I/O thread. In the caller's isolation: a cached
+    /// directory costs no executor hop (a caller on the main actor would pay two).
+    static func canonical(_ path: FilePath, followingLast: Bool,
+                          isolation: isolated (any Actor)? = #isolation) async -> FilePath {
         var bytes = path.platformBytes
         for _ in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return path }

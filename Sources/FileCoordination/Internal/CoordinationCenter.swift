@@ -83,7 +83,7 @@ final class CoordinationCenter: Sendable {
 
     /// The space to coordinate through: joins the default one on first use, unless the
     /// process chose to stay local.
-    func space() async throws -> CoordinationSpace? {
+    func space(isolation: isolated (any Actor)? = #isolation) async throws -> CoordinationSpace? {
         enum Next { case ready(CoordinationSpace?), wait(Task<CoordinationSpace, any Error>) }
         let next: Next = Self.spaceSetting.withLock { setting in
             switch setting {
@@ -138,20 +138,26 @@ final class CoordinationCenter: Sendable {
     }
 
     /// Before a coordination: the space joined and other processes' presenters current.
-    func prepareSpace() async throws {
+    func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
         // The usual answers without a suspension point: staying local, or joined with
         // the registry unchanged since it was last read.
-        let joined: CoordinationSpace? = Self.spaceSetting.withLock { setting in
+        enum Now { case local, joined(CoordinationSpace), undecided }
+        let now: Now = Self.spaceSetting.withLock { setting in
             switch setting {
-            case .local: return nil
-            case .joined(let space): return space
-            case .automatic, .joining: return nil
+            case .local: return .local
+            case .joined(let space): return .joined(space)
+            case .automatic, .joining: return .undecided
             }
         }
-        if let joined {
+        switch now {
+        case .local:
+            return
+        case .joined(let joined):
             if joined.mail.isRemoteCurrent { return }
             await joined.mail.refreshRemote()
             return
+        case .undecided:
+            break
         }
         guard let space = try await space() else { return }
         await space.mail.refreshRemote()
@@ -163,7 +169,8 @@ final class CoordinationCenter: Sendable {
     /// Throws `CancellationError` if the task is cancelled while waiting, or
     /// ``FileCoordinationError/Code/cancelled`` if the owner's ``cancel(owner:)`` is called.
     func acquire(_ claims: [CoordinationRules.Claim], purpose: String, owner: ObjectIdentifier,
-                 intents: [(FilePath, FileAccessIntent)] = []) async throws -> (id: RequestID, waited: Bool) {
+                 intents: [(FilePath, FileAccessIntent)] = [],
+                 isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
         try Task.checkCancellation()
         // Fast path: free claims are granted under the lock, with no suspension.
         let (id, granted, watchers) = state.withLock { state in
@@ -174,7 +181,9 @@ final class CoordinationCenter: Sendable {
         }
         for watcher in watchers { watcher.resume() }
         if granted {
-            if joinedSpace != nil { try await takeKernelClaims(id, claims, owner: owner) }
+            if let space = joinedSpace, !takeKernelClaimsNow(id, claims, in: space) {
+                try await takeKernelClaims(id, claims, owner: owner)
+            }
             Self.trace("claim granted", id, claims)
             return (id, false)
         }
@@ -251,13 +260,8 @@ final class CoordinationCenter: Sendable {
     /// byte for all of this process's tasks). On failure the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
         guard let space = joinedSpace else { return }
+        if takeKernelClaimsNow(id, claims, in: space) { return }
         let plan = space.locks.cachedPlan(for: claims)
-        // The usual case: nothing in the way and every shard open; no suspension.
-        if let held = space.locks.tryAcquireNow(plan) {
-            state.withLock { $0.kernel[id] = (space.locks, held) }
-            space.claimsChanged()
-            return
-        }
         state.withLock { state in
             state.kernelWaiting[id] = claims
             state.kernelOwners[id] = owner
@@ -279,6 +283,15 @@ final class CoordinationCenter: Sendable {
             release(id)
             throw error
         }
+    }
+
+    /// The usual case of ``takeKernelClaims(_:_:owner:)``: nothing in the way and every
+    /// shard open; no suspension, so a caller on the main actor stays there.
+    private func takeKernelClaimsNow(_ id: RequestID, _ claims: [CoordinationRules.Claim], in space: CoordinationSpace) -> Bool {
+        guard let held = space.locks.tryAcquireNow(space.locks.cachedPlan(for: claims)) else { return false }
+        state.withLock { $0.kernel[id] = (space.locks, held) }
+        space.claimsChanged()
+        return true
     }
 
     /// The claims of a granted request as they stand now (after any moves while it waited).

@@ -170,7 +170,8 @@ extension FileCoordinator {
     /// The path (and its key) that claims and presenters of the item at `url` meet on:
     /// its canonical path (``CanonicalPaths``). `followingLast`: the access acts on what a
     /// symbolic link there points to (a read, a write of content), not on the link.
-    func claimPath(_ url: URL, followingLast: Bool) async throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
+    func claimPath(_ url: URL, followingLast: Bool,
+                   isolation: isolated (any Actor)? = #isolation) async throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
         let lexical = try itemPath(url).path
         let path = await CanonicalPaths.canonical(lexical, followingLast: followingLast)
         return (path, PathKey(path.platformBytes))
@@ -204,7 +205,8 @@ extension FileCoordinator {
     }
 
     /// Takes claims, within ``claimTimeout`` (of waiting) when one is set.
-    private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = []
+    private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = [],
+                         isolation: isolated (any Actor)? = #isolation
     ) async throws -> (id: CoordinationRules.RequestID, waited: Bool) {
         let (center, purpose, owner) = (center, purposeIdentifier, ObjectIdentifier(self))
         guard let timeout = claimTimeout else {
