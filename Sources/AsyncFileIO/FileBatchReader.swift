@@ -929,20 +929,27 @@ final class DescriptorWaits: Sendable {
 
     /// Runs `read` on a running worker, again while it fails with `EMFILE` and another
     /// worker is not waiting (it holds a file, or is about to open one and close it).
-    /// When every running worker waits, none can free a descriptor (they are held
-    /// elsewhere in the process): the file fails at once.
+    /// When every running worker waits, none can free a descriptor: they are held
+    /// elsewhere in the process, for a moment (the runtime's own) or for good, so the
+    /// file fails after ``aloneRetries`` more tries (50 ms).
     func read<T>(_ read: () -> Result<T, FileCoordinationError>) -> Result<T, FileCoordinationError> {
-        var waited = 0
+        var waited = 0, alone = 0
         defer { if waited > 0 { waiting.subtract(1, ordering: .relaxed) } }
         while true {
             let result = read()
             guard case .failure(let error) = result, error.code == .tooManyOpenFiles, waited < 2000 else { return result }
             if waited == 0 { waiting.add(1, ordering: .relaxed) }
             waited += 1
-            guard active.load(ordering: .relaxed) > waiting.load(ordering: .relaxed) else { return result }
+            if active.load(ordering: .relaxed) <= waiting.load(ordering: .relaxed) {
+                alone += 1
+                if alone > Self.aloneRetries { return result }
+            }
             usleep(500)
         }
     }
+
+    /// Tries, 0.5 ms apart, of a worker that no other worker can free a descriptor for.
+    static let aloneRetries = 100
 }
 
 extension Atomic where Value == Int {
