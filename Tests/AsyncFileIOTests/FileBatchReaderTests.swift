@@ -209,12 +209,13 @@ struct FileBatchReaderTests {
         #expect(openDescriptors(under: directory.path) == 0)
     }
 
-    @Test("workers that all lack a descriptor fail at once instead of waiting for one another",
+    @Test("workers that all lack a descriptor fail after a short grace (for a descriptor the runtime holds a moment) instead of waiting for one another",
           .timeLimit(.minutes(3)))
     func descriptorsHeldElsewhere() async throws {
         // Every open fails with EMFILE (the descriptors are held elsewhere in the process,
-        // not by the batch): waiting workers hold none, so nobody can free one. Before,
-        // each worker waited for the other to close a file it never had, ~1 s per file.
+        // not by the batch): waiting workers hold none, so nobody in the batch can free
+        // one. Each worker tries for the grace (``DescriptorWaits/aloneRetries``, 50 ms),
+        // not for the ~1 s a worker waits while another may still close a file.
         let descriptors = DescriptorWaits()
         let tries = Locked<[Int]>([])
         // Two workers (whether or not they run at the same time).
@@ -230,7 +231,8 @@ struct FileBatchReaderTests {
             tries.withLock { $0.append(count) }
         }
         let counts = tries.withLock { $0 }
-        #expect(counts.count == 2 && counts.allSatisfy { $0 < 100 }, "tries per worker: \(counts)")
+        // A worker may also wait while the other still runs: a few tries more at most.
+        #expect(counts.count == 2 && counts.allSatisfy { $0 <= 2 * DescriptorWaits.aloneRetries + 2 }, "tries per worker: \(counts)")
     }
 
     @Test("a worker without a descriptor waits while another worker reads a file, then succeeds",
