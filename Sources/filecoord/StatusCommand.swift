@@ -9,8 +9,8 @@ struct StatusCommand: AsyncParsableCommand {
         discussion: """
             Every live process in the space is asked for its claims and presenters; a \
             process that does not answer within a second (stopped, say) is listed as such, \
-            with the claims it has held for more than 100 ms (its record in the space lists \
-            them). \
+            with the claims it has held for more than 100 ms and its presenters (its records \
+            in the space list them). \
             Entries left by dead processes are cleaned up, not listed. With --json one \
             object, keys sorted: {"claims":[{"access":"read"|"write","path":P,"pid":N}],\
             "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"waiting":[...]}.
