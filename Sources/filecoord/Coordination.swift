@@ -71,12 +71,12 @@ struct SpaceOption: ParsableArguments {
 struct CoordinationOptions: ParsableArguments {
     @OptionGroup var space: SpaceOption
 
-    /// 10 s, where Apple's coordinator waits for ever and the library 30 s: a script
-    /// wants a bounded wait it is told about (the waiting line after a second names the
-    /// presenter), and a live presenter answers in milliseconds (docs/cli.md).
+    /// 30 s, the library's default, where Apple's coordinator waits for ever: a bounded
+    /// wait, which the waiting line after a second makes visible; a live presenter on a
+    /// loaded machine can take more than 10 s (docs/cli.md).
     @Option(name: .customLong("presenter-timeout"), parsing: .unconditional,
             help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "DURATION"))
-    var presenterTimeout = CommandDuration(seconds: 10)
+    var presenterTimeout = CommandDuration(seconds: 30)
 
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false

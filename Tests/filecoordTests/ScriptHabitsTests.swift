@@ -164,13 +164,17 @@ struct ScriptHabitsTests {
         #expect(wrong.status == 2 && wrong.errorText.contains("--log-level: no level named 'loud'"), "\(wrong.errorText)")
     }
 
-    @Test("one change, one line: a shell's 'echo x > f' (a truncation, then a write) prints one subitemDidChange; JSON lines escape no slash and carry an ISO 8601 date",
+    @Test("one change, one line: a shell's 'echo x > f' (a truncation, then a write) prints one subitemDidChange (settled, 50 ms by default); JSON lines escape no slash and carry an ISO 8601 date",
           .timeLimit(.minutes(3)))
     func oneChangeOneLine() async throws {
+        let help = try await filecoord("help", "present")
+        #expect(help.outputText.contains("(default: 0.05s)"), "\(help.outputText)")
         let directory = scratch.path + "/d"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         _ = scratch.write("d/f", "old")
-        let presenter = try LineProcess(["present", directory, "--space", space, "--json"])
+        // A window a loaded machine cannot stretch the shell's two steps past (under the
+        // suite's heaviest tests 50 ms was, once); the default's value is checked above.
+        let presenter = try LineProcess(["present", directory, "--space", space, "--json", "--settle", "1s"])
         var lines = presenter.lines.makeAsyncIterator()
         let ready = try #require(await lines.next())
         #expect(!ready.contains(#"\/"#) && ready.contains(#""path":"\#(directory)""#), "\(ready)")
