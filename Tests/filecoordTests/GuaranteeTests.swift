@@ -349,7 +349,7 @@ extension CrossProcessTests {
         let script = """
             cd '\(directory)' && S="$PWD/space" && echo x > small
             for i in $(seq 1 \(groups)); do mkdir -p tree/d$i && (cd tree/d$i && seq 1 1000 | sed 's/^/e/' | xargs mkdir); done
-            : > big.out; : > small.out # before the loops below read them
+            : > big.out; : > big.err; : > small.out; : > small.err # before the loops below read them
             "$FILECOORD" present --space "$S" tree > big.out 2> big.err & big=$!
             until grep -q ready big.out; do grep -q 'filecoord: /' big.err && break; sleep 0.2; done # polling files (// ok)
             "$FILECOORD" present --space "$S" small > small.out 2> small.err & small=$!
