@@ -46,6 +46,23 @@ enum JSONLines {
         }
     }
 
+    /// `read --json`: what was read, and how fast (`seconds` times the read phase only).
+    struct ReadSummary: Encodable {
+        var files: Int
+        var bytes: Int
+        var failed: Int
+        var seconds: Double
+        var filesPerSecond: Double
+        var mibPerSecond: Double
+
+        init(files: Int, bytes: Int, failed: Int, seconds: Double, filesPerSecond: Double, mibPerSecond: Double) {
+            (self.files, self.bytes, self.failed) = (files, bytes, failed)
+            self.seconds = (seconds * 1e6).rounded() / 1e6
+            self.filesPerSecond = (filesPerSecond * 10).rounded() / 10
+            self.mibPerSecond = (mibPerSecond * 10).rounded() / 10
+        }
+    }
+
     /// `status --json`.
     struct Status: Encodable {
         struct Claim: Encodable {

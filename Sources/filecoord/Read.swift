@@ -25,7 +25,7 @@ struct Read: AsyncParsableCommand {
             memory stays bounded. A file that fails is reported on stderr and skipped; \
             the others are still read, and the exit status is 1. Without --cat or --json \
             a summary goes to stderr. --json prints one object on stdout: \
-            {"files":N,"bytes":B,"failed":F,"seconds":S,"filesPerSecond":X,"mibPerSecond":Y}, \
+            {"bytes":B,"failed":F,"files":N,"filesPerSecond":X,"mibPerSecond":Y,"seconds":S} (keys sorted), \
             where seconds times the read phase only. A progress bar is drawn on stderr when \
             it is a terminal, unless --cat writes to that terminal too. Without --cat (and \
             without a progress bar), each file is counted on the thread that read it; \
@@ -228,9 +228,9 @@ struct Read: AsyncParsableCommand {
         let perSecond = seconds > 0 ? Double(files) / seconds : 0
         let mibPerSecond = seconds > 0 ? Double(bytes) / 1_048_576 / seconds : 0
         if json {
-            let line = String(format: #"{"files":%d,"bytes":%d,"failed":%d,"seconds":%.6f,"filesPerSecond":%.1f,"mibPerSecond":%.1f}"#,
-                              files, bytes, failed, seconds, perSecond, mibPerSecond)
-            try await DescriptorWriter(fd: 1, label: "filecoord.stdout").write(Data((line + "\n").utf8))
+            let summary = JSONLines.ReadSummary(files: files, bytes: bytes, failed: failed, seconds: seconds,
+                                                filesPerSecond: perSecond, mibPerSecond: mibPerSecond)
+            try await DescriptorWriter(fd: 1, label: "filecoord.stdout").write(Data(JSONLines.line(summary)))
         } else if !cat {
             Output.writeStandardError(Array(String(
                 format: "read %d files, %d bytes in %.3f s (%.0f files/s, %.1f MiB/s)%@\n",
