@@ -26,9 +26,15 @@ enum InTheWay {
     static func describe(_ wanted: [Wanted], in space: CoordinationSpace, timeout: Duration) async -> [String] {
         guard let status = try? await space.status(timeout: timeout) else { return [] }
         let me = getpid()
+        let conflicting = status.claims.filter { claim in
+            claim.processIdentifier != me && wanted.contains { ($0.isWrite || claim.isWrite) && related($0.path, claim.path) }
+        }
+        // A process that did not answer is listed from its record, up to 100 ms stale
+        // (``CoordinationSpace/claimRecordDelay``): its claims count only when no process
+        // that answered holds one in the way.
+        let answered = conflicting.filter { !status.unanswered.contains($0.processIdentifier) }
         var found: [String] = []
-        for claim in status.claims where claim.processIdentifier != me {
-            guard wanted.contains(where: { ($0.isWrite || claim.isWrite) && related($0.path, claim.path) }) else { continue }
+        for claim in answered.isEmpty ? conflicting : answered {
             let line = "pid \(claim.processIdentifier) (\(claim.isWrite ? "write" : "read") claim on \(Output.displayed(claim.path)))"
             if !found.contains(line) { found.append(line) }
         }
