@@ -24,6 +24,9 @@ let package = Package(
         // Thin C wrappers for calls Swift cannot make directly (variadic open/fcntl,
         // preadv2 flags, O_TMPFILE, OFD locks).
         .target(name: "CFileCoordinationShims"),
+        // The tool's own C code: starting `exec`'s command, passing signals on to it,
+        // signals caught into a pipe.
+        .target(name: "CFilecoordCommand"),
         .target(
             name: "AsyncFileIO",
             dependencies: [
@@ -48,6 +51,7 @@ let package = Package(
                 "AsyncFileIO",
                 "FileCoordination",
                 "CFileCoordinationShims",
+                "CFilecoordCommand",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

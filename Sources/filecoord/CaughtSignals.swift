@@ -1,4 +1,4 @@
-import CFileCoordinationShims
+import CFilecoordCommand
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
 import Foundation

@@ -1,5 +1,5 @@
 import ArgumentParser
-import CFileCoordinationShims
+import CFilecoordCommand
 @_spi(FileCoordinationInternal) import AsyncFileIO
 @_spi(FileCoordinationInternal) import FileCoordination
 import Foundation

@@ -1,5 +1,5 @@
 import ArgumentParser
-import CFileCoordinationShims
+import CFilecoordCommand
 import FileCoordination
 import Foundation
 

@@ -1,6 +1,6 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import ArgumentParser
-import CFileCoordinationShims
+import CFilecoordCommand
 import FileCoordination
 import Foundation
 import Synchronization

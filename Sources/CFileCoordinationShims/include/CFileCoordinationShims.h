@@ -49,43 +49,6 @@ extern const short fc_F_RDLCK;
 extern const short fc_F_WRLCK;
 extern const short fc_F_UNLCK;
 
-/// Notes what a command run by `filecoord exec` must inherit from this process's own
-/// start: the signals ignored then (`nohup`, a shell's background job) and the
-/// descriptors open then (3 and up, with their files' identities). Also unblocks SIGINT,
-/// SIGTERM, SIGHUP and SIGQUIT in the calling thread, and so in every thread it starts
-/// after: a process started from a thread that blocks them (any libdispatch worker, so
-/// any Swift task that runs `Process`) inherits the mask. Call first in main.
-void fc_note_startup(void);
-/// Whether signal `number` was ignored when this process started (per `fc_note_startup`).
-int fc_ignored_at_start(int number);
-/// posix_spawnp for `exec`: no signal blocked; the signals this process ignores that were
-/// not ignored at its start reset to default; the descriptors noted at start passed on
-/// (when still the same files), and the `kept_count` descriptors of `kept` (this
-/// process's own, passed on on purpose), every other one closed. Returns 0 or an errno value.
-int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count);
-/// From now until `fc_wait_command` returns (or `fc_forward_signals_end`), SIGINT,
-/// SIGTERM, SIGHUP and SIGQUIT (those not ignored) sent by another process are passed on
-/// to the command; those a terminal sent (to the whole process group, the command
-/// included) are dropped. Either way this process does not die of them meanwhile. One
-/// that comes before the command's pid is known is passed on once it is.
-void fc_forward_signals_begin(void);
-/// The command's pid, once started.
-void fc_forward_signals_to(pid_t pid);
-/// Puts the previous handlers back; a signal that came while the command could not be
-/// started is raised in this process.
-void fc_forward_signals_end(void);
-/// Waits for the command, stops forwarding before reaping it, and returns its exit
-/// status (128+N for signal N), or -errno.
-int fc_wait_command(pid_t pid);
-
-/// Catches the `count` signals in `numbers` with a handler that writes each one's number
-/// (one byte) into a pipe, and returns the pipe's read end (-1 with errno set on
-/// failure). Whichever thread the kernel picks runs the handler, so none is lost; the
-/// reader learns of it by reading the pipe. Every call returns the same pipe.
-int fc_catch_signals(const int *numbers, int count);
-/// Puts the default action back for the `count` signals in `numbers`.
-void fc_uncatch_signals(const int *numbers, int count);
-
 /// ThreadSanitizer annotations: `address` is acquired (the calling thread sees what was
 /// written before the last release of it) or released. They do nothing unless this file
 /// is compiled with `-fsanitize=thread` (`swift build --sanitize=thread`): the sanitizer
