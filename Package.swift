@@ -36,13 +36,14 @@ let package = Package(
         ),
         .target(
             name: "FileWatching",
-            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO"]
+            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .target(
             name: "FileCoordination",
             dependencies: [
-                "AsyncFileIO", "FileWatching",
+                "AsyncFileIO", "FileWatching", "CFileCoordinationShims",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         .executableTarget(
@@ -58,9 +59,12 @@ let package = Package(
         ),
         // Test set-up shared by the test targets (not a product).
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "TestSupport"]),
-        .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport"]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport"]),
-        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "TestSupport"]),
+        // Each test target declares every module it imports.
+        .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "CFileCoordinationShims", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
+        .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport",
+                                                               .product(name: "SystemPackage", package: "swift-system")]),
+        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport",
+                                                                   .product(name: "SystemPackage", package: "swift-system")]),
+        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
     ]
 )
