@@ -1,0 +1,302 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Messages to other processes, and the replies this process waits for.
+extension SpaceMail {
+    // MARK: Sending and waiting for replies
+
+    enum SendError: Error { case gone }
+
+    /// Runs `job`, the write of a message to `target`, after every one posted before it
+    /// for `target`, on an I/O thread: one job at a time writes a process's queue, so
+    /// messages to it keep their order without the posting task waiting for each write,
+    /// and messages posted together are written after one wake-up. With `inline` (the
+    /// caller is on an I/O thread) and nothing queued, it runs right here.
+    func post(to target: String, inline: Bool = false, _ job: @escaping @Sendable () -> Void) {
+        let start = outboxes.withLock { boxes -> Bool in
+            if boxes[target] != nil {
+                boxes[target]?.append(job)
+                return false
+            }
+            boxes[target] = inline ? [] : [job]
+            return true
+        }
+        guard start else { return }
+        if inline {
+            job()
+            // What was posted meanwhile is not this caller's to write.
+            let more = outboxes.withLock { boxes -> Bool in
+                guard boxes[target]?.isEmpty == false else {
+                    boxes[target] = nil
+                    return false
+                }
+                return true
+            }
+            guard more else { return }
+        }
+        submitToIOThread { [self] in drain(target) }
+    }
+
+    /// Runs `target`'s queued jobs until there are none (on an I/O thread).
+    func drain(_ target: String) {
+        while let job = outboxes.withLock({ boxes -> (@Sendable () -> Void)? in
+            guard let queue = boxes[target], let first = queue.first else {
+                boxes[target] = nil
+                return nil
+            }
+            boxes[target]?.removeFirst()
+            return first
+        }) {
+            job()
+        }
+    }
+
+    /// Returns once every message posted so far (to any process) is written.
+    func flush() async {
+        for target in outboxes.withLock({ Array($0.keys) }) {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+                let queued = outboxes.withLock { boxes -> Bool in
+                    guard boxes[target] != nil else { return false }
+                    boxes[target]?.append { continuation.resume() }
+                    return true
+                }
+                if !queued { continuation.resume() }
+            }
+        }
+    }
+
+    /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
+    /// it); a failure to write it is ignored, as for any `did…` message or `reacquire`.
+    func tell(_ message: SpaceMessage, to target: String) {
+        let write = prepare(message, to: target, id: nextID())
+        post(to: target) { [self] in
+            do {
+                try write()
+            } catch SendError.gone {
+                slots.drop(target, dirFD: files.directoryFD)
+            } catch {}
+        }
+    }
+
+    /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the
+    /// mailbox no longer exists (the process left or died and was cleaned up).
+    func send(_ message: SpaceMessage, to target: String, id: UInt64) async throws {
+        let write = prepare(message, to: target, id: id)
+        try await runOnIOThread(write)
+    }
+
+    /// The blocking write of one message (write, close), to run on an I/O thread. The file
+    /// is one of this process's slots in `target`'s mailbox (see ``MessageSlots``), else,
+    /// while every slot holds a message not read yet, a file created for this message.
+    func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
+        PresenterMessenger.logger.debug("message \(message.kind) #\(id) to \(target)")
+        var message = message
+        message.set("from", me)
+        message.set("id", "\(id)")
+        message.set("pid", "\(getpid())")
+        let bytes = message.encoded()
+        let (dirFD, files) = (files.directoryFD, files)
+        return { [self] in
+            // The path is for the error only: built when one happens.
+            func failure(_ operation: String) -> FileCoordinationError {
+                FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
+            }
+            let lease: MessageSlots.Lease
+            if let slot = try slots.open(for: target, dirFD: dirFD) {
+                lease = slot
+            } else {
+                let fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
+                if fd < 0 {
+                    if errno == ENOENT { throw SendError.gone }
+                    throw failure("open")
+                }
+                lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
+            }
+            let written = bytes.withUnsafeBytes { Glibc.write(lease.fd, $0.baseAddress, $0.count) } == bytes.count
+            let error = written ? nil : failure("write")
+            Glibc.close(lease.fd)
+            // The receiver's thread was just woken, maybe onto this CPU: let it run before
+            // this thread's housekeeping (the next slot, the liveness check).
+            sched_yield()
+            slots.finished(lease, written: written, dirFD: dirFD)
+            if let error { throw error }
+            slots.makeSpare(for: target, dirFD: dirFD)
+        }
+    }
+
+    func nextID() -> UInt64 {
+        state.withLock { state in
+            defer { state.nextMessage += 1 }
+            return state.nextMessage
+        }
+    }
+
+    /// Sends a request and waits for its reply. Returns nil when the target process is
+    /// dead (its liveness lock is free): it is cleaned up and skipped.
+    ///
+    /// The message is written on an I/O thread that this task does not wait for: the task
+    /// parks once, until the reply (or the write's failure, or the target's death) arrives.
+    ///
+    /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
+    func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
+        let watched = await startWatching()
+        let id = nextID()
+        state.withLock { $0.replies[id] = .registered(target: target) }
+        if !watched { pollForReply(id, from: target) }
+        if let timeout = RemoteDeadline.timeout {
+            deadlines.add(id, after: timeout) { [self] in resolve(id, with: .failure(RemoteNoAnswer())) }
+        }
+        defer { deadlines.remove(id) }
+        let write = prepare(message, to: target, id: id)
+        post(to: target) { [self] in
+            do {
+                try write()
+                // Died before it could read the request: its close already fired.
+                guard !isAlive(target) else { return }
+                slots.drop(target, dirFD: files.directoryFD)
+                resolve(id, with: .success(nil))
+                cleanUpHere(target) // on this I/O thread already: no task to hop to another
+            } catch SendError.gone {
+                slots.drop(target, dirFD: files.directoryFD)
+                // No mailbox: it left or died. A presenter record it left behind (one
+                // registered while it was leaving) goes too, or every writer would ask it.
+                cleanUpHere(target)
+                resolve(id, with: .success(nil))
+            } catch {
+                resolve(id, with: .failure(error))
+            }
+        }
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceMessage?, any Error>) in
+                let ready: Result<SpaceMessage?, any Error>? = state.withLock { state in
+                    switch state.replies[id] {
+                    case .arrived(let outcome):
+                        state.replies[id] = nil
+                        return outcome
+                    case .registered(let target):
+                        state.replies[id] = .waiting(target: target, continuation)
+                        return nil
+                    case .waiting, .none:
+                        // Withdrawn by cancellation before it could park.
+                        return .failure(CancellationError())
+                    }
+                }
+                if let ready { continuation.resume(with: ready) }
+            }
+        } onCancel: {
+            // Parked: resumed here. Not parked yet: withdrawn, so parking fails at once.
+            let waiting = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+                guard case .waiting(_, let continuation) = state.replies.removeValue(forKey: id) else { return nil }
+                return continuation
+            }
+            waiting?.resume(throwing: CancellationError())
+        }
+    }
+
+    func resolve(_ id: UInt64, with outcome: Result<SpaceMessage?, any Error>) {
+        let continuation = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+            switch state.replies[id] {
+            case .waiting(_, let continuation):
+                state.replies[id] = nil
+                return continuation
+            case .registered:
+                state.replies[id] = .arrived(outcome)
+                return nil
+            default:
+                return nil
+            }
+        }
+        continuation?.resume(with: outcome)
+    }
+
+    /// Without a watch on the mailbox (no inotify instance to be had): reads the mailbox
+    /// after pauses growing to 50 ms until the reply to `id` is in, and ends the wait if
+    /// `target` dies meanwhile.
+    func pollForReply(_ id: UInt64, from target: String) {
+        Task.detached { [self] in
+            var pause: Duration = .milliseconds(1)
+            while state.withLock({ state in
+                switch state.replies[id] { case .registered?, .waiting?: true; default: false }
+            }) {
+                try? await Task.sleep(for: pause) // ok: the fallback when nothing can be watched
+                pause = Swift.min(pause * 2, .milliseconds(50))
+                _ = try? await runOnIOThread { [self] in
+                    readWholeMailbox()
+                    if !isAlive(target) { resolve(id, with: .success(nil)) }
+                }
+            }
+        }
+    }
+
+    /// A process's record was closed: if that process is gone, its pending requests end.
+    func processEnded(_ event: InotifyEvent) {
+        let name = String(decoding: event.name, as: UTF8.self)
+        if slots.hasSpare(for: name) {
+            // The spare is a descriptor open in that process's mailbox: kept, it would keep
+            // the mailbox (deleted as the process left) alive until four other processes
+            // had been written to, and watches of it would end only then.
+            submitToIOThread { [self] in
+                if !isAlive(name) { slots.drop(name, dirFD: files.directoryFD) }
+            }
+        }
+        let waiting = state.withLock { state in
+            state.replies.compactMap { id, reply -> UInt64? in
+                switch reply {
+                case .waiting(let target, _), .registered(let target): target == name ? id : nil
+                case .arrived: nil
+                }
+            }
+        }
+        forgetRequests(of: name)
+        guard !waiting.isEmpty, !isAlive(name) else { return }
+        slots.drop(name, dirFD: files.directoryFD)
+        for id in waiting { resolve(id, with: .success(nil)) }
+        Task { await cleanUp(name) }
+    }
+
+    /// What a dead process left with this process's presenters is undone: its queued
+    /// relinquish requests are not served, and a message that the serving task takes
+    /// after everything already handed to it ends the echo suppressions and runs the
+    /// reacquirers kept for it (``serve(_:)``, `process-ended`). Otherwise a writer
+    /// killed after a presenter relinquished would leave the presenter without its item
+    /// and deaf to every later change of it.
+    func forgetRequests(of process: String) {
+        let prefix = process + "/"
+        let concerned = state.withLock { state in
+            state.queued.contains { $0.hasPrefix(prefix) } || state.kept.keys.contains { $0.hasPrefix(prefix) }
+        }
+        guard concerned, !isAlive(process) else { return }
+        state.withLock { state in state.queued = state.queued.filter { !$0.hasPrefix(prefix) } }
+        var ended = SpaceMessage(kind: "process-ended")
+        ended.set("from", process)
+        ended.set("id", "0")
+        incoming.yield(ended)
+    }
+
+    /// `process`'s record. Blocking.
+    func readRecord(of process: String) throws -> SpaceMessage {
+        guard Self.isProcessName(process) else { throw SendError.gone }
+        switch readMessage(dirFD: files.directoryFD, name: Array("procs/\(process)".utf8)) {
+        case .success(let record): return record
+        case .failure: throw SendError.gone
+        }
+    }
+
+    /// Whether `process` still holds the lock on its record.
+    func isAlive(_ process: String) -> Bool {
+        guard Self.isProcessName(process) else { return false }
+        let fd = fc_openat(files.directoryFD, "procs/" + process, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard fd >= 0 else { return false }
+        defer { Glibc.close(fd) }
+        var conflicting: Int16 = fc_F_UNLCK
+        guard fc_ofd_getlock(fd, fc_F_WRLCK, 0, 1, &conflicting) == 0 else { return false }
+        return conflicting != fc_F_UNLCK
+    }
+}

@@ -1,0 +1,254 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `status` across the space, and cleaning up after processes that are gone.
+extension SpaceMail {
+    // MARK: Status
+
+    func answerStatus(_ query: SpaceMessage) async {
+        guard let from = query.string("from"), let id = query.number("id") else { return }
+        // Built as a list and sorted once: a process may hold thousands of claims.
+        var fields = [SpaceMessage.Field(key: "re", value: Array("\(id)".utf8))]
+        let claims = CoordinationCenter.shared.statusClaims()
+        fields += CoordinationSpace.claimFields(claims.held)
+        for (index, claim) in claims.waiting.enumerated() {
+            fields.append(.init(key: "waiting.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
+        }
+        for (index, entry) in localEntries().enumerated() {
+            fields.append(.init(key: "presenter.\(index)", value: entry.platformBytes))
+        }
+        let reply = SpaceMessage(kind: "status-reply", fields: fields)
+        try? await send(reply, to: from, id: nextID())
+    }
+
+    func localEntries() -> [FilePath] {
+        state.withLock { $0.local.values.map(\.path) }
+    }
+
+    func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
+                timeout: Duration) async throws -> CoordinationSpace.Status {
+        var status = CoordinationSpace.Status()
+        let pid = getpid()
+        for claim in localClaims.held {
+            status.claims.append(.init(path: claim.path, isWrite: claim.access == .writing, processIdentifier: pid))
+        }
+        for claim in localClaims.waiting {
+            status.waiting.append(.init(path: claim.path, isWrite: claim.access == .writing, processIdentifier: pid))
+        }
+        for path in localEntries() { status.presenters.append(.init(path: path, processIdentifier: pid)) }
+        let (dirFD, me) = (files.directoryFD, me)
+        let processes: [String] = try await runOnIOThread {
+            try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }
+        }
+        /// `silent`: with the process's record, which lists the claims it has held for a while.
+        enum Answer: Sendable { case dead, silent(SpaceMessage?), reply(SpaceMessage) }
+        await withTaskGroup(of: (String, Answer).self) { group in
+            for process in processes {
+                group.addTask { [self] in
+                    guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead) }
+                    // A process that does not read its mailbox is not asked: its record
+                    // says what it holds (see ``CoordinationSpace/claimsChanged()``).
+                    let record = try? await runOnIOThread({ try self.readRecord(of: process) })
+                    if let record, record.string("listening") == "0" { return (process, .reply(record)) }
+                    let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
+                        race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
+                        race.addTask { try await Task.sleep(for: timeout); return .silent(record) } // ok: a deadline
+                        defer { race.cancelAll() }
+                        return try await race.next()!
+                    }
+                    return (process, answer ?? .silent(record))
+                }
+            }
+            func add(_ reply: SpaceMessage, of pid: Int32) {
+                for field in reply.fields {
+                    let (key, value) = (field.key, field.value)
+                    if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
+                        let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
+                                                                   isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
+                        if key.hasPrefix("claim.") { status.claims.append(claim) } else { status.waiting.append(claim) }
+                    } else if key.hasPrefix("presenter."), value.first == UInt8(ascii: "/") {
+                        status.presenters.append(.init(path: FilePath(platformBytes: value), processIdentifier: pid))
+                    }
+                }
+            }
+            for await (process, answer) in group {
+                let pid = Self.pid(of: process)
+                switch answer {
+                case .silent(let record):
+                    // Stopped or busy: what it holds still stands in the kernel, and its
+                    // presenters are still asked (their records say what they present).
+                    status.unanswered.append(pid)
+                    if let record { add(record, of: pid) }
+                    for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
+                        status.presenters.append(.init(path: path, processIdentifier: pid))
+                    }
+                case .dead:
+                    status.cleanedUp.append(pid)
+                    await cleanUp(process)
+                case .reply(let reply):
+                    add(reply, of: pid)
+                }
+            }
+        }
+        status.claims.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.waiting.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.presenters.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.unanswered.sort()
+        status.cleanedUp += state.withLock { state in
+            defer { state.cleanedUp.removeAll() }
+            return state.cleanedUp
+        }
+        status.cleanedUp.sort()
+        return status
+    }
+
+    /// The items of `process`'s presenters, from their records in `presenters/` (blocking).
+    func publishedPresenters(of process: String) -> [FilePath] {
+        let names = (try? Self.list(files.directoryFD, "presenters")) ?? []
+        return names.filter { Self.processOfPresenter($0) == process }.compactMap { name in
+            guard case .success(let record) = readMessage(dirFD: files.directoryFD, name: Array("presenters/\(name)".utf8)),
+                  record.kind == "presenter" else { return nil }
+            return record.path("path")
+        }
+    }
+
+    // MARK: Cleaning up
+
+    /// The pid in a process name (`<pid>-<random>`).
+    static func pid(of process: String) -> Int32 {
+        Int32(process.split(separator: "-").first ?? "") ?? 0
+    }
+
+    static func list(_ dirFD: Int32, _ name: String) throws -> [String] {
+        let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
+        guard fd >= 0, let dir = fdopendir(fd) else { throw FileCoordinationError("opendir", errno: Errno(rawValue: errno), path: FilePath(name)) }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = String(decoding: directoryEntryName(entry), as: UTF8.self)
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    /// Removes a dead process's record, mailbox, presenters and message slots (see
+    /// ``MessageSlots``); returns whether it did (nothing is removed for a process that
+    /// is alive). On an I/O thread, the liveness check included (it opens the record).
+    @discardableResult
+    func cleanUp(_ process: String) async -> Bool {
+        (try? await runOnIOThread { [self] in cleanUpHere(process) }) ?? false
+    }
+
+    /// ``cleanUp(_:)`` on this thread (an I/O thread: it blocks).
+    @discardableResult
+    func cleanUpHere(_ process: String) -> Bool {
+        guard Self.isProcessName(process), process != me, !isAlive(process) else { return false }
+        let dirFD = files.directoryFD
+        slots.drop(process, dirFD: dirFD)
+        var removedPresenters = false
+        for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
+            if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removedPresenters = true }
+        }
+        Self.removeMailbox(dirFD, process)
+        unlinkat(dirFD, "procs/" + process, 0)
+        unlinkat(dirFD, "procs/." + process, 0)
+        // Its slots in other processes' mailboxes (not registry entries).
+        MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
+        // Another process may have been first: the registry of presenters, which
+        // others cache, changed only if this removed some.
+        if removedPresenters { files.bumpSequence() }
+        return true
+    }
+
+    /// Empties and removes `process`'s mailbox; true if it removed anything. Another
+    /// process may create a message file (a slot) in it between the listing and the
+    /// `rmdir`: the mailbox is then emptied again, a few times at most. Blocking.
+    @discardableResult
+    static func removeMailbox(_ dirFD: Int32, _ process: String) -> Bool {
+        var removed = false
+        for _ in 0 ..< 4 {
+            for name in (try? list(dirFD, "mail/" + process)) ?? [] {
+                if unlinkat(dirFD, "mail/\(process)/\(name)", 0) == 0 { removed = true }
+            }
+            if unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR) == 0 { return true }
+            guard errno == ENOTEMPTY else { return removed }
+        }
+        return removed
+    }
+
+    /// How old a join's leftovers must be before they are removed: joining takes
+    /// microseconds between creating the mailbox and renaming the record into place.
+    static let abandonedJoinAge: Int = 60
+
+    /// Cleans up after every dead process in the space (done when joining); they are
+    /// reported by the next ``status(localClaims:timeout:)``. Also removes what a process
+    /// that died while joining left: a mailbox with no record, or a record never renamed
+    /// into place (`procs/.<process>`), once older than ``abandonedJoinAge`` seconds and
+    /// its pid is gone.
+    func cleanUpDeadProcesses() async throws {
+        let (dirFD, me) = (files.directoryFD, me)
+        let candidates = try await runOnIOThread { () throws -> [String] in
+            var records = try Self.list(dirFD, "procs")
+            var mailboxes = (try? Self.list(dirFD, "mail")) ?? []
+            for (folder, names) in [("procs", records), ("mail", mailboxes)] {
+                for name in names where !name.hasPrefix(".") && !Self.isProcessName(name) {
+                    self.setAside(folder, name, reason: "not a process's name")
+                }
+            }
+            records = records.filter { $0.hasPrefix(".") || Self.isProcessName($0) }
+            mailboxes = mailboxes.filter(Self.isProcessName)
+            let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
+            let named = Set(processes)
+            let strays = mailboxes.filter { $0 != me && !named.contains($0) }
+                + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
+            return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
+        }
+        for process in candidates {
+            if await cleanUp(process) { state.withLock { $0.cleanedUp.append(Self.pid(of: process)) } }
+        }
+    }
+
+    /// Whether `process` died while joining: its pid is gone, and its mailbox and hidden
+    /// record (whichever exist) are older than ``abandonedJoinAge``. Blocking (`fstatat`).
+    static func abandonedJoin(_ process: String, dirFD: Int32) -> Bool {
+        let pid = pid(of: process)
+        guard isProcessName(process), pid > 0, kill(pid, 0) != 0, errno == ESRCH else { return false }
+        let now = time(nil)
+        for name in ["mail/" + process, "procs/." + process] {
+            var info = stat()
+            guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { continue }
+            if now - info.st_mtim.tv_sec < abandonedJoinAge { return false }
+        }
+        return true
+    }
+
+    /// Removes this process's files; called when it leaves the space.
+    func leave() async {
+        await flush()
+        incoming.finish()
+        _ = try? await runOnIOThread { [self] in removeFilesNow() }
+    }
+
+    /// Removes this process's record, message slots, presenter records and mailbox, on
+    /// the calling thread (it blocks).
+    func removeFilesNow() {
+        let (dirFD, files, me) = (files.directoryFD, files, me)
+        let numbers = state.withLock { Array($0.local.keys) }
+        // The record first: a receiver that reads one of this process's slots after
+        // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
+        unlinkat(dirFD, "procs/" + me, 0)
+        slots.removeAll(dirFD: dirFD)
+        for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
+        Self.removeMailbox(dirFD, me)
+        // Only the presenters are the registry that others cache: a process that
+        // had none changes nothing for them.
+        if !numbers.isEmpty { files.bumpSequence() }
+    }
+}
