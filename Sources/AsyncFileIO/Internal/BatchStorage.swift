@@ -1,0 +1,423 @@
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The state shared by a batch's workers and its consumer.
+///
+/// Built to stay off locks on the hot path: workers claim indices with an atomic
+/// counter and keep finished results in a private buffer, publishing them under the
+/// lock in groups, or at once when the consumer is waiting. The consumer takes all
+/// published results in one lock acquisition and starts workers when there is room.
+final class BatchStorage: Sendable {
+    enum Take {
+        /// Never empty, and no element nil (optional so that each can be moved out).
+        case results([BatchReadResult?])
+        case finished
+        case pending
+    }
+
+    private struct State {
+        /// Given order: a ring of `slots.count` results indexed by `index % slots.count`.
+        var slots: [BatchReadResult?]
+        /// Completion order: results in arrival order.
+        /// (Optional, so that results move in and out without a copy: see `Iterator.local`.)
+        var ready: [BatchReadResult?] = []
+        var handed = 0
+        var activeWorkers = 0
+        var waiter: UnsafeContinuation<Void, Never>?
+        /// Waits for the last worker to stop (after cancellation): only that wakes it.
+        var stopWaiter: UnsafeContinuation<Void, Never>?
+        /// When the consumer parked (monotonic nanoseconds).
+        var waitingSince: UInt64 = 0
+
+        var deliverable: Bool {
+            slots.isEmpty ? !ready.isEmpty : slots[handed % slots.count] != nil
+        }
+
+        /// Whether enough is deliverable to be worth waking the consumer for: each wake
+        /// costs two context switches, so results are handed over in groups.
+        func worthWaking(groupSize: Int, groupBytes: Int) -> Bool {
+            if slots.isEmpty {
+                return ready.count >= groupSize || ready.reduce(0, { $0 + ($1.map(BatchStorage.size(of:)) ?? 0) }) >= groupBytes
+            }
+            var count = 0, bytes = 0
+            while count < groupSize, bytes < groupBytes, let result = slots[(handed + count) % slots.count] {
+                count += 1
+                bytes += BatchStorage.size(of: result)
+            }
+            return count >= groupSize || bytes >= groupBytes
+        }
+    }
+
+    /// How many results (or bytes) make a group worth waking the consumer for.
+    private static let wakeGroup = 64
+    private static let wakeBytes = 4 << 20
+    /// A waiting consumer is woken for whatever is ready after this long (nanoseconds).
+    private static let wakeLatency: UInt64 = 1_000_000
+
+    /// Results a worker keeps before publishing when nobody is waiting for them.
+    private static let publishEvery = 16
+
+    private let inputs: FileBatchReader.Inputs
+    private let options: BatchReadOptions
+    private let concurrency: Int
+    /// How far claiming may run ahead of the consumer (a soft bound: concurrent claims
+    /// may pass it by at most `concurrency * chunk`, which the ring has room for).
+    private let window: Int
+    private let nextIndex = Atomic<Int>(0)
+    private let handed = Atomic<Int>(0)
+    private let bufferedBytes = Atomic<Int>(0)
+    private let cancelled = Atomic<Bool>(false)
+    private let consumerWaiting = Atomic<Bool>(false)
+    private let descriptors = DescriptorWaits()
+    private let gate: (any InPlaceGate)?
+    /// How many consecutive files a worker claims at once: with a gate, a group that the
+    /// gate is asked about together (as the in-place batch does; a claim per file had
+    /// the workers contend for the claim tables); without, `Inputs.ungatedClaim`. In both
+    /// cases only while groups of the largest file read so far fit in
+    /// `maximumBufferedBytes` (back-pressure is checked per claim).
+    private let chunk: Int
+    /// The largest file read so far (bytes).
+    private let largestFile = Atomic<Int>(0)
+    /// Indices a worker claimed in a group but left unread at the buffer limit (without a
+    /// gate), sorted; `givenBackCount` mirrors their number, read without the lock.
+    private let givenBack = Locked<[Int]>([])
+    private let givenBackCount = Atomic<Int>(0)
+    /// How many times a group was given back (for tests).
+    private let givenBackTotal = Atomic<Int>(0)
+    var groupsGivenBack: Int { givenBackTotal.load(ordering: .relaxed) }
+    /// Set once a read had to wait for a device (its file was not all in the page cache):
+    /// from then on the batch may use up to `concurrency` threads. Until then, reads come
+    /// from the page cache and more threads than cores would only take turns. (Where the
+    /// file system cannot tell, as tmpfs, a read that took over 200 us sets it.)
+    private let blocking = Atomic<Bool>(false)
+    /// False once a read found that the file system cannot tell (no `RWF_NOWAIT`).
+    private let cacheProbes = Atomic<Bool>(true)
+    private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    private let state: Locked<State>
+
+    init(inputs: FileBatchReader.Inputs, options: BatchReadOptions, gate: (any InPlaceGate)?) {
+        self.inputs = inputs
+        self.options = options
+        self.gate = options.engine == .threadPool ? gate : nil
+        // (No more workers than files: a huge `concurrency` would size the window and the ring.)
+        concurrency = max(1, min(options.concurrency, inputs.count))
+        chunk = self.gate != nil ? 32 : inputs.ungatedClaim(workers: concurrency)
+        // Room for every worker's private group plus as much again in the shared ring,
+        // so that workers pause for a slow consumer, not for each other. (Smaller
+        // windows, meant to keep buffers in the CPU caches, measured no better.) And
+        // several wake groups: with a window of one group (64 files, as concurrency 2
+        // had), the workers stopped each time the consumer was woken, and read 0.44x
+        // of the C pool instead of 0.73x.
+        window = max(2 * concurrency * Self.publishEvery, 4 * Self.wakeGroup)
+        let slots = options.order == .given
+            ? [BatchReadResult?](repeating: nil, count: window + concurrency * chunk)
+            : []
+        state = Locked(State(slots: slots))
+    }
+
+    /// How many files have been claimed for reading so far (for tests of back-pressure).
+    var claimedCount: Int { min(nextIndex.load(ordering: .relaxed), inputs.count) }
+
+    // MARK: Consumer side
+
+    func take() -> Take {
+        let (take, spawn): (Take, Int) = state.withLock { state in
+            var moved: [BatchReadResult?] = []
+            if state.slots.isEmpty {
+                swap(&moved, &state.ready)
+                state.handed += moved.count
+            } else {
+                let ring = state.slots.count
+                while let result = state.slots[state.handed % ring].take() {
+                    state.handed += 1
+                    moved.append(result)
+                }
+            }
+            handed.store(state.handed, ordering: .releasing)
+            var bytes = 0
+            for result in moved { bytes += result.map(Self.size(of:)) ?? 0 }
+            let buffered = bufferedBytes.subtract(bytes, ordering: .relaxed).newValue
+            var spawn = 0
+            let givenBack = givenBackCount.load(ordering: .acquiring)
+            if !cancelled.load(ordering: .relaxed) && (buffered < options.maximumBufferedBytes || givenBack > 0) {
+                let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
+                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, Self.processors)
+                // Given-back files are read whatever the window and the buffer (see `claim`).
+                let room = max(window - (claimed - state.handed), givenBack)
+                spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed + givenBack, room))
+                state.activeWorkers += spawn
+            }
+            if !moved.isEmpty { return (.results(moved), spawn) }
+            return (state.handed == inputs.count ? .finished : .pending, spawn)
+        }
+        for _ in 0 ..< spawn { startWorker() }
+        return take
+    }
+
+    /// Suspends until a result can be taken, the workers have all stopped, or the batch is cancelled.
+    func waitForResults() async {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            let now = state.withLock { state in
+                if state.deliverable || state.activeWorkers == 0 || cancelled.load(ordering: .relaxed) { return true }
+                state.waiter = continuation
+                state.waitingSince = Self.now()
+                consumerWaiting.store(true, ordering: .relaxed)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// Suspends until no worker is reading (after ``cancel()``): every descriptor is closed.
+    func waitUntilStopped() async {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            let now = state.withLock { state in
+                if state.activeWorkers == 0 { return true }
+                state.stopWaiter = continuation
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// Whether ``cancel()`` was called.
+    var isCancelled: Bool { cancelled.load(ordering: .relaxed) }
+
+    func cancel() {
+        cancelled.store(true, ordering: .relaxed)
+        let waiter = state.withLock { state in
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume()
+    }
+
+    // MARK: Worker side
+
+    fileprivate static func size(of result: BatchReadResult) -> Int {
+        if case .success(let data) = result.result { return data.count }
+        return 0
+    }
+
+    /// Claims the next `chunk` indices (or one given back), or nil when the worker should
+    /// stop: the batch is done or cancelled, or reading is too far ahead of the consumer.
+    private func claim() -> Range<Int>? {
+        guard !cancelled.load(ordering: .relaxed) else { return nil }
+        // A given-back index is read even past the buffer limit: it lies behind results
+        // already buffered, which in the given order cannot be taken before it.
+        if givenBackCount.load(ordering: .acquiring) > 0,
+           let index = givenBack.withLock({ $0.isEmpty ? nil : $0.removeFirst() })
+        {
+            givenBackCount.subtract(1, ordering: .relaxed)
+            return index ..< index + 1
+        }
+        guard bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
+              nextIndex.load(ordering: .relaxed) - handed.load(ordering: .acquiring) < window
+        else { return nil }
+        var size = 1
+        if chunk > 1 {
+            let largest = largestFile.load(ordering: .relaxed)
+            if largest > 0, largest * chunk * concurrency <= options.maximumBufferedBytes { size = chunk }
+        }
+        let start = nextIndex.wrappingAdd(size, ordering: .relaxed).oldValue
+        return start < inputs.count ? start ..< Swift.min(start + size, inputs.count) : nil
+    }
+
+    /// Returns claimed indices left unread, to be claimed again (lowest first) before new ones.
+    private func giveBack(_ indices: some Sequence<Int>) {
+        givenBack.withLock { list in
+            list.append(contentsOf: indices)
+            list.sort()
+            givenBackCount.store(list.count, ordering: .releasing)
+        }
+        givenBackTotal.add(1, ordering: .relaxed)
+    }
+
+    /// Publishes a worker's finished results; with `exiting`, also retires the worker.
+    private func publish(_ results: inout [BatchReadResult], exiting: Bool) {
+        var bytes = 0
+        for result in results { bytes += Self.size(of: result) }
+        bufferedBytes.add(bytes, ordering: .relaxed)
+        let waiter: UnsafeContinuation<Void, Never>? = state.withLock { state in
+            // Moved, not copied (see `Iterator.local`); in completion order, in the
+            // order the worker finished them.
+            if state.slots.isEmpty {
+                var end = state.ready.count + results.count
+                state.ready.append(contentsOf: repeatElement(nil, count: results.count))
+                while let result = results.popLast() {
+                    end -= 1
+                    state.ready[end] = result
+                }
+            } else {
+                while let result = results.popLast() { state.slots[result.index % state.slots.count] = result }
+            }
+            if exiting { state.activeWorkers -= 1 }
+            if state.activeWorkers == 0, let stopWaiter = state.stopWaiter {
+                state.stopWaiter = nil
+                stopWaiter.resume()
+            }
+            guard state.waiter != nil else { return nil }
+            if state.activeWorkers > 0 {
+                guard state.deliverable else { return nil }
+                let tail = nextIndex.load(ordering: .relaxed) >= inputs.count && givenBackCount.load(ordering: .relaxed) == 0
+                guard tail || state.worthWaking(groupSize: Self.wakeGroup, groupBytes: Self.wakeBytes)
+                    || Self.now() - state.waitingSince >= Self.wakeLatency
+                else { return nil }
+            }
+            consumerWaiting.store(false, ordering: .relaxed)
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Monotonic nanoseconds (vDSO, no system call).
+    private static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+
+    private func startWorker() {
+        switch options.engine {
+        case .threadPool:
+            IOThreadPool.shared.submit { [self] in
+                descriptors.workerStarted()
+                var finished: [BatchReadResult] = []
+                finished.reserveCapacity(Self.publishEvery)
+                var finishedBytes = 0
+                var oldest: UInt64 = 0
+                while let indices = claim() {
+                    let group = indices.map { (index: $0, input: inputs[$0]) }
+                    // With a gate: one question for a group of several files, else one per file.
+                    var token: UInt64?
+                    if let gate, group.count > 1 {
+                        let paths = group.compactMap { file -> (Int, PlatformPath)? in
+                            if case .path(let path) = file.input { (file.index, path) } else { nil }
+                        }
+                        if paths.count > 1 { token = gate.enter(paths) }
+                    }
+                    for (position, file) in group.enumerated() {
+                        // Without a gate, a group is not read further once cancelled, nor past
+                        // the buffer limit (a jump from small files to large ones): the rest
+                        // is given back, so a group holds no more than a single claim would.
+                        if gate == nil, position > 0 {
+                            if cancelled.load(ordering: .relaxed) { break }
+                            if bufferedBytes.load(ordering: .relaxed) + finishedBytes >= options.maximumBufferedBytes {
+                                giveBack(group[position...].lazy.map(\.index))
+                                break
+                            }
+                        }
+                        // A group is read to its end under its claim, except past the
+                        // buffer limit (a jump from small files to large ones): the rest of
+                        // it is left to the gate's owner, which reads it as the consumer
+                        // gets there.
+                        if let gate, position > 0,
+                           bufferedBytes.load(ordering: .relaxed) + finishedBytes >= options.maximumBufferedBytes
+                        {
+                            for rest in group[position...] {
+                                gate.skip(rest.index)
+                                let path = Self.path(of: rest.input)
+                                finished.append(BatchReadResult(index: rest.index, path: path, result: .failure(Self.leftToGate(path))))
+                            }
+                            break
+                        }
+                        let started = Self.now()
+                        var probe = FileOperations.CacheProbe.notProbed
+                        let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil, probe: &probe)
+                        if finished.isEmpty { oldest = started }
+                        if probe == .unsupported { cacheProbes.store(false, ordering: .relaxed) }
+                        if !blocking.load(ordering: .relaxed) && (probe == .waitedForDevice
+                            || (!cacheProbes.load(ordering: .relaxed) && Self.now() - started > 200_000)) {
+                            blocking.store(true, ordering: .relaxed)
+                        }
+                        let size = Self.size(of: result)
+                        if chunk > 1 { largestFile.max(size) }
+                        finishedBytes += size
+                        finished.append(consume result)
+                        // Publishing takes the lock and may wake the consumer: do it for a group
+                        // of results, for a large one, or when the consumer has waited a while.
+                        if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
+                            || (consumerWaiting.load(ordering: .relaxed) && Self.now() - oldest >= 100_000)
+                        {
+                            publish(&finished, exiting: false)
+                            finishedBytes = 0
+                        }
+                    }
+                    if let token { gate?.leave(token) }
+                }
+                descriptors.workerEnded()
+                publish(&finished, exiting: true)
+            }
+        case .dispatchIO:
+            Task { [self] in
+                var finished: [BatchReadResult] = []
+                while let indices = claim() {
+                    for index in indices where !cancelled.load(ordering: .relaxed) {
+                        finished.append(await readWithDispatch(index))
+                    }
+                    publish(&finished, exiting: false)
+                }
+                publish(&finished, exiting: true)
+            }
+        }
+    }
+    /// The placeholder result of a file left to the gate's owner (which replaces it).
+    private static func leftToGate(_ path: FilePath) -> FileCoordinationError {
+        FileCoordinationError(code: .cancelled, path: path, operation: "read", message: "left to the full coordination")
+    }
+
+    private static func path(of input: FileBatchReader.PlatformResolved) -> FilePath {
+        switch input {
+        case .path(let path): path.filePath
+        case .invalid(let path, _): path
+        }
+    }
+
+    /// Reads one file; with `askingGate`, only if the gate lets it through alone.
+    private func readBlocking(_ index: Int, _ input: FileBatchReader.PlatformResolved, askingGate: Bool,
+                              probe: inout FileOperations.CacheProbe) -> BatchReadResult {
+        switch input {
+        case .invalid(let path, let error):
+            return BatchReadResult(index: index, path: path, result: .failure(error))
+        case .path(let path):
+            var token: UInt64?
+            if askingGate, let gate {
+                token = gate.enter([(index, path)])
+                guard token != nil else {
+                    return BatchReadResult(index: index, path: path.filePath, result: .failure(Self.leftToGate(path.filePath)))
+                }
+            }
+            // Probing tells a device wait from a preempted thread, until the batch knows.
+            let probing = !blocking.load(ordering: .relaxed) && cacheProbes.load(ordering: .relaxed)
+            var learned = FileOperations.CacheProbe.notProbed
+            let result = descriptors.read {
+                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize, probingCache: probing, probe: &learned)
+            }
+            probe = learned
+            if let token { gate?.leave(token) }
+            return BatchReadResult(index: index, platformPath: path, result: result)
+        }
+    }
+
+    private func readWithDispatch(_ index: Int) async -> BatchReadResult {
+        switch inputs.resolved(index) {
+        case .invalid(let path, let error):
+            return BatchReadResult(index: index, path: path, result: .failure(error))
+        case .path(let path):
+            do {
+                let data = try await Data(asyncContentsOf: path, maximumSize: options.maximumFileSize, engine: .dispatchIO)
+                return BatchReadResult(index: index, path: path, result: .success(data))
+            } catch let error as FileCoordinationError {
+                return BatchReadResult(index: index, path: path, result: .failure(error))
+            } catch {
+                return BatchReadResult(index: index, path: path, result: .failure(
+                    FileCoordinationError(code: .unknown, path: path, operation: "read", message: "\(error)", cause: error)))
+            }
+        }
+    }
+}
