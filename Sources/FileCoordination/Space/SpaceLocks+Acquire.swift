@@ -1,0 +1,422 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Taking and giving back the kernel locks of a set of claims.
+extension SpaceLocks {
+    // MARK: Acquire and release
+
+    /// Opens every shard (on an I/O thread), so that ``tryAcquireNow(_:)`` can serve any
+    /// path; false, opening nothing, when the budget is smaller.
+    func openAllShards() async throws -> Bool {
+        guard shardBudget >= Self.shardCount else { return false }
+        try await openShards(UInt64.max) // every shard (there are 64)
+        return true
+    }
+
+    /// How many of `paths` (normalized, absolute), from the first, one read claim can
+    /// cover with the shards it may keep open: all of them with the full budget, else as
+    /// many as fit (at least one).
+    func readsFitting(_ paths: some Sequence<[UInt8]>) -> Int {
+        var used: UInt64 = 0 // one bit per shard
+        var fitting = 0
+        for path in paths {
+            let (item, ancestors) = Self.slots(path)
+            var next = used | 1 << Self.shard(item)
+            for ancestor in ancestors { next |= 1 << Self.shard(ancestor) }
+            if !fitsBudget(next), fitting > 0 { break }
+            used = next
+            fitting += 1
+        }
+        return fitting
+    }
+
+    /// Takes the plan's bytes if that needs no waiting and no shard still to open; nil
+    /// otherwise (nothing is held then). Never blocks: the non-blocking lock calls only.
+    func tryAcquireNow(_ plan: Plan) -> Held? {
+        var queued: [Byte] = []
+        if case .held(let held)? = try? attempt(plan, queued: &queued) { return held }
+        release(Held(bytes: queued))
+        return nil
+    }
+
+    /// ``tryAcquireNow(_:)`` that first opens the plan's shards that are closed (closing
+    /// others that hold nothing, to stay within the budget): for a process that may not
+    /// keep every shard open. Nil, with nothing held, when the plan needs more shards than
+    /// the budget, or something is in the way. Blocking (`openat`): for the batch's
+    /// workers, on the I/O threads, only.
+    func tryAcquireOpening(_ plan: Plan, mask needed: UInt64) -> Held? {
+        var queued: [Byte] = []
+        switch try? attempt(plan, queued: &queued) {
+        case .held(let held)?: return held
+        case .shardClosed?: release(Held(bytes: queued))
+        case .conflict?, nil:
+            release(Held(bytes: queued))
+            return nil
+        }
+        guard fitsBudget(needed) else { return nil }
+        // Pinned from their opening to the attempt, as in `acquire`.
+        pin(needed, by: 1)
+        defer { pin(needed, by: -1) }
+        guard (try? openShardsNow(needed)) != nil else { return nil }
+        queued = []
+        if case .held(let held)? = try? attempt(plan, queued: &queued) { return held }
+        release(Held(bytes: queued))
+        return nil
+    }
+
+    /// Whether a plan's shards (`mask`, from ``shardMask(of:)``) fit in the budget.
+    func fitsBudget(_ mask: UInt64) -> Bool { mask.nonzeroBitCount <= shardBudget }
+
+    /// Takes the plan's bytes, waiting (on inotify) while another process holds a
+    /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
+    ///
+    /// `token` names the wait for ``cancel(token:)``, which ends it with
+    /// ``FileCoordinationError/Code/cancelled``.
+    func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
+        // Pinned, the plan's shards stay open from their opening to the attempt (a shard
+        // it needs is not closed to make room for another claim meanwhile); not while it
+        // sleeps, so that waiters do not keep shards open past the budget.
+        let needed = Self.shardMask(of: plan)
+        var pinned = true
+        pin(needed, by: 1)
+        defer { if pinned { pin(needed, by: -1) } }
+        try await openShards(needed)
+        var queued: [Byte] = []
+        var flagged = false
+        var watched = false
+        var poll: Duration = .milliseconds(1)
+        defer {
+            if flagged { lowerWaitingFlag() }
+            if let token { _ = state.withLock { $0.cancelled.remove(token) } }
+        }
+        do {
+            while true {
+                try Task.checkCancellation()
+                if let token, state.withLock({ $0.cancelled.contains(token) }) {
+                    throw FileCoordinationError.coordinatorCancelled()
+                }
+                let generation = state.withLock { $0.generation }
+                switch try attempt(plan, queued: &queued) {
+                case .held(let held): return held
+                case .shardClosed:
+                    // Closed before this acquisition pinned it (again): open it again.
+                    try await openShards(needed)
+                    continue
+                case .conflict: break
+                }
+                if !flagged {
+                    // Watched before the flag is raised, so no doorbell rung after it is missed.
+                    watched = await startWatching()
+                    // Raise the flag, then try again before sleeping: a release between the
+                    // first attempt and the flag would not have rung. The doorbell asks
+                    // every process to give back its idle bytes (one may be in the way).
+                    flagged = true
+                    raiseWaitingFlag()
+                    ringDoorbell()
+                    continue
+                }
+                pin(needed, by: -1)
+                pinned = false
+                ClaimWait.noteWaiting()
+                if watched {
+                    try await waitForChange(after: generation)
+                } else {
+                    // No inotify instance to be had: try again after a pause that grows to
+                    // ``longestPoll``. Slower than a doorbell, never stuck.
+                    try await Task.sleep(for: poll) // ok: the fallback when nothing can be watched
+                    poll = Swift.min(poll * 2, Self.longestPoll)
+                }
+                pin(needed, by: 1)
+                pinned = true
+                try await openShards(needed)
+            }
+        } catch {
+            release(Held(bytes: queued))
+            throw error
+        }
+    }
+
+    /// Counts (or uncounts) an acquisition's use of the shards in `mask`.
+    func pin(_ mask: UInt64, by change: Int) {
+        for index in 0 ..< Self.shardCount where mask & 1 << index != 0 {
+            shards[index].state.withLock { $0.pins += change }
+        }
+    }
+
+    /// What one try gave.
+    enum Attempt {
+        case held(Held)
+        /// Another process holds something in the way.
+        case conflict
+        /// A shard of the plan is not open.
+        case shardClosed
+    }
+
+    /// What taking one byte gave.
+    enum Take {
+        case taken, conflict, shardClosed
+    }
+
+    /// One try: the queue bytes and the checks, in one order of offsets, then the rest
+    /// all-or-nothing. Each byte is taken under its shard's lock; bytes taken before a
+    /// refusal are given back.
+    ///
+    /// Queue bytes are kept across tries, but only those below the point where a try
+    /// stopped: a check that finds another process's writer queued gives back this
+    /// claim's queue bytes above it. So a waiting claim holds queue bytes only below what
+    /// it waits for, every chain of waits climbs in offset, and no cycle can form. (Were
+    /// they kept whatever the order, a claim reading X and writing Y and another reading
+    /// Y and writing X would each hold the queue byte the other's check waits for.)
+    func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Attempt {
+        var writerWaits: Bool?
+        var (nextQueue, nextCheck) = (0, 0)
+        while nextQueue < plan.queue.count || nextCheck < plan.checks.count {
+            // A queue byte before a check of the same offset: a claim's own queue byte
+            // never stands in its own way.
+            if nextQueue < plan.queue.count, nextCheck == plan.checks.count || plan.queue[nextQueue].offset <= plan.checks[nextCheck] {
+                let byte = plan.queue[nextQueue]
+                nextQueue += 1
+                // The ones kept from an earlier try: always the first of the plan's.
+                if nextQueue <= queued.count { continue }
+                switch try take(byte) {
+                case .taken: queued.append(byte)
+                case .conflict: return .conflict
+                case .shardClosed: return .shardClosed
+                }
+            } else {
+                let check = plan.checks[nextCheck]
+                nextCheck += 1
+                if writerWaits == false { continue } // no queue byte needs a look
+                switch try self.check(check, writerWaits: &writerWaits) {
+                case .taken: break
+                case .conflict:
+                    giveBackQueued(above: check, &queued)
+                    return .conflict
+                case .shardClosed: return .shardClosed
+                }
+            }
+        }
+        var taken: [Byte] = []
+        taken.reserveCapacity(plan.bytes.count)
+        // All or nothing: on a refusal, or a lock call that throws, what was taken goes back.
+        var complete = false
+        defer { if !complete { for byte in taken.reversed() { _ = give(byte) } } }
+        for byte in plan.bytes {
+            let outcome = try take(byte)
+            guard case .taken = outcome else { return outcome == .conflict ? .conflict : .shardClosed }
+            taken.append(byte)
+        }
+        complete = true
+        return .held(Held(bytes: queued + taken))
+    }
+
+    /// Gives back the queue bytes of `queued` above `offset` (the last ones: they were
+    /// taken in order).
+    func giveBackQueued(above offset: Int64, _ queued: inout [Byte]) {
+        var above: [Byte] = []
+        while let last = queued.last, last.offset > offset { above.append(queued.removeLast()) }
+        release(Held(bytes: above.reversed()))
+    }
+
+    /// Whether the writers' queue byte `check` is free of other processes' writers
+    /// (`.taken`: it is). `writerWaits` is whether another process's writer waits
+    /// anywhere, once looked at.
+    func check(_ check: Int64, writerWaits: inout Bool?) throws -> Take {
+        try shards[Self.shard(check)].state.withLock { state in
+            guard state.fd >= 0 else { return .shardClosed }
+            // This process queues there itself.
+            if state.counts[check]?.kernel == fc_F_WRLCK { return .taken }
+            // The item (or, for a directory, its inside byte) is already held in the kernel
+            // by this process (idle, or by another task) and no doorbell has rung since: no
+            // writer can be queued behind it without having rung, so the check would find
+            // nothing.
+            if !suspended.load(ordering: .relaxed), Self.holds(state, check - 2) || Self.holds(state, check - 1) { return .taken }
+            // A writer that has to wait raises the waiting flag before it sleeps: while no
+            // other process holds it, no writer waits anywhere and no queue byte needs a
+            // look (one call for a whole batch instead of one per file).
+            if writerWaits == nil {
+                var flag: Int16 = fc_F_UNLCK
+                guard fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &flag) == 0 else { throw lockError("F_OFD_GETLK") }
+                writerWaits = flag != fc_F_UNLCK
+            }
+            guard writerWaits == true else { return .taken }
+            var conflicting: Int16 = fc_F_UNLCK
+            guard fc_ofd_getlock(state.fd, fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
+            return conflicting == fc_F_UNLCK ? .taken : .conflict
+        }
+    }
+
+    /// Whether this process holds `offset` in the kernel.
+    static func holds(_ state: borrowing ShardState, _ offset: Int64) -> Bool {
+        (state.counts[offset]?.kernel ?? fc_F_UNLCK) != fc_F_UNLCK
+    }
+
+    /// Counts `byte` for this process, asking the kernel only when the process does not
+    /// hold it strongly enough already.
+    func take(_ byte: Byte) throws -> Take {
+        try shards[Self.shard(byte.offset)].state.withLock { state in
+            guard state.fd >= 0 else { return .shardClosed }
+            var count = state.counts[byte.offset] ?? Count()
+            let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
+            let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
+            if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
+                if fc_ofd_lock(state.fd, needed, byte.offset, 1, 0) != 0 {
+                    let error = errno
+                    if error == EAGAIN || error == EACCES { return .conflict }
+                    throw lockError("F_OFD_SETLK", error)
+                }
+                count.kernel = needed
+            }
+            if wasIdle { // an idle byte taken again
+                state.idle -= 1
+                idleTotal.subtract(1, ordering: .relaxed)
+            }
+            if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
+            state.counts[byte.offset] = count
+            return .taken
+        }
+    }
+
+    /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
+    /// whether the kernel lock changed.
+    func give(_ byte: Byte) -> Bool {
+        shards[Self.shard(byte.offset)].state.withLock { state in
+            guard var count = state.counts[byte.offset] else { return false }
+            if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
+            if count.total <= 0 && count.kernel == fc_F_RDLCK && listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed)
+                && !closed.load(ordering: .relaxed) {
+                // Kept, idle: the shared kernel lock stays for the next task that needs it
+                // (an exclusive one is never kept: a process stopped with it would hold off
+                // every reader). Past the limit, every idle byte goes (``release(_:)``).
+                count.shared = 0
+                count.exclusive = 0
+                state.counts[byte.offset] = count
+                state.idle += 1
+                idleTotal.add(1, ordering: .relaxed)
+                return false
+            }
+            if count.total <= 0 {
+                state.counts[byte.offset] = nil
+                _ = fc_ofd_lock(state.fd, fc_F_UNLCK, byte.offset, 1, 0)
+                return true
+            }
+            if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
+                _ = fc_ofd_lock(state.fd, fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
+                count.kernel = fc_F_RDLCK
+                state.counts[byte.offset] = count
+                return true
+            }
+            state.counts[byte.offset] = count
+            return false
+        }
+    }
+
+    /// Gives back every idle byte: in each shard, sorted by offset, each run of idle
+    /// bytes not interrupted by a byte a task holds is one unlock call. Returns whether
+    /// there was any.
+    @discardableResult
+    func dropIdleBytes() -> Bool {
+        var any = false
+        for shard in shards {
+            let dropped = shard.state.withLock { state -> Int in
+                guard state.idle > 0 else { return 0 }
+                // Every byte held: its offset shifted left once, the low bit set for an
+                // idle one (offsets are below 2^62), so that a plain integer sort orders them.
+                var bytes = state.counts.compactMap { offset, count in
+                    count.kernel != fc_F_UNLCK ? offset << 1 | (count.total == 0 ? 1 : 0) : nil
+                }
+                bytes.sort()
+                var index = 0
+                while index < bytes.count {
+                    guard bytes[index] & 1 == 1 else {
+                        index += 1
+                        continue
+                    }
+                    let first = bytes[index] >> 1
+                    var last = first
+                    while index < bytes.count, bytes[index] & 1 == 1 {
+                        last = bytes[index] >> 1
+                        state.counts[last] = nil
+                        index += 1
+                    }
+                    _ = fc_ofd_lock(state.fd, fc_F_UNLCK, first, last - first + 1, 0)
+                }
+                defer { state.idle = 0 }
+                return state.idle
+            }
+            if dropped > 0 {
+                idleTotal.subtract(dropped, ordering: .relaxed)
+                any = true
+            }
+        }
+        return any
+    }
+
+    /// Gives the bytes back; wakes this process's waiters, and rings the doorbell when
+    /// another process waits.
+    func release(_ held: Held) {
+        guard !held.bytes.isEmpty else { return }
+        // Not under a reduced budget: the watches cost descriptors (the inotify instance,
+        // the watcher's doorbell) that such a process counted on for its files.
+        if shardBudget == Self.shardCount, !listening.load(ordering: .relaxed), releases.add(1, ordering: .relaxed).newValue == 2 {
+            let start = startWatching
+            Task { _ = await start() }
+        }
+        var changed = false
+        for byte in held.bytes.reversed() where give(byte) { changed = true }
+        if idleTotal.load(ordering: .relaxed) > Self.idleLimit { dropIdleBytes() }
+        // Claims that opened shards past a reduced budget (several at once, or one
+        // spanning many) leave the process over it: close what now holds nothing.
+        if shardBudget < Self.shardCount, openShardCount > shardBudget { closeShards(keeping: 0, toFit: 0) }
+        guard changed else { return }
+        let waiters = state.withLock { Self.takeWaiters(&$0) }
+        for waiter in waiters { waiter.resume() }
+        var conflicting: Int16 = fc_F_UNLCK
+        if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0 {
+            if conflicting != fc_F_UNLCK {
+                ringDoorbell()
+            } else {
+                // Nobody waits any more: idle bytes may be kept again.
+                suspended.store(false, ordering: .relaxed)
+            }
+        }
+    }
+
+    /// Gives back every idle byte (another process may be waiting for one); returns
+    /// whether there was any. With `suspend`, no new ones are kept until a release finds
+    /// nobody waiting.
+    @discardableResult
+    func dropIdle(suspend: Bool) -> Bool {
+        if suspend { suspended.store(true, ordering: .relaxed) }
+        return dropIdleBytes()
+    }
+
+    /// The process leaves the space: idle bytes go, none are kept from now on, and the
+    /// shard files are closed (a process that joins and leaves spaces keeps no descriptor).
+    func close() {
+        closed.store(true, ordering: .relaxed)
+        if dropIdle(suspend: false) { ringDoorbell() }
+        for (index, shard) in shards.enumerated() {
+            let fd = shard.state.withLock { state in
+                defer {
+                    state = ShardState(pins: state.pins)
+                    openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
+                }
+                return state.fd
+            }
+            if fd >= 0 { Glibc.close(fd) }
+        }
+    }
+
+    /// Wakes every process waiting on the space's claims.
+    func ringDoorbell() {
+        var byte: UInt8 = 1
+        _ = pwrite(fd, &byte, 1, off_t(Self.doorbellOffset))
+    }
+}

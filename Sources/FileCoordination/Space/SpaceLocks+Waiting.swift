@@ -1,0 +1,90 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Waiting for the kernel locks to change (another process let go), and the descriptors
+/// that hold this process's claims.
+extension SpaceLocks {
+    // MARK: Waiting
+
+    /// A new generation: every parked waiter is taken, to be resumed (outside the lock)
+    /// so that it tries again.
+    static func takeWaiters(_ state: inout State) -> [UnsafeContinuation<Void, any Error>] {
+        state.generation &+= 1
+        defer { state.waiters.removeAll() }
+        return Array(state.waiters.values)
+    }
+
+    /// Ends the wait of the acquisition with this token (its coordinator was cancelled).
+    func cancel(token: UInt64) {
+        let waiters = state.withLock { state in
+            state.cancelled.insert(token)
+            return Self.takeWaiters(&state)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`:
+    /// this process's waiters try again, and its idle bytes go (someone may wait for
+    /// one); if there were any, the doorbell rings for the waiters elsewhere.
+    func somethingChanged() {
+        let waiters = state.withLock { Self.takeWaiters(&$0) }
+        for waiter in waiters { waiter.resume() }
+        if dropIdle(suspend: true) { ringDoorbell() }
+    }
+
+    func waitForChange(after generation: UInt64) async throws {
+        let id = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
+                let parked = state.withLock { state in
+                    guard state.generation == generation, !Task.isCancelled else { return false }
+                    state.waiters[id] = continuation
+                    return true
+                }
+                if !parked { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    func raiseWaitingFlag() {
+        state.withLock { state in
+            state.waiting += 1
+            if state.waiting == 1 { _ = fc_ofd_lock(fd, fc_F_RDLCK, Self.waitingFlagOffset, 1, 0) }
+        }
+    }
+
+    func lowerWaitingFlag() {
+        state.withLock { state in
+            state.waiting -= 1
+            if state.waiting == 0 { _ = fc_ofd_lock(fd, fc_F_UNLCK, Self.waitingFlagOffset, 1, 0) }
+        }
+    }
+
+    /// `claims.lock` and every shard file in which this process holds a byte: a child
+    /// process that inherits them keeps this process's claims until it ends, even if this
+    /// process dies first (the locks belong to the open files, not to the process), and
+    /// its exit is the `IN_CLOSE_WRITE` that wakes the waiters.
+    func descriptorsHoldingClaims() -> [Int32] {
+        [fd] + shards.compactMap { shard in shard.state.withLock { $0.fd >= 0 && !$0.counts.isEmpty ? $0.fd : nil } }
+    }
+
+    /// Bytes this process holds in the kernel (for tests and `status`).
+    var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.counts.count } } }
+
+    func lockError(_ operation: String, _ code: Int32 = errno) -> FileCoordinationError {
+        FileCoordinationError(code: .io, path: path, operation: operation, errno: Errno(rawValue: code),
+                              message: "the coordination space's lock file refused a lock")
+    }
+}
