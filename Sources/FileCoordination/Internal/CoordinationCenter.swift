@@ -210,7 +210,9 @@ final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
-        try await takeKernelClaims(id, claims, owner: owner)
+        if let space = joinedSpace, !takeKernelClaimsNow(id, claims, in: space) {
+            try await takeKernelClaims(id, claims, owner: owner)
+        }
         Self.trace("claim granted after waiting", id, claims)
         return (id, true)
     }
@@ -257,10 +259,11 @@ final class CoordinationCenter: Sendable {
     }
 
     /// After the in-process grant, the claims other processes see (one kernel lock per
-    /// byte for all of this process's tasks). On failure the grant is given back.
+    /// byte for all of this process's tasks), when ``takeKernelClaimsNow(_:_:in:)`` could
+    /// not take them: waiting for another process, or opening shards first. On failure
+    /// the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
         guard let space = joinedSpace else { return }
-        if takeKernelClaimsNow(id, claims, in: space) { return }
         let plan = space.locks.cachedPlan(for: claims)
         state.withLock { state in
             state.kernelWaiting[id] = claims
@@ -285,7 +288,7 @@ final class CoordinationCenter: Sendable {
         }
     }
 
-    /// The usual case of ``takeKernelClaims(_:_:owner:)``: nothing in the way and every
+    /// The usual case of taking the kernel claims: nothing in the way and every
     /// shard open; no suspension, so a caller on the main actor stays there.
     private func takeKernelClaimsNow(_ id: RequestID, _ claims: [CoordinationRules.Claim], in space: CoordinationSpace) -> Bool {
         guard let held = space.locks.tryAcquireNow(space.locks.cachedPlan(for: claims)) else { return false }
