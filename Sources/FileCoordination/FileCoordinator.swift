@@ -311,6 +311,14 @@ public final class FileCoordinator: Sendable {
         return (path, key)
     }
 
+    /// The path that claims and presenters of the item at `path` meet on, as `status`
+    /// names them (``CanonicalPaths``): for `filecoord`'s diagnostics. Blocking (it may
+    /// resolve links): on an I/O thread.
+    @_spi(FileCoordinationInternal)
+    public static func claimPath(of path: FilePath, followingLast: Bool) -> FilePath {
+        CanonicalPaths.canonicalNow(normalized(path), followingLast: followingLast)
+    }
+
     /// The absolute, lexically normalized path of a `file:` URL.
     static func normalizedPath(_ url: URL) throws(FileCoordinationError) -> FilePath {
         normalized(try FilePath(fileURL: url))

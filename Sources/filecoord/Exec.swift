@@ -57,17 +57,18 @@ struct Exec: AsyncParsableCommand {
     }
 
     func run() async throws {
-        var wanted = reads.map { FileAccessIntent.readingIntent(with: RawArguments.path($0).fileURL) }
-        wanted += writes.map { FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL) }
-        wanted += deletes.map { FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting) }
+        // Each claim as an intent, and as the wait's line and a timeout name it.
+        var claims = reads.map { (FileAccessIntent.readingIntent(with: RawArguments.path($0).fileURL),
+                                  InTheWay.Wanted(path: RawArguments.path($0), isWrite: false)) }
+        claims += writes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL),
+                                InTheWay.Wanted(path: RawArguments.path($0), isWrite: true)) }
+        claims += deletes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting),
+                                 InTheWay.Wanted(path: RawArguments.path($0), isWrite: true, followingLast: false)) }
         let coordinator = try await coordination.coordinator()
-        let (command, intents) = (command, wanted)
+        let (command, intents) = (command, claims.map(\.0))
         let status: Int32
         do {
-            var wanted = reads.map { InTheWay.Wanted(RawArguments.path($0), isWrite: false) }
-            wanted += writes.map { InTheWay.Wanted(RawArguments.path($0), isWrite: true) }
-            wanted += deletes.map { InTheWay.Wanted(RawArguments.path($0), isWrite: true, followingLast: false) }
-            status = try await coordination.run(wanted: wanted) { reporter in
+            status = try await coordination.run(wanted: claims.map(\.1)) { reporter in
                 try await coordinator.coordinate(with: intents) {
                     reporter.granted()
                     let space = FileCoordinator.coordinationSpace

@@ -6,16 +6,14 @@ import Foundation
 /// presenters of the items (asked, or not answering). For the line a wait prints after a
 /// second, and for the error of a claim that timed out.
 enum InTheWay {
-    /// An item a command claims, as the space names it (links resolved as the library
-    /// resolves them, closely enough to find the holders).
+    /// An item a command claims, as it was named. ``describe(_:in:timeout:)`` finds it
+    /// in `status` under the path the library claims it by.
     struct Wanted: Sendable {
         var path: FilePath
         var isWrite: Bool
-
-        init(_ path: FilePath, isWrite: Bool, followingLast: Bool = true) {
-            self.path = InTheWay.canonical(path, followingLast: followingLast)
-            self.isWrite = isWrite
-        }
+        /// Links in the last component are followed (a read or write of content), not
+        /// for a delete, which acts on the name.
+        var followingLast = true
     }
 
     /// How long a waiting claim stays silent before it says who is in the way.
@@ -25,6 +23,10 @@ enum InTheWay {
     /// process in the way; empty when the space names nobody (the wait ended meanwhile).
     static func describe(_ wanted: [Wanted], in space: CoordinationSpace, timeout: Duration) async -> [String] {
         guard let status = try? await space.status(timeout: timeout) else { return [] }
+        // Resolving links blocks: on an I/O thread.
+        guard let wanted = try? await runOnIOThread({
+            wanted.map { Wanted(path: FileCoordinator.claimPath(of: $0.path, followingLast: $0.followingLast), isWrite: $0.isWrite) }
+        }) else { return [] }
         let me = getpid()
         let conflicting = status.claims.filter { claim in
             claim.processIdentifier != me && wanted.contains { ($0.isWrite || claim.isWrite) && related($0.path, claim.path) }
@@ -50,23 +52,6 @@ enum InTheWay {
     /// The same item, or one inside the other.
     private static func related(_ a: FilePath, _ b: FilePath) -> Bool {
         a == b || a.starts(with: b) || b.starts(with: a)
-    }
-
-    /// `path` made absolute with its links resolved (`realpath`); for a name that does
-    /// not exist yet, or a link acted on as itself, its directory's.
-    static func canonical(_ path: FilePath, followingLast: Bool) -> FilePath {
-        let absolute = path.isAbsolute ? path : FilePath(FileManager.default.currentDirectoryPath).pushing(path)
-        if followingLast, let resolved = realPath(absolute) { return resolved }
-        guard let name = absolute.lastComponent, let directory = realPath(absolute.removingLastComponent()) else { return absolute }
-        return directory.appending(name)
-    }
-
-    private static func realPath(_ path: FilePath) -> FilePath? {
-        path.withPlatformString { name in
-            guard let resolved = realpath(name, nil) else { return nil }
-            defer { free(resolved) }
-            return FilePath(platformString: resolved)
-        }
     }
 }
 

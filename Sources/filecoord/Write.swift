@@ -100,7 +100,7 @@ struct Write: AsyncParsableCommand {
             return
         }
         let coordinator = try await coordination.coordinator()
-        try await coordination.run(wanted: [InTheWay.Wanted(path, isWrite: true)]) { reporter in
+        try await coordination.run(wanted: [InTheWay.Wanted(path: path, isWrite: true)]) { reporter in
             try await coordinator.coordinate(writingItemAt: path.fileURL, options: []) { url in
                 reporter.granted()
                 return try await publish(url)
