@@ -44,9 +44,12 @@ struct FileCoord: ParsableCommand {
     /// The subcommand the arguments name (the first argument that is one), for the
     /// pointer to its help in a usage error.
     static func subcommandNamed(in arguments: [String]) -> String? {
-        let names = configuration.subcommands.map { $0._commandName }
+        let names = subcommandNames
         return arguments.prefix { $0 != "--" }.first { names.contains($0) }
     }
+
+    /// The subcommands' names, as typed.
+    static var subcommandNames: [String] { configuration.subcommands.map { $0._commandName } }
 
     /// Runs the command in a task while the main thread waits for it.
     ///
@@ -82,7 +85,7 @@ struct FileCoord: ParsableCommand {
             let arguments = RawArguments.parserArguments
             // `help NOSUCH` would print the general help and succeed.
             if arguments.first == "help", arguments.count > 1, !arguments[1].hasPrefix("-"),
-               !configuration.subcommands.contains(where: { $0._commandName == arguments[1] }) {
+               !subcommandNames.contains(arguments[1]) {
                 throw ValidationError("no subcommand named '\(arguments[1])'")
             }
             var command = try parseAsRoot(arguments)
