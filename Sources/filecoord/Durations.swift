@@ -35,14 +35,13 @@ struct CommandDuration: ExpressibleByArgument, Sendable, Equatable {
     }
 
     /// How `--help` shows a default: as it would be typed.
-    var defaultValueDescription: String {
-        guard seconds.isFinite else { return "inf" }
-        return seconds == seconds.rounded() && seconds < 1e15 ? "\(Int(seconds))s" : "\(seconds)s"
-    }
+    var defaultValueDescription: String { seconds.isFinite ? number + "s" : "inf" }
 
     /// The value as the tool prints it: `0.3 s`, `2 s`, `forever`.
-    var description: String {
-        guard seconds.isFinite else { return "forever" }
-        return seconds == seconds.rounded() && seconds < 1e15 ? "\(Int(seconds)) s" : "\(seconds) s"
+    var description: String { seconds.isFinite ? number + " s" : "forever" }
+
+    /// The seconds without a needless `.0`.
+    private var number: String {
+        seconds == seconds.rounded() && abs(seconds) < 1e15 ? "\(Int(seconds))" : "\(seconds)"
     }
 }
