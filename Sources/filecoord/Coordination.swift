@@ -16,14 +16,10 @@ struct SpaceOption: ParsableArguments {
 
     func validate() throws {
         try Self.validate(space)
-        if let logLevel {
-            guard let level = Logs.level(named: logLevel) else {
-                throw ValidationError("--log-level: no level named '\(logLevel)'; the levels are error, warning, info, debug, trace")
-            }
-            Logs.level = level
-        } else if let name = ProcessInfo.processInfo.environment["FILECOORD_LOG_LEVEL"], !name.isEmpty {
+        let environment = ProcessInfo.processInfo.environment["FILECOORD_LOG_LEVEL"].flatMap { $0.isEmpty ? nil : $0 }
+        if let (source, name) = logLevel.map({ ("--log-level", $0) }) ?? environment.map({ ("FILECOORD_LOG_LEVEL", $0) }) {
             guard let level = Logs.level(named: name) else {
-                throw ValidationError("FILECOORD_LOG_LEVEL: no level named '\(name)'; the levels are error, warning, info, debug, trace")
+                throw ValidationError("\(source): no level named '\(name)'; the levels are error, warning, info, debug, trace")
             }
             Logs.level = level
         }
