@@ -57,6 +57,26 @@ extension CrossProcessTests {
         _ = await presenter.wait()
     }
 
+    @Test("a writer killed while the presenter is still relinquishing: the presenter gets its item back and hears changes again",
+          .timeLimit(.minutes(2)))
+    func writerDeathDuringRelinquishLeavesNoDeafPresenter() async throws {
+        let file = scratch.write("doc", "old")
+        // The relinquish takes 2 s to answer: the writer dies in the middle of it.
+        let (presenter, stream) = try await present(file, "--ack-delay", "2s")
+        var lines = stream
+        let writer = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--", "true"])
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "relinquishToWriter" } == ["relinquishToWriter"])
+        kill(writer.pid, SIGKILL)
+        _ = await writer.wait()
+        // Its reacquirer runs once the relinquish is done, the asker being gone (and the
+        // save the request asked for is not made: nobody is going to write).
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["reacquire"])
+        try await offThePool { try Data("changed outside".utf8).write(to: URL(fileURLWithPath: file), options: .atomic) }
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "didChange" } == ["didChange"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("requests whose writers gave up (presenter timeout) while the presenter was stopped are not served: the next writer waits for one acknowledgement, not for every stale one",
           .timeLimit(.minutes(2)))
     func staleRequestsAreSkipped() async throws {

@@ -43,7 +43,7 @@ public final class CoordinationSpace: Sendable {
     /// Set once the watches are in place.
     private let watched = Atomic<Bool>(false)
     /// What this process's record says (see ``writeRecord(listening:claims:)``).
-    private let record = Locked<(listening: Bool, claims: [SpaceMessage.Field], left: Bool)>((false, [], false))
+    private let record = Locked<(listening: Bool, claims: [SpaceProtocol.ClaimLine], left: Bool)>((false, [], false))
     /// Bumped whenever this process's claims in the space change.
     private let claimsGeneration = Atomic<UInt64>(0)
     /// Set while a task is on its way to write the claims into the record.
@@ -143,8 +143,8 @@ public final class CoordinationSpace: Sendable {
     /// (`filecoord exec`, before its command runs: the command inherits the claims).
     @_spi(FileCoordinationInternal)
     public func describeClaimsInRecord() async {
-        let fields = Self.claimFields(CoordinationCenter.shared.statusClaims().held)
-        _ = try? await runOnIOThread { try self.writeRecord(claims: fields) }
+        let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)
+        _ = try? await runOnIOThread { try self.writeRecord(claims: claims) }
     }
 
     /// This process's claims in the space changed: they are written into its record
@@ -168,8 +168,8 @@ public final class CoordinationSpace: Sendable {
         while true {
             try? await Task.sleep(for: Self.claimRecordDelay) // ok: the debounce of record writes
             let seen = claimsGeneration.load(ordering: .acquiring)
-            let fields = Self.claimFields(CoordinationCenter.shared.statusClaims().held)
-            _ = try? await runOnIOThread { try self.writeRecord(claims: fields) }
+            let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)
+            _ = try? await runOnIOThread { try self.writeRecord(claims: claims) }
             if claimsGeneration.load(ordering: .acquiring) != seen { continue }
             recordingClaims.store(false, ordering: .releasing)
             // A change that came between the load and the store saw the flag set and left
@@ -179,31 +179,30 @@ public final class CoordinationSpace: Sendable {
         }
     }
 
-    /// Claims as the record and `status` replies list them (`claim.N` = `w PATH` or
-    /// `r PATH`), as many as fit well inside a message.
-    static func claimFields(_ claims: [CoordinationRules.Claim]) -> [SpaceMessage.Field] {
-        var fields: [SpaceMessage.Field] = []
+    /// Claims as the record and `status` replies list them, as many as fit well inside
+    /// a message.
+    static func claimLines(_ claims: [CoordinationRules.Claim]) -> [SpaceProtocol.ClaimLine] {
+        var lines: [SpaceProtocol.ClaimLine] = []
         var size = 0
         for claim in claims {
-            let field = SpaceMessage.Field(key: "claim.\(fields.count)",
-                                           value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes)
-            size += field.key.utf8.count + field.value.count + 2
+            // `claim.N w PATH`, percent-encoding aside.
+            size += 12 + claim.path.length
             guard size <= SpaceMessage.maximumSize / 2 else { break }
-            fields.append(field)
+            lines.append(.init(isWrite: claim.access == .writing, path: claim.path))
         }
-        return fields
+        return lines
     }
 
     /// Rewrites this process's record in place (its descriptor holds the liveness lock),
     /// changing what is given. Blocking; under a lock, so that two writers cannot
     /// interleave.
-    func writeRecord(listening: Bool? = nil, claims: [SpaceMessage.Field]? = nil) throws {
+    func writeRecord(listening: Bool? = nil, claims: [SpaceProtocol.ClaimLine]? = nil) throws {
         let files = mail.files
         try record.withLock { record in
             guard !record.left else { return }
             if let listening { record.listening = listening }
             if let claims { record.claims = claims }
-            try files.writeRecord(SpaceFiles.record(listening: record.listening, fields: record.claims))
+            try files.writeRecord(SpaceProtocol.ProcessRecord(pid: getpid(), listening: record.listening, claims: record.claims))
         }
     }
 
@@ -344,7 +343,7 @@ struct SpaceFiles: Sendable {
         let procFD = try openFile(hidden, O_CREAT | O_EXCL)
         made.hidden = true
         processFD = procFD
-        let bytes = Self.record(listening: false).encoded()
+        let bytes = SpaceProtocol.ProcessRecord(pid: getpid(), listening: false).encoded().encoded()
         guard bytes.withUnsafeBytes({ write(procFD, $0.baseAddress, $0.count) }) == bytes.count else {
             throw fail("write", directory.appending(hidden))
         }
@@ -378,20 +377,10 @@ struct SpaceFiles: Sendable {
         for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { Glibc.close(fd) }
     }
 
-    /// This process's record: its pid, whether it reads its mailbox (a process that does
-    /// not is not asked for its status), and `fields` (claims held for a while, as
-    /// `status` reports them).
-    static func record(listening: Bool, fields: [SpaceMessage.Field] = []) -> SpaceMessage {
-        var record = SpaceMessage(kind: "process", fields: fields)
-        record.set("pid", "\(getpid())")
-        record.set("listening", listening ? "1" : "0")
-        return record
-    }
-
     /// Rewrites this process's record in place (its descriptor holds the liveness lock).
     /// Blocking. Through ``CoordinationSpace/writeRecord(listening:claims:)``.
-    func writeRecord(_ record: SpaceMessage) throws {
-        let bytes = record.encoded()
+    func writeRecord(_ record: SpaceProtocol.ProcessRecord) throws {
+        let bytes = record.encoded().encoded()
         let written = bytes.withUnsafeBytes { pwrite(processFD, $0.baseAddress, $0.count, 0) }
         guard written == bytes.count, ftruncate(processFD, off_t(bytes.count)) == 0 else {
             throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: directory.appending("procs/\(processName)"))

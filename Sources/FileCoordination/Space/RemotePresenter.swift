@@ -39,57 +39,45 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
     var presentedItemURL: URL? { path.fileURL }
     var description: String { "the presenter of \(path) in process \(pid)" }
 
-    private func message(_ kind: String, path: FilePath? = nil, to: FilePath? = nil) -> SpaceMessage {
-        var message = SpaceMessage(kind: kind)
-        message.set("presenter", "\(number)")
-        message.set("path", path ?? self.path)
-        if let to { message.set("to", to) }
-        return message
+    private func message(_ call: SpaceProtocol.Call, path: FilePath? = nil) -> SpaceProtocol.Body {
+        .presenter(.init(presenter: number, path: path ?? self.path, call: call))
     }
 
     /// Sends and waits; throws the presenter's own error text when it refused.
-    private func ask(_ message: SpaceMessage) async throws -> Bool {
-        guard let reply = try await mail.request(message, to: process) else { return false }
-        if reply.string("result") == "error" {
-            throw FileCoordinationError(code: .presenterFailed, path: path, operation: message.kind,
-                                        message: "\(self) refused: \(reply.string("text") ?? "no reason given")")
+    private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil) async throws -> Bool {
+        guard let answer = try await mail.request(message(call, path: path), to: process) else { return false }
+        if case .reply(let reply) = answer, let text = reply.failure {
+            throw FileCoordinationError(code: .presenterFailed, path: path ?? self.path, operation: call.kind,
+                                        message: "\(self) refused: \(text)")
         }
         return true
     }
 
     /// Posts a message that has no answer: the coordination waits for its write once, at
     /// its end (``SpaceMail/flush()``).
-    private func tell(_ message: SpaceMessage) async {
-        mail.tell(message, to: process)
+    private func tell(_ call: SpaceProtocol.Call, path: FilePath? = nil) {
+        mail.tell(message(call, path: path), to: process)
     }
 
-    /// What a presenter does after relinquishing, in the same request.
-    enum FollowUp: String { case save, accommodateDeletion = "accommodate-deletion" }
+    typealias FollowUp = SpaceProtocol.Relinquish.FollowUp
 
     /// Relinquish, then the follow-up step and the subitem deletions, in one round trip.
     /// Returns nil when the presenter's process is gone.
     func relinquish(_ item: FilePath, kind: FileAccessRequest.Kind, purpose: String, then followUp: FollowUp? = nil,
                     subitemDeletions: [FilePath] = []) async throws -> FileReacquirer? {
-        var message = message("relinquish", path: item)
-        message.set("access", kind == .writing ? "write" : "read")
-        if let followUp { message.set("then", followUp.rawValue) }
-        for (index, subitem) in subitemDeletions.enumerated() { message.set("subitem.\(index)", subitem) }
-        message.set("purpose", purpose)
-        let id = mail.nextID()
-        message.set("re", "\(id)")
-        var reacquire = self.message("reacquire")
-        reacquire.set("re", "\(id)")
+        let re = mail.nextID()
+        let request = SpaceProtocol.Relinquish(access: kind == .writing ? .write : .read, purpose: purpose, re: re,
+                                               then: followUp, subitemDeletions: subitemDeletions)
         do {
-            guard try await ask(message) else { return nil }
+            guard try await ask(.relinquish(request), path: item) else { return nil }
         } catch let error where error is CancellationError || error is RemoteNoAnswer {
             // Given up on (the presenter timeout, or the coordination was cancelled): the
             // presenter may still relinquish later, and must then get its item back.
             // Posted now, ahead of anything this process sends that presenter next.
-            mail.tell(reacquire, to: process)
+            tell(.reacquire(re: re))
             throw error
         }
-        let done = reacquire
-        return { [self] in await tell(done) }
+        return { [self] in tell(.reacquire(re: re)) }
     }
 
     func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
@@ -100,24 +88,24 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         try await relinquish((try? FilePath(fileURL: request.url)) ?? path, kind: request.kind, purpose: request.purposeIdentifier)
     }
 
-    func savePresentedItemChanges() async throws { _ = try await ask(message("save")) }
-    func accommodatePresentedItemDeletion() async throws { _ = try await ask(message("accommodate-deletion")) }
+    func savePresentedItemChanges() async throws { _ = try await ask(.save) }
+    func accommodatePresentedItemDeletion() async throws { _ = try await ask(.accommodateDeletion) }
     func accommodatePresentedSubitemDeletion(at url: URL) async throws {
-        _ = try await ask(message("accommodate-subitem-deletion", path: try FilePath(fileURL: url)))
+        _ = try await ask(.accommodateSubitemDeletion, path: try FilePath(fileURL: url))
     }
-    func presentedItemDidChange() async { await tell(message("did-change")) }
+    func presentedItemDidChange() async { tell(.didChange) }
     func presentedItemDidMove(to url: URL) async {
-        if let to = try? FilePath(fileURL: url) { await tell(message("did-move", to: to)) }
+        if let to = try? FilePath(fileURL: url) { tell(.didMove(to: to)) }
     }
     func presentedSubitemDidAppear(at url: URL) async {
-        if let at = try? FilePath(fileURL: url) { await tell(message("subitem-appear", path: at)) }
+        if let at = try? FilePath(fileURL: url) { tell(.subitemDidAppear, path: at) }
     }
     func presentedSubitemDidChange(at url: URL) async {
-        if let at = try? FilePath(fileURL: url) { await tell(message("subitem-change", path: at)) }
+        if let at = try? FilePath(fileURL: url) { tell(.subitemDidChange, path: at) }
     }
     func presentedSubitem(at url: URL, didMoveTo newURL: URL) async {
         if let at = try? FilePath(fileURL: url), let to = try? FilePath(fileURL: newURL) {
-            await tell(message("subitem-move", path: at, to: to))
+            tell(.subitemDidMove(to: to), path: at)
         }
     }
 }

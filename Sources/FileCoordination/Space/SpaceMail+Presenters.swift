@@ -23,12 +23,8 @@ extension SpaceMail {
             state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
             return (state.nextPresenter, existing)
         }
-        var record = SpaceMessage(kind: "presenter")
-        record.set("from", me)
-        record.set("pid", "\(getpid())")
-        record.set("presenter", "\(number)")
-        record.set("path", path)
-        let bytes = record.encoded()
+        let record = SpaceProtocol.PresenterRecord(from: me, pid: getpid(), presenter: number, path: path)
+        let bytes = record.encoded().encoded()
         let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
         let previous = replaced.map { "presenters/\(me)-\($0)" }
         do {
@@ -81,9 +77,9 @@ extension SpaceMail {
         let (dirFD, me) = (files.directoryFD, me)
         let known = state.withLock { Set($0.remoteByName.keys) }
         let ignored = state.withLock { $0.ignoredRecords }
-        let scan: ([String], [String: SpaceMessage])? = try? await runOnIOThread {
+        let scan: ([String], [String: SpaceProtocol.PresenterRecord])? = try? await runOnIOThread {
             let names = try Self.list(dirFD, "presenters").filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
-            var fresh: [String: SpaceMessage] = [:]
+            var fresh: [String: SpaceProtocol.PresenterRecord] = [:]
             for name in names where !known.contains(name) && !ignored.contains(name) {
                 guard let owner = Self.processOfPresenter(name) else {
                     self.setAside("presenters", name, reason: "not a presenter record's name")
@@ -91,10 +87,15 @@ extension SpaceMail {
                 }
                 let reason: String
                 switch self.readMessage(dirFD: dirFD, name: Array("presenters/\(name)".utf8)) {
-                case .success(let record) where record.kind == "presenter":
-                    fresh[name] = record
-                    continue
-                case .success(let record): reason = "a \(record.kind), not a presenter"
+                case .success(let message):
+                    do throws(SpaceProtocol.Invalid) {
+                        fresh[name] = try SpaceProtocol.PresenterRecord(decoding: message)
+                        continue
+                    } catch .unknownKind(let kind) {
+                        reason = "a \(kind), not a presenter"
+                    } catch {
+                        reason = error.text
+                    }
                 case .failure(let failure): reason = failure.rawValue
                 }
                 // Ours to remove once its process is gone; while it lives, said once here.
@@ -118,12 +119,10 @@ extension SpaceMail {
             // starts one): a name another refresh added meanwhile keeps its proxy. A
             // second proxy of one presenter would ask it once more per coordination.
             for (name, record) in fresh where state.remoteByName[name] == nil {
-                guard let process = record.string("from"), let path = record.path("path"),
-                      let number = record.number("presenter") else { continue }
-                let proxy = RemotePresenter(mail: self, process: process, number: number, path: path,
-                                            pid: Int32(record.string("pid") ?? "") ?? 0)
+                let proxy = RemotePresenter(mail: self, process: record.from, number: record.presenter, path: record.path,
+                                            pid: record.pid)
                 state.remoteByName[name] = proxy
-                state.remote.add(proxy, at: path)
+                state.remote.add(proxy, at: record.path)
             }
             state.remoteSequence = sequence
         }
@@ -147,98 +146,98 @@ extension SpaceMail {
 
     // MARK: Serving requests for this process's presenters
 
-    func serve(_ message: SpaceMessage) async {
-        guard let from = message.string("from"), let id = message.number("id") else { return }
-        let key = Self.keptKey(message, from: from, id: id)
-        let presenter = message.number("presenter").flatMap { number in state.withLock { $0.local[number]?.presenter } }
-        // Made only by the kinds that use it: parsing a URL is not free.
-        var url: URL? { message.path("path")?.fileURL }
-        let pid = Int32(message.string("pid") ?? "") ?? 0
-        var reply = SpaceMessage(kind: "reply")
-        reply.set("re", "\(id)")
-        reply.set("result", "ok")
+    func serve(_ message: SpaceProtocol.Message) async {
+        guard case .presenter(let request) = message.body else { return }
+        let from = message.header.from
+        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
+        // Made only by the calls that use it: parsing a URL is not free.
+        var url: URL { request.path.fileURL }
         func replying(_ body: () async throws -> Void) async {
-            do { try await body() } catch {
-                reply.set("result", "error")
-                reply.set("text", Self.describe(error))
-            }
+            var reply = SpaceProtocol.Reply(re: message.header.id)
+            do { try await body() } catch { reply.failure = Self.describe(error) }
             // Written here: this task runs on the library's threads (see `start()`).
-            let write = prepare(reply, to: from, id: nextID())
+            let write = prepare(.reply(reply), to: from, id: nextID())
             post(to: from, inline: true) { try? write() }
         }
-        switch message.kind {
-        case "relinquish":
+        switch request.call {
+        case .relinquish(let relinquish):
+            let key = ServingLedger<KeptRelinquish>.Key(process: from, request: relinquish.re)
             // Its asker gave up on it, or died, before it started: nobody waits for it.
-            guard state.withLock({ $0.queued.remove(key) }) != nil else { return }
+            guard state.withLock({ $0.ledger.startRelinquish(key) }) else { return }
             await replying {
-                guard let presenter, let url else { return }
-                let writing = message.string("access") == "write"
-                let request = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
-                                                purposeIdentifier: message.string("purpose") ?? from, processIdentifier: pid)
-                let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: request)
-                    : try await presenter.relinquishPresentedItem(toReader: request)
-                var suppression: (PresenterWatch, Int)?
-                if writing, let path = message.path("path"), let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
-                    suppression = (watch, watch.beginSuppressing(path))
+                guard let presenter else { return state.withLock { $0.ledger.relinquishFailed(key) } }
+                let writing = relinquish.access == .write
+                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
+                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
+                let reacquirer: FileReacquirer?
+                do {
+                    reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
+                        : try await presenter.relinquishPresentedItem(toReader: fileRequest)
+                } catch {
+                    state.withLock { $0.ledger.relinquishFailed(key) }
+                    throw error
                 }
-                state.withLock { $0.kept[key] = (reacquirer, suppression) }
+                var kept = KeptRelinquish(reacquirer: reacquirer)
+                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
+                    kept.suppression = (watch, watch.beginSuppressing(request.path))
+                }
+                // Its asker died while the presenter relinquished: nobody will reacquire.
+                if let orphan = state.withLock({ $0.ledger.relinquished(key, keeping: kept) }) { return await undo(orphan) }
                 // The steps that follow a relinquish, when the request carries them.
                 do {
-                    switch message.string("then") {
-                    case "save": try await presenter.savePresentedItemChanges()
-                    case "accommodate-deletion": try await presenter.accommodatePresentedItemDeletion()
-                    default: break
+                    switch relinquish.then {
+                    case .save: try await presenter.savePresentedItemChanges()
+                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
+                    case nil: break
                     }
-                    for index in 0... {
-                        guard let subitem = message.path("subitem.\(index)") else { break }
+                    for subitem in relinquish.subitemDeletions {
                         try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
                     }
                 } catch {
                     // It relinquished: it takes the item back before the failure is told.
-                    let kept = state.withLock { $0.kept.removeValue(forKey: key) }
-                    if let (watch, token) = kept?.1 { await watch.endSuppressing(token) }
-                    if let reacquirer = kept?.0 { await reacquirer() }
+                    if let kept = state.withLock({ $0.ledger.reacquire(key) }) { await undo(kept) }
                     throw error
                 }
             }
-        case "save":
+        case .save:
             await replying { try await presenter?.savePresentedItemChanges() }
-        case "accommodate-deletion":
+        case .accommodateDeletion:
             await replying { try await presenter?.accommodatePresentedItemDeletion() }
-        case "accommodate-subitem-deletion":
-            await replying { if let url { try await presenter?.accommodatePresentedSubitemDeletion(at: url) } }
-        case "reacquire":
-            let kept = state.withLock { $0.kept.removeValue(forKey: key) }
+        case .accommodateSubitemDeletion:
+            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
+        case .reacquire(let re):
+            let key = ServingLedger<KeptRelinquish>.Key(process: from, request: re)
+            guard let kept = state.withLock({ $0.ledger.reacquire(key) }) else { return }
             // Usually ended on arrival (`endSuppression(of:)`). Otherwise ending it waits
             // for the watch to catch up (a sync through inotify); the next request need not
             // wait behind it.
-            if let (watch, token) = kept?.1 { Task { await watch.endSuppressing(token) } }
-            if let reacquirer = kept?.0 { await reacquirer() }
-        case "process-ended":
-            let prefix = from + "/"
-            let kept = state.withLock { state in
-                let keys = state.kept.keys.filter { $0.hasPrefix(prefix) }
-                return keys.compactMap { state.kept.removeValue(forKey: $0) }
-            }
-            for (reacquirer, suppression) in kept {
-                if let (watch, token) = suppression { await watch.endSuppressing(token) }
-                if let reacquirer { await reacquirer() }
-            }
-        case "did-change":
+            if let (watch, token) = kept.suppression { Task { await watch.endSuppressing(token) } }
+            await kept.reacquirer?()
+        case .didChange:
             await presenter?.presentedItemDidChange()
-        case "did-move":
-            guard let presenter, let to = message.path("to") else { return }
-            if let from = message.path("path") { await CoordinationCenter.shared.presenterMoved(presenter, from: from, to: to) }
+        case .didMove(let to):
+            guard let presenter else { return }
+            await CoordinationCenter.shared.presenterMoved(presenter, from: request.path, to: to)
             await presenter.presentedItemDidMove(to: to.fileURL)
-        case "subitem-appear":
-            if let url { await presenter?.presentedSubitemDidAppear(at: url) }
-        case "subitem-change":
-            if let url { await presenter?.presentedSubitemDidChange(at: url) }
-        case "subitem-move":
-            if let url, let to = message.path("to") { await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL) }
-        default:
-            PresenterMessenger.logger.warning("ignored a message of an unknown kind", metadata: ["kind": "\(message.kind)", "from": "\(from)"])
+        case .subitemDidAppear:
+            await presenter?.presentedSubitemDidAppear(at: url)
+        case .subitemDidChange:
+            await presenter?.presentedSubitemDidChange(at: url)
+        case .subitemDidMove(let to):
+            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
         }
+    }
+
+    /// A dead process's relinquishes are undone (queued behind what was already handed
+    /// to the serving task: see ``ServingLedger/senderDied(_:)``).
+    func giveBack(_ process: String) async {
+        for kept in state.withLock({ $0.ledger.senderGoneServed(process) }) { await undo(kept) }
+    }
+
+    /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.
+    func undo(_ kept: KeptRelinquish) async {
+        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
+        await kept.reacquirer?()
     }
 
     static func describe(_ error: any Error) -> String {

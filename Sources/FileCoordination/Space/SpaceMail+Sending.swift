@@ -74,7 +74,7 @@ extension SpaceMail {
 
     /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
     /// it); a failure to write it is ignored, as for any `did…` message or `reacquire`.
-    func tell(_ message: SpaceMessage, to target: String) {
+    func tell(_ message: SpaceProtocol.Body, to target: String) {
         let write = prepare(message, to: target, id: nextID())
         post(to: target) { [self] in
             do {
@@ -87,7 +87,7 @@ extension SpaceMail {
 
     /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the
     /// mailbox no longer exists (the process left or died and was cleaned up).
-    func send(_ message: SpaceMessage, to target: String, id: UInt64) async throws {
+    func send(_ message: SpaceProtocol.Body, to target: String, id: UInt64) async throws {
         let write = prepare(message, to: target, id: id)
         try await runOnIOThread(write)
     }
@@ -95,12 +95,10 @@ extension SpaceMail {
     /// The blocking write of one message (write, close), to run on an I/O thread. The file
     /// is one of this process's slots in `target`'s mailbox (see ``MessageSlots``), else,
     /// while every slot holds a message not read yet, a file created for this message.
-    func prepare(_ message: SpaceMessage, to target: String, id: UInt64) -> @Sendable () throws -> Void {
-        PresenterMessenger.logger.debug("message \(message.kind) #\(id) to \(target)")
-        var message = message
-        message.set("from", me)
-        message.set("id", "\(id)")
-        message.set("pid", "\(getpid())")
+    func prepare(_ body: SpaceProtocol.Body, to target: String, id: UInt64) -> @Sendable () throws -> Void {
+        PresenterMessenger.logger.debug("message \(body.kind) #\(id) to \(target)")
+        var message = body.encoded()
+        SpaceProtocol.Header(from: me, id: id, pid: getpid()).stamp(&message)
         let bytes = message.encoded()
         let (dirFD, files) = (files.directoryFD, files)
         return { [self] in
@@ -145,7 +143,7 @@ extension SpaceMail {
     /// parks once, until the reply (or the write's failure, or the target's death) arrives.
     ///
     /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
-    func request(_ message: SpaceMessage, to target: String) async throws -> SpaceMessage? {
+    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
         let watched = await startWatching()
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
@@ -174,8 +172,8 @@ extension SpaceMail {
             }
         }
         return try await withTaskCancellationHandler {
-            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceMessage?, any Error>) in
-                let ready: Result<SpaceMessage?, any Error>? = state.withLock { state in
+            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceProtocol.Body?, any Error>) in
+                let ready: Result<SpaceProtocol.Body?, any Error>? = state.withLock { state in
                     switch state.replies[id] {
                     case .arrived(let outcome):
                         state.replies[id] = nil
@@ -192,7 +190,7 @@ extension SpaceMail {
             }
         } onCancel: {
             // Parked: resumed here. Not parked yet: withdrawn, so parking fails at once.
-            let waiting = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+            let waiting = state.withLock { state -> UnsafeContinuation<SpaceProtocol.Body?, any Error>? in
                 guard case .waiting(_, let continuation) = state.replies.removeValue(forKey: id) else { return nil }
                 return continuation
             }
@@ -200,8 +198,8 @@ extension SpaceMail {
         }
     }
 
-    func resolve(_ id: UInt64, with outcome: Result<SpaceMessage?, any Error>) {
-        let continuation = state.withLock { state -> UnsafeContinuation<SpaceMessage?, any Error>? in
+    func resolve(_ id: UInt64, with outcome: Result<SpaceProtocol.Body?, any Error>) {
+        let continuation = state.withLock { state -> UnsafeContinuation<SpaceProtocol.Body?, any Error>? in
             switch state.replies[id] {
             case .waiting(_, let continuation):
                 state.replies[id] = nil
@@ -262,29 +260,21 @@ extension SpaceMail {
     }
 
     /// What a dead process left with this process's presenters is undone: its queued
-    /// relinquish requests are not served, and a message that the serving task takes
-    /// after everything already handed to it ends the echo suppressions and runs the
-    /// reacquirers kept for it (``serve(_:)``, `process-ended`). Otherwise a writer
-    /// killed after a presenter relinquished would leave the presenter without its item
-    /// and deaf to every later change of it.
+    /// relinquish requests are not served, and a notice that the serving task takes after
+    /// everything already handed to it ends the echo suppressions and runs the
+    /// reacquirers kept for it (``giveBack(_:)``). Otherwise a writer killed after a
+    /// presenter relinquished would leave the presenter without its item and deaf to
+    /// every later change of it.
     func forgetRequests(of process: String) {
-        let prefix = process + "/"
-        let concerned = state.withLock { state in
-            state.queued.contains { $0.hasPrefix(prefix) } || state.kept.keys.contains { $0.hasPrefix(prefix) }
-        }
-        guard concerned, !isAlive(process) else { return }
-        state.withLock { state in state.queued = state.queued.filter { !$0.hasPrefix(prefix) } }
-        var ended = SpaceMessage(kind: "process-ended")
-        ended.set("from", process)
-        ended.set("id", "0")
-        incoming.yield(ended)
+        guard state.withLock({ $0.ledger.owes(process) }), !isAlive(process) else { return }
+        if state.withLock({ $0.ledger.senderDied(process) }) { incoming.yield(.senderGone(process)) }
     }
 
     /// `process`'s record. Blocking.
-    func readRecord(of process: String) throws -> SpaceMessage {
+    func readRecord(of process: String) throws -> SpaceProtocol.ProcessRecord {
         guard Self.isProcessName(process) else { throw SendError.gone }
         switch readMessage(dirFD: files.directoryFD, name: Array("procs/\(process)".utf8)) {
-        case .success(let record): return record
+        case .success(let record): return try SpaceProtocol.ProcessRecord(decoding: record)
         case .failure: throw SendError.gone
         }
     }

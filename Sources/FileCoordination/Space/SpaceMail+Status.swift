@@ -12,20 +12,12 @@ import Glibc
 extension SpaceMail {
     // MARK: Status
 
-    func answerStatus(_ query: SpaceMessage) async {
-        guard let from = query.string("from"), let id = query.number("id") else { return }
-        // Built as a list and sorted once: a process may hold thousands of claims.
-        var fields = [SpaceMessage.Field(key: "re", value: Array("\(id)".utf8))]
+    func answerStatus(_ query: SpaceProtocol.Header) async {
         let claims = CoordinationCenter.shared.statusClaims()
-        fields += CoordinationSpace.claimFields(claims.held)
-        for (index, claim) in claims.waiting.enumerated() {
-            fields.append(.init(key: "waiting.\(index)", value: Array((claim.access == .writing ? "w " : "r ").utf8) + claim.path.platformBytes))
-        }
-        for (index, entry) in localEntries().enumerated() {
-            fields.append(.init(key: "presenter.\(index)", value: entry.platformBytes))
-        }
-        let reply = SpaceMessage(kind: "status-reply", fields: fields)
-        try? await send(reply, to: from, id: nextID())
+        let report = SpaceProtocol.StatusReport(re: query.id, claims: CoordinationSpace.claimLines(claims.held),
+                                                waiting: claims.waiting.map { .init(isWrite: $0.access == .writing, path: $0.path) },
+                                                presenters: localEntries())
+        try? await send(.statusReply(report), to: query.from, id: nextID())
     }
 
     func localEntries() -> [FilePath] {
@@ -48,7 +40,7 @@ extension SpaceMail {
             try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }
         }
         /// `silent`: with the process's record, which lists the claims it has held for a while.
-        enum Answer: Sendable { case dead, silent(SpaceMessage?), reply(SpaceMessage) }
+        enum Answer: Sendable { case dead, silent(SpaceProtocol.ProcessRecord?), reply(SpaceProtocol.StatusReport) }
         await withTaskGroup(of: (String, Answer).self) { group in
             for process in processes {
                 group.addTask { [self] in
@@ -56,9 +48,15 @@ extension SpaceMail {
                     // A process that does not read its mailbox is not asked: its record
                     // says what it holds (see ``CoordinationSpace/claimsChanged()``).
                     let record = try? await runOnIOThread({ try self.readRecord(of: process) })
-                    if let record, record.string("listening") == "0" { return (process, .reply(record)) }
+                    if let record, !record.listening { return (process, .reply(.init(re: 0, claims: record.claims))) }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
-                        race.addTask { try await self.request(SpaceMessage(kind: "status"), to: process).map { .reply($0) } ?? .dead }
+                        race.addTask {
+                            switch try await self.request(.status, to: process) {
+                            case .statusReply(let report)?: .reply(report)
+                            case nil: .dead
+                            default: .silent(record)
+                            }
+                        }
                         race.addTask { try await Task.sleep(for: timeout); return .silent(record) } // ok: a deadline
                         defer { race.cancelAll() }
                         return try await race.next()!
@@ -66,17 +64,14 @@ extension SpaceMail {
                     return (process, answer ?? .silent(record))
                 }
             }
-            func add(_ reply: SpaceMessage, of pid: Int32) {
-                for field in reply.fields {
-                    let (key, value) = (field.key, field.value)
-                    if key.hasPrefix("claim.") || key.hasPrefix("waiting."), value.count > 2, value[2] == UInt8(ascii: "/") {
-                        let claim = CoordinationSpace.Status.Claim(path: FilePath(platformBytes: value.dropFirst(2)),
-                                                                   isWrite: value[0] == UInt8(ascii: "w"), processIdentifier: pid)
-                        if key.hasPrefix("claim.") { status.claims.append(claim) } else { status.waiting.append(claim) }
-                    } else if key.hasPrefix("presenter."), value.first == UInt8(ascii: "/") {
-                        status.presenters.append(.init(path: FilePath(platformBytes: value), processIdentifier: pid))
-                    }
+            func add(_ report: SpaceProtocol.StatusReport, of pid: Int32) {
+                for line in report.claims {
+                    status.claims.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: pid))
                 }
+                for line in report.waiting {
+                    status.waiting.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: pid))
+                }
+                for path in report.presenters { status.presenters.append(.init(path: path, processIdentifier: pid)) }
             }
             for await (process, answer) in group {
                 let pid = Self.pid(of: process)
@@ -85,7 +80,7 @@ extension SpaceMail {
                     // Stopped or busy: what it holds still stands in the kernel, and its
                     // presenters are still asked (their records say what they present).
                     status.unanswered.append(pid)
-                    if let record { add(record, of: pid) }
+                    if let record { add(.init(re: 0, claims: record.claims), of: pid) }
                     for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
                         status.presenters.append(.init(path: path, processIdentifier: pid))
                     }
@@ -113,9 +108,8 @@ extension SpaceMail {
     func publishedPresenters(of process: String) -> [FilePath] {
         let names = (try? Self.list(files.directoryFD, "presenters")) ?? []
         return names.filter { Self.processOfPresenter($0) == process }.compactMap { name in
-            guard case .success(let record) = readMessage(dirFD: files.directoryFD, name: Array("presenters/\(name)".utf8)),
-                  record.kind == "presenter" else { return nil }
-            return record.path("path")
+            guard case .success(let message) = readMessage(dirFD: files.directoryFD, name: Array("presenters/\(name)".utf8)) else { return nil }
+            return try? SpaceProtocol.PresenterRecord(decoding: message).path
         }
     }
 

@@ -17,9 +17,23 @@ final class SpaceMail: Sendable {
     var me: String { files.processName }
 
     enum Reply {
-        case waiting(target: String, UnsafeContinuation<SpaceMessage?, any Error>)
+        case waiting(target: String, UnsafeContinuation<SpaceProtocol.Body?, any Error>)
         case registered(target: String)
-        case arrived(Result<SpaceMessage?, any Error>)
+        case arrived(Result<SpaceProtocol.Body?, any Error>)
+    }
+
+    /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
+    struct KeptRelinquish {
+        var reacquirer: FileReacquirer?
+        var suppression: (watch: PresenterWatch, token: Int)?
+    }
+
+    /// What the serving task is handed, in order.
+    enum Incoming: Sendable {
+        case message(SpaceProtocol.Message)
+        /// A process that asked this process's presenters to relinquish is dead: what it
+        /// left relinquished is given back (``ServingLedger/senderGoneServed(_:)``).
+        case senderGone(String)
     }
 
     struct State {
@@ -29,12 +43,8 @@ final class SpaceMail: Sendable {
         var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
         var localNumbers: [ObjectIdentifier: UInt64] = [:]
         var nextPresenter: UInt64 = 1
-        /// Reacquirers (and echo suppressions) kept for the processes that asked.
-        var kept: [String: (FileReacquirer?, (PresenterWatch, Int)?)] = [:]
-        /// Relinquish requests handed to the serving task and not started yet (their
-        /// kept keys). One whose asker gave up (its `reacquire` came first) or died is
-        /// taken out, and then never served: it would cost the next writer its delay.
-        var queued: Set<String> = []
+        /// Relinquish requests queued, and what the served ones keep for their askers.
+        var ledger = ServingLedger<KeptRelinquish>()
         /// Other processes' presenters as last read, and the counter value they reflect.
         var remoteSequence: UInt64 = .max
         var remoteByName: [String: RemotePresenter] = [:]
@@ -61,14 +71,14 @@ final class SpaceMail: Sendable {
     let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
     let deadlines = ReplyDeadlines()
     let slots: MessageSlots
-    let incoming: AsyncStream<SpaceMessage>.Continuation
-    let incomingStream: AsyncStream<SpaceMessage>
+    let incoming: AsyncStream<Incoming>.Continuation
+    let incomingStream: AsyncStream<Incoming>
     let serving = ServingExecutor()
 
     init(files: SpaceFiles) {
         self.files = files
         slots = MessageSlots(me: files.processName)
-        (incomingStream, incoming) = AsyncStream.makeStream(of: SpaceMessage.self)
+        (incomingStream, incoming) = AsyncStream.makeStream(of: Incoming.self)
     }
 
     /// Starts serving requests to this process's presenters, one at a time, in the order
@@ -83,7 +93,12 @@ final class SpaceMail: Sendable {
     func start() {
         let stream = incomingStream
         Task.detached(executorPreference: serving) { [self] in
-            for await message in stream { await serve(message) }
+            for await item in stream {
+                switch item {
+                case .message(let message): await serve(message)
+                case .senderGone(let process): await giveBack(process)
+                }
+            }
         }
     }
 
@@ -134,49 +149,48 @@ final class SpaceMail: Sendable {
             // The record is tested again after emptying: a sender that removed it in
             // between may have passed this slot over as full while leaving (it removes
             // its record before its empty slots), so the slot is this receiver's to remove.
-            case (true, .success(let message)) where hasRecord(message.string("from")) && Self.truncate(fd)
-                && hasRecord(message.string("from")): break
+            case (true, .success(let message)) where hasRecord(message.string(SpaceProtocol.fromKey)) && Self.truncate(fd)
+                && hasRecord(message.string(SpaceProtocol.fromKey)): break
             default: _ = Self.withCString(name) { unlinkat(files.mailboxFD, $0, 0) }
             }
             if fd >= 0 { Glibc.close(fd) }
         }
         var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
-        let message: SpaceMessage
+        let message: SpaceProtocol.Message
         switch outcome {
-        case .success(let decoded): message = decoded
+        case .success(let decoded):
+            do {
+                message = try SpaceProtocol.Message(decoding: decoded)
+            } catch {
+                return Self.ignored(path, error.text)
+            }
         case .failure(.empty): return
         case .failure(let reason): return Self.ignored(path, reason.rawValue)
         }
-        PresenterMessenger.logger.debug("message \(message.kind) #\(message.number("id") ?? 0) from \(message.string("from") ?? "?")")
-        switch message.kind {
-        case "reply", "status-reply":
-            guard let id = message.number("re") else { return Self.ignored(path, "a reply without `re`") }
-            resolve(id, with: .success(message))
-        case "status":
-            Task.detached { [self] in await answerStatus(message) }
-        case "reacquire":
-            endSuppression(of: message)
-            if let from = message.string("from"), let id = message.number("id") {
+        let header = message.header
+        PresenterMessenger.logger.debug("message \(message.body.kind) #\(header.id) from \(header.from)")
+        switch message.body {
+        case .reply(let reply):
+            resolve(reply.re, with: .success(message.body))
+        case .statusReply(let report):
+            resolve(report.re, with: .success(message.body))
+        case .status:
+            Task.detached { [self] in await answerStatus(header) }
+        case .presenter(let request):
+            switch request.call {
+            case .reacquire(let re):
                 // Its relinquish not started yet: the asker gave up on it.
-                let key = Self.keptKey(message, from: from, id: id)
-                _ = state.withLock { $0.queued.remove(key) }
+                let key = ServingLedger<KeptRelinquish>.Key(process: header.from, request: re)
+                endSuppression(of: key)
+                state.withLock { $0.ledger.reacquireArrived(key) }
+            case .relinquish(let relinquish):
+                let key = ServingLedger<KeptRelinquish>.Key(process: header.from, request: relinquish.re)
+                state.withLock { $0.ledger.relinquishArrived(key) }
+            default:
+                break
             }
-            servedHere = handOver(message)
-        case "relinquish":
-            if let from = message.string("from"), let id = message.number("id") {
-                let key = Self.keptKey(message, from: from, id: id)
-                _ = state.withLock { $0.queued.insert(key) }
-            }
-            servedHere = handOver(message)
-        default:
-            servedHere = handOver(message)
+            servedHere = handOver(message, presenter: request.presenter)
         }
-    }
-
-    /// The key under which a request's reacquirer and echo suppression are kept: the
-    /// asking process and the request's number.
-    static func keptKey(_ message: SpaceMessage, from: String, id: UInt64) -> String {
-        "\(from)/\(message.string("re") ?? "\(id)")"
     }
 
     /// A writer in another process sent `reacquire` after its write: the write's own
@@ -185,15 +199,16 @@ final class SpaceMail: Sendable {
     /// the sync (a cookie file and its events) that ending it later would take. A
     /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
     /// still running) is ended by ``serve(_:)`` as before.
-    func endSuppression(of message: SpaceMessage) {
-        guard let from = message.string("from"), let id = message.number("id") else { return }
-        let key = Self.keptKey(message, from: from, id: id)
-        let suppression = state.withLock { state -> (PresenterWatch, Int)? in
-            guard let kept = state.kept[key], let suppression = kept.1 else { return nil }
-            state.kept[key] = (kept.0, nil)
-            return suppression
+    func endSuppression(of key: ServingLedger<KeptRelinquish>.Key) {
+        let suppression = state.withLock { state -> (watch: PresenterWatch, token: Int)? in
+            var ended: (watch: PresenterWatch, token: Int)?
+            state.ledger.update(key) { kept in
+                ended = kept.suppression
+                kept.suppression = nil
+            }
+            return ended
         }
-        if let (watch, token) = suppression { watch.endSuppressingOnWatcherThread(token) }
+        if let suppression { suppression.watch.endSuppressingOnWatcherThread(suppression.token) }
     }
 
     /// The one warning for a file in the space that is not a message of ours.
@@ -231,9 +246,8 @@ final class SpaceMail: Sendable {
             if fd >= 0 {
                 var info = stat()
                 if fstat(fd, &info) == 0 { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
-                if case .success(let message) = Self.readMessage(fd) {
-                    from = message.string("from") ?? ""
-                    id = message.number("id") ?? 0
+                if case .success(let decoded) = Self.readMessage(fd), let message = try? SpaceProtocol.Message(decoding: decoded) {
+                    (from, id) = (message.header.from, message.header.id)
                 }
                 Glibc.close(fd)
             }
@@ -279,17 +293,15 @@ final class SpaceMail: Sendable {
     /// Hands a request to the serving task; returns whether it was served here, on the
     /// watcher thread (see ``ServingExecutor``): not for a presenter that says its
     /// callbacks may block, or that is not registered any more.
-    func handOver(_ message: SpaceMessage) -> Bool {
+    func handOver(_ message: SpaceProtocol.Message, presenter number: UInt64) -> Bool {
         // A presenter no longer registered may still have a reacquirer kept: not knowing
         // whether it blocks, it is not run here.
-        let mayBlock = message.number("presenter").flatMap { number in
-            state.withLock { $0.local[number]?.presenter }
-        }?.presentedItemCallbacksMayBlock ?? true
+        let mayBlock = state.withLock { $0.local[number]?.presenter }?.presentedItemCallbacksMayBlock ?? true
         guard !mayBlock else {
-            incoming.yield(message)
+            incoming.yield(.message(message))
             return false
         }
-        return serving.runHandedOver { incoming.yield(message) }
+        return serving.runHandedOver { incoming.yield(.message(message)) }
     }
 
     /// Whether `name` can name a process in the space: not empty, and no `/`. Tested on

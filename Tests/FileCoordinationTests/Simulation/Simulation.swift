@@ -1,0 +1,605 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemPackage
+@testable import FileCoordination
+
+/// A seeded generator (SplitMix64): the same seed gives the same run, on any machine.
+struct SeededRandom: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// Several processes sharing a coordination space, run step by step by a seeded
+/// scheduler, with processes killed or stopped and sends failing at any step.
+///
+/// What is the library's own code: the in-process rules (``CoordinationRules``), the
+/// ledger of what a process owes other processes' coordinators (``ServingLedger``) and
+/// the protocol's codec (``SpaceProtocol``, every message is encoded and decoded). What
+/// is simulated: the kernel (byte locks that die with their process, one ordered inotify
+/// queue per process), the space's files (records, mailboxes, presenter records) and the
+/// drivers around the state machines, which follow `SpaceMail`'s receive, serve and
+/// process-ended paths step for step.
+///
+/// The invariants of `docs/reliability.md` are checked after every step, and once the
+/// run has settled.
+final class Simulation {
+    struct Options {
+        var processes = 3
+        /// Steps with faults and new coordinations; the run then settles without them.
+        var steps = 160
+        var coordinations = 16
+        var presenterTimeout = 12
+        var claimTimeout = 80
+        var killPercent = 1
+        var stopPercent = 1
+        var failedSendPercent = 2
+        var refusePercent = 5
+        /// Leaves out giving back what a dead asker left relinquished (the driver's half
+        /// of the deaf-presenter fix): the simulator must find that.
+        var forgetsDeadAskers = false
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        var seed: UInt64
+        var step: Int
+        var invariant: String
+        var trace: [String]
+        var description: String {
+            "simulation seed \(seed) failed at step \(step): \(invariant)\n"
+                + "replay: make simulate SEED=\(seed)\nlast steps:\n" + trace.suffix(40).map { "  " + $0 }.joined(separator: "\n")
+        }
+    }
+
+    static let items = ["/d", "/d/a", "/d/b", "/e"]
+
+    // MARK: State
+
+    struct Presenter {
+        var process: Int
+        var number: UInt64
+        var path: String
+        /// Relinquishes not yet given back: the presenter has its item when zero.
+        var relinquished = 0
+        var heardChanges = 0
+    }
+
+    enum Target: Equatable {
+        case local(Int)
+        case remote(process: String, number: UInt64, path: String)
+    }
+
+    enum Phase: Equatable { case rules, kernel, asking, accessing, done(String) }
+
+    struct Coordinator {
+        var id: Int
+        var item: String
+        var write: Bool
+        var phase: Phase = .rules
+        var since = 0
+        var rulesID: CoordinationRules.RequestID?
+        var pending: [Target] = []
+        var waiting: (target: Target, id: UInt64, re: UInt64, since: Int)?
+        var relinquished: [(target: Target, re: UInt64)] = []
+        var claim: CoordinationRules.Claim {
+            .init(path: FilePath(item), access: write ? .writing : .reading, scope: write && item == "/d" ? .subtree : .item)
+        }
+    }
+
+    /// One entry of a process's inotify queue: a message closed in its mailbox, or a
+    /// process's record closed (it died or left).
+    enum Event { case mail, ended(String) }
+
+    enum Serving { case message(SpaceProtocol.Message), senderGone(String) }
+
+    struct Process {
+        var name: String
+        var alive = true
+        var stoppedUntil = 0
+        var rules = CoordinationRules()
+        var ledger = ServingLedger<Int>()
+        var events: [Event] = []
+        var serving: [Serving] = []
+        /// A relinquish whose presenter callback is running (it takes time: other events
+        /// are handled meanwhile), and whether the presenter will refuse.
+        var running: (key: ServingLedger<Int>.Key, presenter: Int?, request: SpaceProtocol.Message, refuses: Bool)?
+        var coordinators: [Coordinator] = []
+        var nextID: UInt64 = 1
+        mutating func newID() -> UInt64 {
+            defer { nextID += 1 }
+            return nextID
+        }
+    }
+
+    /// The coordination space's files, as other processes see them.
+    struct Space {
+        var records: Set<String> = []
+        /// Message files (encoded), per mailbox, in the order they were closed.
+        var mailboxes: [String: [[UInt8]]] = [:]
+        var presenterRecords: [(process: String, number: UInt64, path: String)] = []
+    }
+
+    let seed: UInt64
+    let options: Options
+    var random: SeededRandom
+    var processes: [Process] = []
+    var presenters: [Presenter] = []
+    var space = Space()
+    /// Cross-process claims: the kernel's byte locks, by process.
+    var kernel: [(process: Int, coordinator: Int, claim: CoordinationRules.Claim)] = []
+    var now = 0
+    var started = 0
+    /// The steps as they ran, kept only when asked for: a failing seed is run again
+    /// with it (the same seed, the same run), so that passing seeds build no strings.
+    var tracing = false
+    var trace: [String] = []
+
+    init(seed: UInt64, options: Options = Options()) {
+        self.seed = seed
+        self.options = options
+        random = SeededRandom(state: seed)
+        for index in 0 ..< options.processes {
+            let name = "\(100 + index)-\(String(random.next() & 0xFFFF, radix: 16))"
+            processes.append(Process(name: name))
+            space.records.insert(name)
+            space.mailboxes[name] = []
+            for number in UInt64(1) ..< UInt64(Int.random(in: 1 ... 3, using: &random)) {
+                let path = Self.items.randomElement(using: &random)!
+                presenters.append(Presenter(process: index, number: number, path: path))
+                space.presenterRecords.append((name, number, path))
+            }
+        }
+    }
+
+    // MARK: Running
+
+    /// Runs the seed: the faulty part, then settling, checking after every step.
+    func run() throws(Failure) {
+        for _ in 0 ..< options.steps {
+            step(faults: true)
+            try checkExclusion()
+        }
+        // Settling: no faults, no new coordinations, stopped processes resumed.
+        for index in processes.indices { processes[index].stoppedUntil = 0 }
+        // Until nothing can run and nothing waits for a deadline (the clock then jumps).
+        for _ in 0 ..< 4000 {
+            if !step(faults: false) {
+                guard let deadline = nextDeadline else { break }
+                now = max(now, deadline - 1)
+            }
+            try checkExclusion()
+        }
+        try checkSettled()
+    }
+
+    func fail(_ invariant: String) -> Failure {
+        Failure(seed: seed, step: now, invariant: invariant, trace: trace)
+    }
+
+    func log(_ line: @autoclosure () -> String) {
+        guard tracing else { return }
+        trace.append("\(now) \(line())")
+        if trace.count > 200 { trace.removeFirst(100) }
+    }
+
+    /// Runs `seed`; a failure comes with the trace of a second, identical run.
+    static func check(seed: UInt64, options: Options = Options()) -> Failure? {
+        let simulation = Simulation(seed: seed, options: options)
+        do {
+            try simulation.run()
+            return nil
+        } catch {
+            let replay = Simulation(seed: seed, options: options)
+            replay.tracing = true
+            do {
+                try replay.run()
+                return Failure(seed: seed, step: error.step, invariant: error.invariant + " (and the replay did not fail: not deterministic)",
+                               trace: [])
+            } catch {
+                return error
+            }
+        }
+    }
+
+    /// One step: the clock moves, then one enabled action, chosen at random, runs.
+    /// Returns whether an action ran.
+    @discardableResult
+    func step(faults: Bool) -> Bool {
+        now += 1
+        timeOut()
+        if faults, Int.random(in: 0 ..< 100, using: &random) < options.killPercent, let victim = liveIndices.randomElement(using: &random),
+           liveIndices.count > 1 {
+            kill(victim)
+            return true
+        }
+        if faults, Int.random(in: 0 ..< 100, using: &random) < options.stopPercent, let victim = liveIndices.randomElement(using: &random) {
+            processes[victim].stoppedUntil = now + Int.random(in: 1 ... 3 * options.presenterTimeout, using: &random)
+            log("\(processes[victim].name) stopped until \(processes[victim].stoppedUntil)")
+            return true
+        }
+        var actions: [(Int, Int)] = [] // (process, action: 0 receive, 1 serve, 2 coordinate n, 3 start)
+        for index in liveIndices where processes[index].stoppedUntil <= now {
+            let process = processes[index]
+            if !process.events.isEmpty { actions.append((index, -1)) }
+            if !process.serving.isEmpty || process.running != nil { actions.append((index, -2)) }
+            for (position, coordinator) in process.coordinators.enumerated() where canAdvance(coordinator, in: index) {
+                actions.append((index, position))
+            }
+            if faults, started < options.coordinations { actions.append((index, -3)) }
+        }
+        guard let (index, action) = actions.randomElement(using: &random) else { return false }
+        switch action {
+        case -1: receive(in: index)
+        case -2: serve(in: index)
+        case -3: startCoordination(in: index)
+        default: advance(action, in: index)
+        }
+        return true
+    }
+
+    /// The next time a waiting coordinator gives up (a presenter's answer, a claim).
+    var nextDeadline: Int? {
+        liveIndices.flatMap { index in
+            processes[index].coordinators.compactMap { coordinator -> Int? in
+                if let waiting = coordinator.waiting { return waiting.since + options.presenterTimeout + 1 }
+                if coordinator.phase == .kernel { return coordinator.since + options.claimTimeout + 1 }
+                return nil
+            }
+        }.min()
+    }
+
+    var liveIndices: [Int] { processes.indices.filter { processes[$0].alive } }
+
+    func process(named name: String) -> Int? { processes.firstIndex { $0.name == name } }
+
+    func isAlive(_ name: String) -> Bool { process(named: name).map { processes[$0].alive } ?? false }
+
+    // MARK: Faults
+
+    func kill(_ index: Int) {
+        let name = processes[index].name
+        log("\(name) killed")
+        processes[index].alive = false
+        processes[index].coordinators.removeAll()
+        // The kernel drops its locks; its record's descriptor closes, which every process
+        // watching the space hears, in order with what it already queued.
+        kernel.removeAll { $0.process == index }
+        for other in liveIndices { processes[other].events.append(.ended(name)) }
+    }
+
+    /// Whoever finds a process dead removes what it left in the space.
+    func cleanUp(_ name: String) {
+        guard !isAlive(name) else { return }
+        space.records.remove(name)
+        space.mailboxes[name] = nil
+        space.presenterRecords.removeAll { $0.process == name }
+    }
+
+    // MARK: Sending
+
+    /// Writes a message into `target`'s mailbox. False when it has none (gone) or the
+    /// write failed (an injected ENOSPC or EMFILE).
+    func send(_ body: SpaceProtocol.Body, from index: Int, to target: String, id: UInt64, mayFail: Bool) -> Bool {
+        guard space.mailboxes[target] != nil else { return false }
+        if mayFail, Int.random(in: 0 ..< 100, using: &random) < options.failedSendPercent {
+            log("\(processes[index].name) send \(body.kind) to \(target): failed (injected)")
+            return false
+        }
+        var message = body.encoded()
+        SpaceProtocol.Header(from: processes[index].name, id: id, pid: Int32(100 + index)).stamp(&message)
+        space.mailboxes[target]!.append(message.encoded())
+        if let receiver = process(named: target), processes[receiver].alive { processes[receiver].events.append(.mail) }
+        log("\(processes[index].name) -> \(target): \(body.kind) #\(id)")
+        return true
+    }
+
+    /// A message with no answer (`did-change`, `reacquire`): a failed write is ignored,
+    /// as `SpaceMail.tell` ignores it.
+    func tell(_ body: SpaceProtocol.Body, from index: Int, to target: String) {
+        let id = processes[index].newID()
+        _ = send(body, from: index, to: target, id: id, mayFail: false)
+    }
+
+    // MARK: Receiving (each process's watcher thread), as SpaceMail.receive
+
+    func receive(in index: Int) {
+        let event = processes[index].events.removeFirst()
+        let me = processes[index].name
+        switch event {
+        case .ended(let name):
+            processEnded(name, in: index)
+        case .mail:
+            guard var box = space.mailboxes[me], !box.isEmpty else { return }
+            let bytes = box.removeFirst()
+            space.mailboxes[me] = box
+            guard case .success(let decoded) = SpaceMessage.decode(bytes), let message = try? SpaceProtocol.Message(decoding: decoded) else {
+                log("\(me) could not decode a message")
+                return
+            }
+            let from = message.header.from
+            switch message.body {
+            case .reply(let reply):
+                resolve(reply.re, with: reply.failure == nil ? .ok : .refused, in: index)
+            case .presenter(let request):
+                switch request.call {
+                case .reacquire(let re): processes[index].ledger.reacquireArrived(.init(process: from, request: re))
+                case .relinquish(let relinquish): processes[index].ledger.relinquishArrived(.init(process: from, request: relinquish.re))
+                default: break
+                }
+                processes[index].serving.append(.message(message))
+            case .status, .statusReply:
+                break
+            }
+        }
+    }
+
+    /// As `SpaceMail.processEnded` and `forgetRequests(of:)`.
+    func processEnded(_ name: String, in index: Int) {
+        log("\(processes[index].name) hears \(name) ended")
+        guard !isAlive(name) else { return }
+        if processes[index].ledger.owes(name), processes[index].ledger.senderDied(name), !options.forgetsDeadAskers {
+            processes[index].serving.append(.senderGone(name))
+        }
+        var waited = false
+        for position in processes[index].coordinators.indices {
+            if case .remote(let process, _, _)? = processes[index].coordinators[position].waiting?.target, process == name {
+                processes[index].coordinators[position].waiting = nil
+                waited = true
+            }
+        }
+        if waited { cleanUp(name) }
+    }
+
+    enum Answer { case ok, refused }
+
+    func resolve(_ id: UInt64, with answer: Answer, in index: Int) {
+        guard let position = processes[index].coordinators.firstIndex(where: { $0.waiting?.id == id }) else { return }
+        let waiting = processes[index].coordinators[position].waiting!
+        processes[index].coordinators[position].waiting = nil
+        switch answer {
+        case .ok:
+            processes[index].coordinators[position].relinquished.append((waiting.target, waiting.re))
+        case .refused:
+            finish(position, in: index, outcome: "failed: a presenter refused")
+        }
+    }
+
+    // MARK: Serving (each process's serving task), as SpaceMail.serve
+
+    /// One step of the serving task: the next message, or the end of a running relinquish.
+    func serve(in index: Int) {
+        let me = processes[index].name
+        if let running = processes[index].running {
+            // The presenter's callback returns: it relinquished (or refused), and the reply
+            // goes to the asker.
+            processes[index].running = nil
+            let from = running.request.header.from
+            var reply = SpaceProtocol.Reply(re: running.request.header.id)
+            if running.refuses {
+                reply.failure = "refused"
+                processes[index].ledger.relinquishFailed(running.key)
+            } else if let presenter = running.presenter {
+                presenters[presenter].relinquished += 1
+                if let giveBack = processes[index].ledger.relinquished(running.key, keeping: presenter) {
+                    presenters[giveBack].relinquished -= 1
+                    log("\(me) presenter \(presenter) relinquished to \(from), which is gone: given back")
+                } else {
+                    log("\(me) presenter \(presenter) relinquished to \(from)")
+                }
+            } else {
+                processes[index].ledger.relinquishFailed(running.key)
+            }
+            tell(.reply(reply), from: index, to: from)
+            return
+        }
+        let item = processes[index].serving.removeFirst()
+        switch item {
+        case .senderGone(let name):
+            for presenter in processes[index].ledger.senderGoneServed(name) {
+                presenters[presenter].relinquished -= 1
+                log("\(me) gives presenter \(presenter) back (\(name) is gone)")
+            }
+        case .message(let message):
+            guard case .presenter(let request) = message.body else { return }
+            let from = message.header.from
+            let presenter = presenters.firstIndex { $0.process == index && $0.number == request.presenter }
+            switch request.call {
+            case .relinquish(let relinquish):
+                let key = ServingLedger<Int>.Key(process: from, request: relinquish.re)
+                guard processes[index].ledger.startRelinquish(key) else {
+                    log("\(me) drops relinquish \(relinquish.re) of \(from)")
+                    return
+                }
+                let refuses = Int.random(in: 0 ..< 100, using: &random) < options.refusePercent
+                processes[index].running = (key, presenter, message, refuses)
+            case .reacquire(let re):
+                if let presenter = processes[index].ledger.reacquire(.init(process: from, request: re)) {
+                    presenters[presenter].relinquished -= 1
+                    log("\(me) presenter \(presenter) reacquired from \(from)")
+                }
+            case .didChange:
+                if let presenter { presenters[presenter].heardChanges += 1 }
+            default:
+                break
+            }
+        }
+    }
+
+    // MARK: Coordinating
+
+    func startCoordination(in index: Int) {
+        started += 1
+        let coordinator = Coordinator(id: started, item: Self.items.randomElement(using: &random)!, write: Bool.random(using: &random),
+                                      since: now)
+        log("\(processes[index].name) starts #\(coordinator.id) \(coordinator.write ? "write" : "read") \(coordinator.item)")
+        processes[index].coordinators.append(coordinator)
+    }
+
+    func canAdvance(_ coordinator: Coordinator, in index: Int) -> Bool {
+        switch coordinator.phase {
+        case .rules: coordinator.rulesID == nil || processes[index].rules.isGranted(coordinator.rulesID!)
+        case .kernel: true
+        case .asking: coordinator.waiting == nil
+        case .accessing: true
+        case .done: false
+        }
+    }
+
+    func concerns(_ path: String, _ coordinator: Coordinator) -> Bool {
+        path == coordinator.item || (coordinator.claim.scope == .subtree && FilePath.isAtOrInside(Array(path.utf8), Array(coordinator.item.utf8)))
+    }
+
+    func advance(_ position: Int, in index: Int) {
+        var coordinator = processes[index].coordinators[position]
+        let me = processes[index].name
+        switch coordinator.phase {
+        case .rules:
+            if let id = coordinator.rulesID {
+                precondition(processes[index].rules.isGranted(id))
+            } else {
+                let id = processes[index].rules.reserveID()
+                coordinator.rulesID = id
+                guard processes[index].rules.submit(id, purpose: "#\(coordinator.id)", claims: [coordinator.claim]) else {
+                    processes[index].coordinators[position] = coordinator
+                    return
+                }
+            }
+            coordinator.phase = .kernel
+            coordinator.since = now
+        case .kernel:
+            let claim = coordinator.claim
+            guard !kernel.contains(where: { $0.process != index && CoordinationRules.conflict($0.claim, claim) }) else {
+                processes[index].coordinators[position] = coordinator
+                if now - coordinator.since > options.claimTimeout { finish(position, in: index, outcome: "timed out waiting for a claim") }
+                return
+            }
+            kernel.append((index, coordinator.id, claim))
+            coordinator.pending = presenters.indices.filter { presenters[$0].process == index && concerns(presenters[$0].path, coordinator) }
+                .map { .local($0) }
+            coordinator.pending += space.presenterRecords.filter { $0.process != me && concerns($0.path, coordinator) }
+                .map { .remote(process: $0.process, number: $0.number, path: $0.path) }
+            coordinator.phase = .asking
+            log("\(me) #\(coordinator.id) claimed; asks \(coordinator.pending.count) presenters")
+        case .asking:
+            guard !coordinator.pending.isEmpty else {
+                coordinator.phase = .accessing
+                break
+            }
+            let target = coordinator.pending.removeFirst()
+            switch target {
+            case .local(let presenter):
+                presenters[presenter].relinquished += 1
+                coordinator.relinquished.append((target, 0))
+            case .remote(let process, let number, let path):
+                let re = processes[index].newID(), id = processes[index].newID()
+                let request = SpaceProtocol.Relinquish(access: coordinator.write ? .write : .read, purpose: "#\(coordinator.id)", re: re)
+                let sent = send(.presenter(.init(presenter: number, path: FilePath(path), call: .relinquish(request))),
+                                from: index, to: process, id: id, mayFail: true)
+                if sent, isAlive(process) {
+                    coordinator.waiting = (target, id, re, now)
+                } else if space.mailboxes[process] == nil || !isAlive(process) {
+                    // Gone, or dead after the write: skipped, and cleaned up after.
+                    cleanUp(process)
+                } else {
+                    processes[index].coordinators[position] = coordinator
+                    return finish(position, in: index, outcome: "failed: a request could not be sent")
+                }
+            }
+        case .accessing:
+            processes[index].coordinators[position] = coordinator
+            return finish(position, in: index, outcome: "ok")
+        case .done:
+            break
+        }
+        processes[index].coordinators[position] = coordinator
+    }
+
+    /// The coordination ends: the change is told, every presenter it relinquished gets its
+    /// item back, its claims end.
+    func finish(_ position: Int, in index: Int, outcome: String) {
+        let coordinator = processes[index].coordinators[position]
+        for (target, re) in coordinator.relinquished {
+            switch target {
+            case .local(let presenter):
+                if coordinator.write, outcome == "ok" { presenters[presenter].heardChanges += 1 }
+                presenters[presenter].relinquished -= 1
+            case .remote(let process, let number, let path):
+                if coordinator.write, outcome == "ok" {
+                    tell(.presenter(.init(presenter: number, path: FilePath(path), call: .didChange)), from: index, to: process)
+                }
+                tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: re))), from: index, to: process)
+            }
+        }
+        kernel.removeAll { $0.process == index && $0.coordinator == coordinator.id }
+        if let id = coordinator.rulesID {
+            if processes[index].rules.isGranted(id) { _ = processes[index].rules.release(id) } else { _ = processes[index].rules.withdraw(id) }
+        }
+        processes[index].coordinators[position].phase = .done(outcome)
+        processes[index].coordinators[position].relinquished = []
+        log("\(processes[index].name) #\(coordinator.id) ends: \(outcome)")
+    }
+
+    /// Coordinators that waited too long for a presenter give up on it, send `reacquire`
+    /// (the presenter may relinquish later, and must then get its item back) and go on.
+    func timeOut() {
+        for index in liveIndices where processes[index].stoppedUntil <= now {
+            for position in processes[index].coordinators.indices {
+                guard let waiting = processes[index].coordinators[position].waiting, now - waiting.since > options.presenterTimeout,
+                      case .remote(let process, let number, let path) = waiting.target else { continue }
+                processes[index].coordinators[position].waiting = nil
+                log("\(processes[index].name) #\(processes[index].coordinators[position].id) gives up on \(process)")
+                tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: waiting.re))), from: index, to: process)
+            }
+        }
+    }
+
+    // MARK: Invariants
+
+    /// No two coordinations of one item hold it at once when either writes, subtrees
+    /// included, in one process or across processes.
+    func checkExclusion() throws(Failure) {
+        var holding: [(process: Int, coordinator: Coordinator)] = []
+        for index in liveIndices {
+            for coordinator in processes[index].coordinators where coordinator.phase == .asking || coordinator.phase == .accessing {
+                holding.append((index, coordinator))
+            }
+        }
+        for (a, first) in holding.enumerated() {
+            for second in holding[(a + 1)...] where CoordinationRules.conflict(first.coordinator.claim, second.coordinator.claim) {
+                throw fail("#\(first.coordinator.id) in \(processes[first.process].name) and #\(second.coordinator.id) in "
+                    + "\(processes[second.process].name) hold \(first.coordinator.item) and \(second.coordinator.item) at once")
+            }
+        }
+    }
+
+    /// Once settled: every request ended, every presenter of a live process has its item
+    /// back and nothing is owed, and after one cleanup nothing of a dead process is left.
+    func checkSettled() throws(Failure) {
+        for index in liveIndices {
+            for coordinator in processes[index].coordinators {
+                guard case .done = coordinator.phase else {
+                    throw fail("#\(coordinator.id) in \(processes[index].name) never ended (\(coordinator.phase))")
+                }
+            }
+            if processes[index].ledger.keptCount != 0 {
+                throw fail("\(processes[index].name) still keeps \(processes[index].ledger.keptCount) relinquishes")
+            }
+        }
+        for (number, presenter) in presenters.enumerated() where processes[presenter.process].alive && presenter.relinquished != 0 {
+            throw fail("presenter \(number) of \(processes[presenter.process].name) on \(presenter.path) is left relinquished "
+                + "(\(presenter.relinquished)): deaf to later changes")
+        }
+        // `filecoord status` in a live process cleans up after every dead one.
+        guard !liveIndices.isEmpty else { return }
+        for process in processes where !process.alive { cleanUp(process.name) }
+        let dead = Set(processes.filter { !$0.alive }.map(\.name))
+        if let left = space.records.first(where: dead.contains) ?? space.mailboxes.keys.first(where: dead.contains)
+            ?? space.presenterRecords.first(where: { dead.contains($0.process) })?.process {
+            throw fail("\(left) is dead, and something of it is still in the space")
+        }
+    }
+}
