@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test test-tsan test-asan watch-check soak limits demo bench install man install-files clean
+.PHONY: all deps build test test-tsan test-asan watch-check soak simulate limits demo bench install man install-files clean
 
 all: build
 
@@ -93,6 +93,15 @@ soak: deps
 	$(SWIFT) build --build-tests
 	FILECOORD_CHECK_SOAK_MINUTES=$${FILECOORD_CHECK_SOAK_MINUTES:-10} \
 		$(SWIFT) test --skip-build --filter "CoordinationCheckTests/soak"
+
+# The deterministic simulator at length: SEEDS seeds from FIRST (make test runs 1-3,000),
+# or one SEED to replay, printing its steps when it fails. Figures: docs/reliability.md.
+SEEDS ?= 100000
+FIRST ?= 1
+simulate: deps
+	$(SWIFT) build --build-tests
+	FILECOORD_SIM_SEEDS=$(SEEDS) FILECOORD_SIM_FIRST=$(FIRST) $(if $(SEED),FILECOORD_SIM_SEED=$(SEED)) \
+		$(SWIFT) test --skip-build --filter "SimulationTests/seeds"
 
 # 1,000 concurrent writers (and 125 presenters) of one user under the default inotify
 # instance limit, as a dedicated unprivileged uid (needs root to switch to it); some
