@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test test-tsan test-asan watch-check soak simulate limits demo bench install man install-files clean
+.PHONY: all deps build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files clean
 
 all: build
 
@@ -110,6 +110,11 @@ limits: deps
 	$(SWIFT) build --build-tests
 	FILECOORD_MANY_WRITERS=$${FILECOORD_MANY_WRITERS:-1000} \
 		$(SWIFT) test --skip-build --filter "manyProcessesUnderInstanceLimit"
+
+# The DocC catalog (Sources/FileCoordination/FileCoordination.docc) and every public
+# symbol's comment, as a documentation archive under .build/plugins/Swift-DocC/outputs.
+docs: deps
+	$(SWIFT) package generate-documentation --target FileCoordination
 
 demo: deps
 	$(SWIFT) build -c release --product filecoord

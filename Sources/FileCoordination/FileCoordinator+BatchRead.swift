@@ -7,7 +7,7 @@ extension FileCoordinator {
     /// Reads many files in parallel, each under a coordinated read intent, and delivers
     /// each one's content or error in the order given.
     ///
-    /// One ``FileBatchReader`` reads the files, and its workers claim groups of them
+    /// One `FileBatchReader` reads the files, and its workers claim groups of them
     /// while they read them, when nothing stands in the way. The files they cannot claim
     /// at once (a presenter is concerned, or a conflicting claim is held) get the full
     /// coordination when the consumer reaches them, up to `window` at a time: one read
@@ -27,7 +27,7 @@ extension FileCoordinator {
                              window: max(1, window))
     }
 
-    /// ``readFiles(at:options:batchOptions:window:)`` for file-system paths (a relative
+    /// ``readFiles(at:options:batchOptions:window:)-([URL],_,_,_)`` for file-system paths (a relative
     /// one is taken against the current directory). Read in place, the files go from
     /// path to claim to `open` without a URL in between.
     public func readFiles(
@@ -39,7 +39,7 @@ extension FileCoordinator {
     }
 }
 
-/// The results of ``FileCoordinator/readFiles(at:options:batchOptions:window:)``.
+/// The results of ``FileCoordinator/readFiles(at:options:batchOptions:window:)-([URL],_,_,_)``.
 public struct CoordinatedFileReads: AsyncSequence, Sendable {
     public typealias Element = BatchReadResult
 
@@ -56,7 +56,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     let window: Int
 
     /// Reads the files in place, under read claims taken by the workers: each file's bytes
-    /// go to `body` on the I/O thread that read them, as ``FileBatchReader/forEachFile(perWorker:_:)``
+    /// go to `body` on the I/O thread that read them, as `FileBatchReader.forEachFile(perWorker:_:)`
     /// does (indices are positions in the whole list). Returns the workers' values, to
     /// combine.
     ///

@@ -86,7 +86,7 @@ extension FileCoordinator {
     }
 
     /// Coordinates every intent at once, then runs `accessor` on `queue`; see
-    /// ``coordinate(with:queue:byAccessor:)-5d1e5``. If the queue drops the operation
+    /// ``coordinate(with:queue:byAccessor:)-(_,DispatchQueue,_)``. If the queue drops the operation
     /// (`cancelAllOperations`) the accessor is not called and the claims are released.
     public func coordinate(with intents: [FileAccessIntent], queue: OperationQueue,
                            byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {

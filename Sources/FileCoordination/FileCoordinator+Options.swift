@@ -55,7 +55,7 @@ public struct PresenterTimeoutPolicy: Sendable, Hashable {
     public enum Action: Sendable, Hashable {
         /// Carry on without the presenter's answer, and log a warning naming it.
         case proceed
-        /// Fail the coordination with ``FileCoordinationError/Code/timedOut``.
+        /// Fail the coordination with `FileCoordinationError.Code.timedOut`.
         case fail
     }
 
@@ -75,7 +75,7 @@ public struct PresenterTimeoutPolicy: Sendable, Hashable {
 }
 
 /// One item a coordinator is asked to read or write (Apple's `NSFileAccessIntent`), for
-/// ``FileCoordinator/coordinate(with:queue:byAccessor:)``.
+/// ``FileCoordinator/coordinate(with:queue:byAccessor:)-(_,DispatchQueue,_)``.
 ///
 /// ``url`` follows the item: if it is moved by another coordination while this intent
 /// waits, the accessor finds the new URL here.

@@ -84,7 +84,7 @@ public final class FileCoordinator: Sendable {
     }
 
     /// How long a coordination may wait for conflicting claims (in this process or
-    /// another) to end before it fails with ``FileCoordinationError/Code/timedOut``.
+    /// another) to end before it fails with `FileCoordinationError.Code.timedOut`.
     /// `nil` (the default) waits for as long as it takes, as Apple's coordinator does.
     /// Only waiting counts: a claim nothing conflicts with succeeds with any timeout,
     /// `.zero` included (a try-lock, as `flock -n`).
@@ -98,7 +98,7 @@ public final class FileCoordinator: Sendable {
     }
 
     /// Ends every coordination of this coordinator that is still waiting (for claims or
-    /// for presenters) with ``FileCoordinationError/Code/cancelled``; their accessors never
+    /// for presenters) with `FileCoordinationError.Code.cancelled`; their accessors never
     /// run. Accessors already running finish normally.
     public func cancel() {
         cancellations.add(1, ordering: .relaxed)
@@ -158,7 +158,7 @@ public final class FileCoordinator: Sendable {
     /// one. Without a call, the process joins ``CoordinationSpace/defaultDirectory(environment:)``
     /// on its first coordination. Presenters already registered are published in it.
     ///
-    /// - Throws: ``FileCoordinationError`` with code `.insecureSpace` when the directory
+    /// - Throws: `FileCoordinationError` with code `.insecureSpace` when the directory
     ///   belongs to another user or is writable by others, or the error that kept it from
     ///   being created or opened.
     @discardableResult

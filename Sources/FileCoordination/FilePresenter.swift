@@ -3,7 +3,7 @@ import Foundation
 /// Something that presents a file or directory to a user (a document window, a cache, a
 /// build graph) and wants to hear about other code's access to it, before and after.
 ///
-/// Register a presenter with ``FileCoordinator/addFilePresenter(_:)``. Whenever another
+/// Register a presenter with ``FileCoordinator/addFilePresenter(_:)-6x6ht``. Whenever another
 /// coordinator, in this process or (with a coordination space) in another, coordinates
 /// access to the presented item, to something inside a presented directory, or (for a
 /// directory presenter) to the directory itself, the presenter is messaged in Apple's

@@ -167,7 +167,7 @@ final class CoordinationCenter: Sendable {
 
     /// Waits until `claims` are granted together; returns the request to release.
     /// Throws `CancellationError` if the task is cancelled while waiting, or
-    /// ``FileCoordinationError/Code/cancelled`` if the owner's ``cancel(owner:)`` is called.
+    /// `FileCoordinationError.Code.cancelled` if the owner's ``cancel(owner:)`` is called.
     func acquire(_ claims: [CoordinationRules.Claim], purpose: String, owner: ObjectIdentifier,
                  intents: [(FilePath, FileAccessIntent)] = [],
                  isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {

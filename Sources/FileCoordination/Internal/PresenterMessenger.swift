@@ -9,7 +9,7 @@ enum PresenterMessenger {
     static let logger = Logger(label: "FileCoordination")
 
     /// Runs `body` (one presenter callback). Returns its value; nil when it timed out
-    /// and the policy proceeds. Throws the callback's error, ``FileCoordinationError``
+    /// and the policy proceeds. Throws the callback's error, `FileCoordinationError`
     /// `.timedOut` when the policy fails, or `CancellationError` if the coordinating task
     /// is cancelled meanwhile.
     ///

@@ -77,7 +77,7 @@ extension SpaceLocks {
     /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
     ///
     /// `token` names the wait for ``cancel(token:)``, which ends it with
-    /// ``FileCoordinationError/Code/cancelled``.
+    /// `FileCoordinationError.Code.cancelled`.
     func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
         // Pinned, the plan's shards stay open from their opening to the attempt (a shard
         // it needs is not closed to make room for another claim meanwhile); not while it
