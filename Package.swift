@@ -29,21 +29,27 @@ let package = Package(
         // The tool's own C code: starting `exec`'s command, passing signals on to it,
         // signals caught into a pipe.
         .target(name: "CFilecoordCommand"),
+        // Every system call the library makes that can fail: EINTR retried, errno returned,
+        // files of the space opened and checked in one place, and faults injected for tests.
+        .target(
+            name: "SystemCalls",
+            dependencies: ["CFileCoordinationShims", .product(name: "SystemPackage", package: "swift-system")]
+        ),
         .target(
             name: "AsyncFileIO",
             dependencies: [
-                "CFileCoordinationShims",
+                "CFileCoordinationShims", "SystemCalls",
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
         .target(
             name: "FileWatching",
-            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO", .product(name: "SystemPackage", package: "swift-system")]
+            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO", "SystemCalls", .product(name: "SystemPackage", package: "swift-system")]
         ),
         .target(
             name: "FileCoordination",
             dependencies: [
-                "AsyncFileIO", "FileWatching", "CFileCoordinationShims",
+                "AsyncFileIO", "FileWatching", "CFileCoordinationShims", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
@@ -65,7 +71,7 @@ let package = Package(
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "CFileCoordinationShims", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport",
                                                                .product(name: "SystemPackage", package: "swift-system")]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport",
+        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "SystemCalls", "TestSupport",
                                                                    .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
     ]

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import SystemCalls
 import SystemPackage
 
 extension Data {

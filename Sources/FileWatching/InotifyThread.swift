@@ -2,6 +2,7 @@
 import CFileCoordinationShims
 import CInotifyTools
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,7 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import CInotifyTools
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc

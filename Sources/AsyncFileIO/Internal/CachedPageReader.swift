@@ -1,4 +1,5 @@
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// The inline fast path of every read: copies what the page cache already holds with

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// A `DispatchIO` channel bridged to async/await, the ``FileIOEngine/dispatchIO`` engine.

@@ -1,6 +1,7 @@
 import CFileCoordinationShims
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc

@@ -3,6 +3,7 @@ import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -288,103 +289,95 @@ struct SpaceFiles: Sendable {
         // should have to clean up after a process that never joined.
         var made: (mailbox: Bool, hidden: Bool) = (false, false)
         var dirFD: Int32 = -1
-        func fail(_ operation: String, _ path: FilePath, _ code: Int32 = errno) -> FileCoordinationError {
-            if made.hidden { unlinkat(dirFD, "procs/.\(processName)", 0) }
-            if made.mailbox { unlinkat(dirFD, "mail/\(processName)", AT_REMOVEDIR) }
-            for fd in opened { Glibc.close(fd) }
-            return FileCoordinationError(operation, errno: Errno(rawValue: code), path: path)
+        func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
+            if made.hidden { _ = Syscall.unlinkat(dirFD, "procs/.\(processName)") }
+            if made.mailbox { _ = Syscall.unlinkat(dirFD, "mail/\(processName)", directory: true) }
+            for fd in opened { _ = Syscall.close(fd) }
+            return FileCoordinationError(operation, errno: code, path: path)
+        }
+        /// Opens a folder or file of the space (`name` relative to the space), refusing
+        /// one that is not ours alone.
+        func openOwned(_ name: String, _ flags: Int32, kind: OwnedFiles.Kind) throws -> Int32 {
+            let path = name.isEmpty ? directory : directory.appending(name)
+            switch OwnedFiles.open(name.isEmpty ? fc_AT_FDCWD : dirFD, name.isEmpty ? directory.string : name, flags,
+                                   kind: kind, privateOnly: true) {
+            case .success(let fd):
+                opened.append(fd)
+                return fd
+            case .failure(.system(let errno)) where name.isEmpty && (errno == .tooManySymbolicLinkLevels || errno == .notDirectory):
+                _ = fail("open", path, errno)
+                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "open", errno: errno,
+                                            message: "the coordination space is not a directory (a symbolic link?)")
+            case .failure(.system(let errno)):
+                throw fail("open", path, errno)
+            case .failure(let problem):
+                _ = fail("open", path, .notPermitted)
+                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
+                                            message: "refused: it \(problem.text)")
+            }
+        }
+        func make(_ name: String, mayExist: Bool) throws {
+            let path = name.isEmpty ? directory : directory.appending(name)
+            let result = name.isEmpty ? Syscall.mkdirat(fc_AT_FDCWD, directory.string, 0o700) : Syscall.mkdirat(dirFD, name, 0o700)
+            if case .failure(let errno) = result, !(mayExist && errno == .fileExists) { throw fail("mkdir", path, errno) }
         }
         // The space itself, then its folders: created 0700, refused if not ours alone.
-        if mkdir(directory.string, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory) }
-        dirFD = fc_open(directory.string, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-        guard dirFD >= 0 else {
-            if errno == ELOOP || errno == ENOTDIR {
-                throw FileCoordinationError(code: .insecureSpace, path: directory, operation: "open",
-                                            errno: Errno(rawValue: errno), message: "the coordination space is not a directory (a symbolic link?)")
-            }
-            throw fail("open", directory)
-        }
-        opened.append(dirFD)
-        try Self.checkOwned(dirFD, directory, directory: true, opened: opened)
+        try make("", mayExist: true)
+        dirFD = try openOwned("", O_RDONLY, kind: .directory)
         directoryFD = dirFD
         for name in ["procs", "mail", "presenters", "claims"] {
-            if mkdirat(dirFD, name, 0o700) != 0 && errno != EEXIST { throw fail("mkdir", directory.appending(name)) }
-            let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-            guard fd >= 0 else { throw fail("open", directory.appending(name)) }
-            defer { Glibc.close(fd) }
-            try Self.checkOwned(fd, directory.appending(name), directory: true, opened: opened)
+            try make(name, mayExist: true)
+            let fd = try openOwned(name, O_RDONLY, kind: .directory)
+            opened.removeLast()
+            _ = Syscall.close(fd)
         }
-        func openFile(_ name: String, _ flags: Int32) throws -> Int32 {
-            let fd = fc_openat(dirFD, name, flags | O_RDWR | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { throw fail("open", directory.appending(name)) }
-            opened.append(fd)
-            try Self.checkOwned(fd, directory.appending(name), directory: false, opened: opened)
-            return fd
-        }
-        lockFD = try openFile("claims.lock", O_CREAT)
-        let seqFD = try openFile("registry.seq", O_CREAT)
+        lockFD = try openOwned("claims.lock", O_CREAT | O_RDWR, kind: .regularFile)
+        let seqFD = try openOwned("registry.seq", O_CREAT | O_RDWR, kind: .regularFile)
         sequenceFD = seqFD
-        var info = stat()
-        fstat(seqFD, &info)
-        if info.st_size < 4096 && ftruncate(seqFD, 4096) != 0 { throw fail("ftruncate", directory.appending("registry.seq")) }
-        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending("registry.seq")) }
+        let size = (try? Syscall.fstat(seqFD).get().st_size) ?? 0
+        if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
+            throw fail("ftruncate", directory.appending("registry.seq"), errno)
+        }
+        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending("registry.seq"), Errno(rawValue: errno)) }
         sequence = map.assumingMemoryBound(to: UInt64.self)
         // The mailbox first, then this process's record, locked for as long as it lives.
         // The record is locked under a hidden name and renamed into place, so no other
         // process can find it unlocked (and take this process for dead).
         let mailbox = "mail/\(processName)"
-        if mkdirat(dirFD, mailbox, 0o700) != 0 { throw fail("mkdir", directory.appending(mailbox)) }
+        try make(mailbox, mayExist: false)
         made.mailbox = true
-        let boxFD = fc_openat(dirFD, mailbox, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-        guard boxFD >= 0 else { throw fail("open", directory.appending(mailbox)) }
-        opened.append(boxFD)
-        mailboxFD = boxFD
+        mailboxFD = try openOwned(mailbox, O_RDONLY, kind: .directory)
         let hidden = "procs/.\(processName)"
-        let procFD = try openFile(hidden, O_CREAT | O_EXCL)
+        let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
         made.hidden = true
         processFD = procFD
         let bytes = SpaceProtocol.ProcessRecord(pid: getpid(), listening: false).encoded().encoded()
-        guard bytes.withUnsafeBytes({ write(procFD, $0.baseAddress, $0.count) }) == bytes.count else {
-            throw fail("write", directory.appending(hidden))
+        switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
+        case .success(let written) where written == bytes.count: break
+        case .success: throw fail("write", directory.appending(hidden), .noSpace)
+        case .failure(let errno): throw fail("write", directory.appending(hidden), errno)
         }
-        guard fc_ofd_lock(procFD, fc_F_WRLCK, 0, 1, 0) == 0 else { throw fail("F_OFD_SETLK", directory.appending(hidden)) }
-        guard renameat(dirFD, hidden, dirFD, "procs/\(processName)") == 0 else {
-            throw fail("rename", directory.appending("procs/\(processName)"))
+        if case .failure(let errno) = Syscall.lock(procFD, fc_F_WRLCK, 0, 1) { throw fail("F_OFD_SETLK", directory.appending(hidden), errno) }
+        if case .failure(let errno) = Syscall.renameat(dirFD, hidden, "procs/\(processName)") {
+            throw fail("rename", directory.appending("procs/\(processName)"), errno)
         }
-    }
-
-    private static func checkOwned(_ fd: Int32, _ path: FilePath, directory: Bool, opened: [Int32]) throws {
-        var info = stat()
-        var problem: String?
-        if fstat(fd, &info) != 0 {
-            problem = "cannot be examined"
-        } else if directory != ((info.st_mode & S_IFMT) == S_IFDIR) {
-            problem = directory ? "is not a directory" : "is not a regular file"
-        } else if !directory && (info.st_mode & S_IFMT) != S_IFREG {
-            problem = "is not a regular file"
-        } else if info.st_uid != geteuid() {
-            problem = "is owned by uid \(info.st_uid), not by this user (uid \(geteuid()))"
-        } else if info.st_mode & 0o022 != 0 {
-            problem = "is writable by other users (mode \(String(info.st_mode & 0o7777, radix: 8)))"
-        }
-        guard let problem else { return }
-        for fd in opened { Glibc.close(fd) }
-        throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
-                                    message: "refused: it \(problem)")
     }
 
     func close() {
-        for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { Glibc.close(fd) }
+        for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { _ = Syscall.close(fd) }
     }
 
     /// Rewrites this process's record in place (its descriptor holds the liveness lock).
     /// Blocking. Through ``CoordinationSpace/writeRecord(listening:claims:)``.
     func writeRecord(_ record: SpaceProtocol.ProcessRecord) throws {
         let bytes = record.encoded().encoded()
-        let written = bytes.withUnsafeBytes { pwrite(processFD, $0.baseAddress, $0.count, 0) }
-        guard written == bytes.count, ftruncate(processFD, off_t(bytes.count)) == 0 else {
-            throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: directory.appending("procs/\(processName)"))
+        let path = directory.appending("procs/\(processName)")
+        switch bytes.withUnsafeBytes({ Syscall.pwrite(processFD, $0.baseAddress!, $0.count, 0) }) {
+        case .success(let count) where count == bytes.count: break
+        case .success: throw FileCoordinationError("write", errno: .noSpace, path: path)
+        case .failure(let errno): throw FileCoordinationError("write", errno: errno, path: path)
         }
+        try Syscall.ftruncate(processFD, Int64(bytes.count)).mapError("ftruncate", path).get()
     }
 
 

@@ -1,4 +1,5 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemCalls
 import CFileCoordinationShims
 import Synchronization
 #if canImport(Glibc)
@@ -102,11 +103,10 @@ final class MessageSlots: Sendable {
         }
         if let spare {
             // Empty: only this process writes it, and it was empty when opened.
-            var info = stat()
-            if fstat(spare.fd, &info) == 0, info.st_nlink > 0 {
+            if case .success(let info) = Syscall.fstat(spare.fd), info.st_nlink > 0 {
                 return Lease(fd: spare.fd, target: target, generation: spare.generation)
             }
-            Glibc.close(spare.fd)
+            _ = Syscall.close(spare.fd)
             retire(target, spare.generation, dirFD: dirFD)
         }
         return try claim(for: target, dirFD: dirFD, onlyKnown: false)
@@ -128,27 +128,31 @@ final class MessageSlots: Sendable {
             }
             guard reserved else { continue }
             let name = name(target, generation)
-            var info = stat()
             // Gone (removed by its receiver, one that unlinks what it read, or with the
             // mailbox): forgotten; any other failure only skips it this time.
-            func skip() { if errno == ENOENT { forget(target, generation) } else { unreserve(target, generation) } }
-            guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
-                skip()
+            func skip(_ errno: Errno) { if errno == .noSuchFileOrDirectory { forget(target, generation) } else { unreserve(target, generation) } }
+            let info: stat
+            switch Syscall.lstatat(dirFD, name) {
+            case .success(let value): info = value
+            case .failure(let errno):
+                skip(errno)
                 continue
             }
             guard info.st_size == 0 else {
                 unreserve(target, generation) // not read yet
                 continue
             }
-            let fd = fc_openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-            guard fd >= 0 else {
-                skip()
+            let fd: Int32
+            switch Syscall.openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW) {
+            case .success(let value): fd = value
+            case .failure(let errno):
+                skip(errno)
                 continue
             }
-            if fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_size == 0, info.st_nlink > 0 {
+            if case .success(let info) = Syscall.fstat(fd), (info.st_mode & S_IFMT) == S_IFREG, info.st_size == 0, info.st_nlink > 0 {
                 return Lease(fd: fd, target: target, generation: generation)
             }
-            Glibc.close(fd)
+            _ = Syscall.close(fd)
             retire(target, generation, dirFD: dirFD)
         }
         let (generation, forgotten): (UInt64?, (name: String, known: Target)?) = state.withLock { state in
@@ -165,18 +169,18 @@ final class MessageSlots: Sendable {
         }
         if let (name, known) = forgotten {
             // Closed unused, a spare must not stay a slot; the other empty slots go too.
-            if let spare = known.spare { Glibc.close(spare.fd) }
+            if let spare = known.spare { _ = Syscall.close(spare.fd) }
             for generation in known.live { Self.removeIfEmpty(self.name(name, generation), dirFD: dirFD) }
         }
         guard let generation else { return nil }
-        let fd = fc_openat(dirFD, name(target, generation), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            let error = errno
+        switch Syscall.openat(dirFD, name(target, generation), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW) {
+        case .success(let fd):
+            return Lease(fd: fd, target: target, generation: generation)
+        case .failure(let errno):
             forget(target, generation)
-            if error == ENOENT { throw .gone }
+            if errno == .noSuchFileOrDirectory { throw .gone }
             return nil
         }
-        return Lease(fd: fd, target: target, generation: generation)
     }
 
     /// Ends a lease whose descriptor the caller closed: a slot with its message in it
@@ -205,7 +209,7 @@ final class MessageSlots: Sendable {
             return (oldest, spare.fd, spare.generation)
         }
         if let unused {
-            Glibc.close(unused.fd)
+            _ = Syscall.close(unused.fd)
             retire(unused.target, unused.generation, dirFD: dirFD)
         }
     }
@@ -223,8 +227,8 @@ final class MessageSlots: Sendable {
         }
         // Closed unused, it must not stay a slot (see the rule above).
         if let spare {
-            Glibc.close(spare.fd)
-            unlinkat(dirFD, name(target, spare.generation), 0)
+            _ = Syscall.close(spare.fd)
+            _ = Syscall.unlinkat(dirFD, name(target, spare.generation))
         }
     }
 
@@ -238,7 +242,7 @@ final class MessageSlots: Sendable {
             defer { state.targets.removeAll() }
             return state.targets.values.compactMap { $0.spare?.fd }
         }
-        for fd in spares { Glibc.close(fd) }
+        for fd in spares { _ = Syscall.close(fd) }
         Self.removeEmptySlots(of: me, dirFD: dirFD)
     }
 
@@ -255,9 +259,8 @@ final class MessageSlots: Sendable {
     /// Unlinks the slot `name` (relative to the space) if it is empty. For slots whose
     /// sender writes no more: it left, or it is dead.
     static func removeIfEmpty(_ name: String, dirFD: Int32) {
-        var info = stat()
-        guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_size == 0 else { return }
-        unlinkat(dirFD, name, 0)
+        guard case .success(let info) = Syscall.lstatat(dirFD, name), info.st_size == 0 else { return }
+        _ = Syscall.unlinkat(dirFD, name)
     }
 
     /// At ``maximumTargets``, removes the target used longest ago that has nothing being
@@ -291,6 +294,6 @@ final class MessageSlots: Sendable {
     /// close must not find a slot that holds a later message.
     private func retire(_ target: String, _ generation: UInt64, dirFD: Int32) {
         forget(target, generation)
-        unlinkat(dirFD, name(target, generation), 0)
+        _ = Syscall.unlinkat(dirFD, name(target, generation))
     }
 }

@@ -1,4 +1,5 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemCalls
 import CFileCoordinationShims
 import Foundation
 import Synchronization
@@ -241,14 +242,16 @@ extension SpaceLocks {
             // other process holds it, no writer waits anywhere and no queue byte needs a
             // look (one call for a whole batch instead of one per file).
             if writerWaits == nil {
-                var flag: Int16 = fc_F_UNLCK
-                guard fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &flag) == 0 else { throw lockError("F_OFD_GETLK") }
-                writerWaits = flag != fc_F_UNLCK
+                switch Syscall.conflictingLock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1) {
+                case .success(let flag): writerWaits = flag != fc_F_UNLCK
+                case .failure(let errno): throw lockError("F_OFD_GETLK", errno)
+                }
             }
             guard writerWaits == true else { return .taken }
-            var conflicting: Int16 = fc_F_UNLCK
-            guard fc_ofd_getlock(state.fd, fc_F_RDLCK, check, 1, &conflicting) == 0 else { throw lockError("F_OFD_GETLK") }
-            return conflicting == fc_F_UNLCK ? .taken : .conflict
+            switch Syscall.conflictingLock(state.fd, fc_F_RDLCK, check, 1) {
+            case .success(let conflicting): return conflicting == fc_F_UNLCK ? .taken : .conflict
+            case .failure(let errno): throw lockError("F_OFD_GETLK", errno)
+            }
         }
     }
 
@@ -266,9 +269,8 @@ extension SpaceLocks {
             let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
             let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
             if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
-                if fc_ofd_lock(state.fd, needed, byte.offset, 1, 0) != 0 {
-                    let error = errno
-                    if error == EAGAIN || error == EACCES { return .conflict }
+                if case .failure(let error) = Syscall.lock(state.fd, needed, byte.offset, 1) {
+                    if error == .resourceTemporarilyUnavailable || error == .permissionDenied { return .conflict }
                     throw lockError("F_OFD_SETLK", error)
                 }
                 count.kernel = needed
@@ -303,7 +305,7 @@ extension SpaceLocks {
             }
             if count.total <= 0 {
                 state.counts[byte.offset] = nil
-                _ = fc_ofd_lock(state.fd, fc_F_UNLCK, byte.offset, 1, 0)
+                _ = Syscall.lock(state.fd, fc_F_UNLCK, byte.offset, 1)
                 return true
             }
             if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
@@ -345,7 +347,7 @@ extension SpaceLocks {
                         state.counts[last] = nil
                         index += 1
                     }
-                    _ = fc_ofd_lock(state.fd, fc_F_UNLCK, first, last - first + 1, 0)
+                    _ = Syscall.lock(state.fd, fc_F_UNLCK, first, last - first + 1)
                 }
                 defer { state.idle = 0 }
                 return state.idle
@@ -377,8 +379,7 @@ extension SpaceLocks {
         guard changed else { return }
         let waiters = state.withLock { Self.takeWaiters(&$0) }
         for waiter in waiters { waiter.resume() }
-        var conflicting: Int16 = fc_F_UNLCK
-        if fc_ofd_getlock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1, &conflicting) == 0 {
+        if case .success(let conflicting) = Syscall.conflictingLock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1) {
             if conflicting != fc_F_UNLCK {
                 ringDoorbell()
             } else {
@@ -410,13 +411,13 @@ extension SpaceLocks {
                 }
                 return state.fd
             }
-            if fd >= 0 { Glibc.close(fd) }
+            if fd >= 0 { _ = Syscall.close(fd) }
         }
     }
 
     /// Wakes every process waiting on the space's claims.
     func ringDoorbell() {
         var byte: UInt8 = 1
-        _ = pwrite(fd, &byte, 1, off_t(Self.doorbellOffset))
+        _ = Syscall.pwrite(fd, &byte, 1, Self.doorbellOffset)
     }
 }

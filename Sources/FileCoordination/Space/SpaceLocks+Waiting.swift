@@ -1,4 +1,5 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemCalls
 import CFileCoordinationShims
 import Foundation
 import Synchronization
@@ -61,14 +62,14 @@ extension SpaceLocks {
     func raiseWaitingFlag() {
         state.withLock { state in
             state.waiting += 1
-            if state.waiting == 1 { _ = fc_ofd_lock(fd, fc_F_RDLCK, Self.waitingFlagOffset, 1, 0) }
+            if state.waiting == 1 { _ = Syscall.lock(fd, fc_F_RDLCK, Self.waitingFlagOffset, 1) }
         }
     }
 
     func lowerWaitingFlag() {
         state.withLock { state in
             state.waiting -= 1
-            if state.waiting == 0 { _ = fc_ofd_lock(fd, fc_F_UNLCK, Self.waitingFlagOffset, 1, 0) }
+            if state.waiting == 0 { _ = Syscall.lock(fd, fc_F_UNLCK, Self.waitingFlagOffset, 1) }
         }
     }
 
@@ -83,8 +84,8 @@ extension SpaceLocks {
     /// Bytes this process holds in the kernel (for tests and `status`).
     var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.counts.count } } }
 
-    func lockError(_ operation: String, _ code: Int32 = errno) -> FileCoordinationError {
-        FileCoordinationError(code: .io, path: path, operation: operation, errno: Errno(rawValue: code),
+    func lockError(_ operation: String, _ code: Errno) -> FileCoordinationError {
+        FileCoordinationError(code: .io, path: path, operation: operation, errno: code,
                               message: "the coordination space's lock file refused a lock")
     }
 }

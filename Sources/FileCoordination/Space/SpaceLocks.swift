@@ -2,6 +2,7 @@
 import CFileCoordinationShims
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -189,13 +190,8 @@ final class SpaceLocks: Sendable {
     /// How many descriptors the process has open (its `/proc/self/fd` entries, less the
     /// listing's own).
     static func openDescriptorCount() -> Int {
-        guard let directory = opendir("/proc/self/fd") else { return 0 }
-        defer { closedir(directory) }
-        var count = 0
-        while let entry = readdir(directory) {
-            if directoryEntryName(entry).first != UInt8(ascii: ".") { count += 1 }
-        }
-        return count - 1
+        guard case .success(let names) = OwnedFiles.list(fc_AT_FDCWD, "/proc/self/fd") else { return 0 }
+        return names.count - 1
     }
 
     /// The shard a slot's bytes live in.
@@ -235,30 +231,27 @@ final class SpaceLocks: Sendable {
         while index < missing.count {
             let shard = missing[index]
             let name = "claims/" + String(format: "%02x", shard)
-            let fd = fc_openat(directoryFD, name, O_RDWR | O_CREAT | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-            var info = stat()
-            guard fd >= 0, fstat(fd, &info) == 0 else {
-                let code = errno
-                if fd >= 0 { Glibc.close(fd) }
-                if code == EMFILE, !madeRoom {
+            let fd: Int32
+            switch OwnedFiles.open(directoryFD, name, O_RDWR | O_CREAT, kind: .regularFile, privateOnly: false) {
+            case .success(let value): fd = value
+            case .failure(.system(let code)):
+                if code == .tooManyOpenFiles, !madeRoom {
                     // Other files of the process took the room: give up every shard that
                     // holds nothing, once, and try again.
                     madeRoom = true
                     closeShards(keeping: needed, toFit: Self.shardCount)
                     continue
                 }
-                for (_, fd) in opened { Glibc.close(fd) }
-                var error = FileCoordinationError("open", errno: Errno(rawValue: code), path: directory.appending(name))
-                if code == EMFILE {
+                for (_, fd) in opened { _ = Syscall.close(fd) }
+                var error = FileCoordinationError("open", errno: code, path: directory.appending(name))
+                if code == .tooManyOpenFiles {
                     error.message += "; this claim needs \(needed.nonzeroBitCount) claim shards open at once, one descriptor each"
                 }
                 throw error
-            }
-            guard (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else {
-                Glibc.close(fd)
-                for (_, fd) in opened { Glibc.close(fd) }
+            case .failure(let problem):
+                for (_, fd) in opened { _ = Syscall.close(fd) }
                 throw FileCoordinationError(code: .insecureSpace, path: directory.appending(name), operation: "open",
-                                            message: "refused: it is not a regular file of this user")
+                                            message: "refused: it \(problem.text)")
             }
             opened.append((shard, fd))
             index += 1
@@ -272,7 +265,7 @@ final class SpaceLocks: Sendable {
                 openMask.bitwiseOr(1 << shard, ordering: .releasing)
                 return true
             }
-            if !stored { Glibc.close(fd) }
+            if !stored { _ = Syscall.close(fd) }
         }
     }
 
@@ -295,7 +288,7 @@ final class SpaceLocks: Sendable {
                     return state.fd
                 }
                 guard let closing else { continue }
-                Glibc.close(closing)
+                _ = Syscall.close(closing)
                 excess -= 1
             }
         }

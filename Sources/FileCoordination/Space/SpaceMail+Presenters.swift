@@ -1,4 +1,5 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemCalls
 import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
@@ -30,15 +31,17 @@ extension SpaceMail {
         do {
             try await runOnIOThread {
                 let temporary = "presenters/.\(self.me)-\(number).new"
-                let fd = fc_openat(dirFD, temporary, O_WRONLY | O_CREAT | O_TRUNC | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-                guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: files.directory.appending(temporary)) }
-                let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                Glibc.close(fd)
-                guard written == bytes.count else { throw FileCoordinationError("write", errno: Errno(rawValue: errno), path: files.directory.appending(temporary)) }
-                guard renameat(dirFD, temporary, dirFD, name) == 0 else {
-                    throw FileCoordinationError("rename", errno: Errno(rawValue: errno), path: files.directory.appending(name))
+                let fd = try Syscall.openat(dirFD, temporary, O_WRONLY | O_CREAT | O_TRUNC | fc_O_NOFOLLOW)
+                    .mapError("open", files.directory.appending(temporary)).get()
+                let written = bytes.withUnsafeBytes { Syscall.write(fd, $0.baseAddress!, $0.count) }
+                _ = Syscall.close(fd)
+                switch written {
+                case .success(let count) where count == bytes.count: break
+                case .success: throw FileCoordinationError("write", errno: .noSpace, path: files.directory.appending(temporary))
+                case .failure(let errno): throw FileCoordinationError("write", errno: errno, path: files.directory.appending(temporary))
                 }
-                if let previous { unlinkat(dirFD, previous, 0) }
+                try Syscall.renameat(dirFD, temporary, name).mapError("rename", files.directory.appending(name)).get()
+                if let previous { _ = Syscall.unlinkat(dirFD, previous) }
                 files.bumpSequence()
             }
         } catch {
@@ -56,7 +59,7 @@ extension SpaceMail {
         }) else { return }
         let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
         _ = try? await runOnIOThread {
-            unlinkat(dirFD, name, 0)
+            _ = Syscall.unlinkat(dirFD, name)
             files.bumpSequence()
         }
     }
@@ -100,7 +103,7 @@ extension SpaceMail {
                 }
                 // Ours to remove once its process is gone; while it lives, said once here.
                 if !self.isAlive(owner) {
-                    unlinkat(dirFD, "presenters/" + name, 0)
+                    _ = Syscall.unlinkat(dirFD, "presenters/" + name)
                 } else {
                     Self.ignored(self.files.directory.appending("presenters/\(name)"), reason)
                     self.state.withLock { _ = $0.ignoredRecords.insert(name) }

@@ -3,6 +3,7 @@ import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -103,23 +104,27 @@ extension SpaceMail {
         let (dirFD, files) = (files.directoryFD, files)
         return { [self] in
             // The path is for the error only: built when one happens.
-            func failure(_ operation: String) -> FileCoordinationError {
-                FileCoordinationError(operation, errno: Errno(rawValue: errno), path: files.directory.appending("mail").appending(target))
+            func failure(_ operation: String, _ errno: Errno) -> FileCoordinationError {
+                FileCoordinationError(operation, errno: errno, path: files.directory.appending("mail").appending(target))
             }
             let lease: MessageSlots.Lease
             if let slot = try slots.open(for: target, dirFD: dirFD) {
                 lease = slot
             } else {
-                let fd = fc_openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW | O_CLOEXEC, 0o600)
-                if fd < 0 {
-                    if errno == ENOENT { throw SendError.gone }
-                    throw failure("open")
+                switch Syscall.openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW) {
+                case .success(let fd): lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
+                case .failure(.noSuchFileOrDirectory): throw SendError.gone
+                case .failure(let errno): throw failure("open", errno)
                 }
-                lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
             }
-            let written = bytes.withUnsafeBytes { Glibc.write(lease.fd, $0.baseAddress, $0.count) } == bytes.count
-            let error = written ? nil : failure("write")
-            Glibc.close(lease.fd)
+            let error: FileCoordinationError?
+            switch bytes.withUnsafeBytes({ Syscall.write(lease.fd, $0.baseAddress!, $0.count) }) {
+            case .success(let count) where count == bytes.count: error = nil
+            case .success: error = failure("write", .noSpace) // a short write: the file system is full
+            case .failure(let errno): error = failure("write", errno)
+            }
+            let written = error == nil
+            _ = Syscall.close(lease.fd)
             // The receiver's thread was just woken, maybe onto this CPU: let it run before
             // this thread's housekeeping (the next slot, the liveness check).
             sched_yield()
@@ -282,11 +287,11 @@ extension SpaceMail {
     /// Whether `process` still holds the lock on its record.
     func isAlive(_ process: String) -> Bool {
         guard Self.isProcessName(process) else { return false }
-        let fd = fc_openat(files.directoryFD, "procs/" + process, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-        guard fd >= 0 else { return false }
-        defer { Glibc.close(fd) }
-        var conflicting: Int16 = fc_F_UNLCK
-        guard fc_ofd_getlock(fd, fc_F_WRLCK, 0, 1, &conflicting) == 0 else { return false }
+        guard case .success(let fd) = Syscall.openat(files.directoryFD, "procs/" + process, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) else {
+            return false
+        }
+        defer { _ = Syscall.close(fd) }
+        guard case .success(let conflicting) = Syscall.conflictingLock(fd, fc_F_WRLCK, 0, 1) else { return false }
         return conflicting != fc_F_UNLCK
     }
 }

@@ -3,6 +3,7 @@ import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -120,16 +121,9 @@ extension SpaceMail {
         Int32(process.split(separator: "-").first ?? "") ?? 0
     }
 
+    /// The names in the space's folder `name`.
     static func list(_ dirFD: Int32, _ name: String) throws -> [String] {
-        let fd = fc_openat(dirFD, name, O_RDONLY | fc_O_DIRECTORY | fc_O_NOFOLLOW | O_CLOEXEC, 0)
-        guard fd >= 0, let dir = fdopendir(fd) else { throw FileCoordinationError("opendir", errno: Errno(rawValue: errno), path: FilePath(name)) }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = String(decoding: directoryEntryName(entry), as: UTF8.self)
-            if name != "." && name != ".." { names.append(name) }
-        }
-        return names
+        try OwnedFiles.list(dirFD, name).mapError { FileCoordinationError("opendir", errno: $0, path: FilePath(name)) }.get()
     }
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
@@ -148,11 +142,11 @@ extension SpaceMail {
         slots.drop(process, dirFD: dirFD)
         var removedPresenters = false
         for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
-            if unlinkat(dirFD, "presenters/" + name, 0) == 0 { removedPresenters = true }
+            if case .success = Syscall.unlinkat(dirFD, "presenters/" + name) { removedPresenters = true }
         }
         Self.removeMailbox(dirFD, process)
-        unlinkat(dirFD, "procs/" + process, 0)
-        unlinkat(dirFD, "procs/." + process, 0)
+        _ = Syscall.unlinkat(dirFD, "procs/" + process)
+        _ = Syscall.unlinkat(dirFD, "procs/." + process)
         // Its slots in other processes' mailboxes (not registry entries).
         MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
         // Another process may have been first: the registry of presenters, which
@@ -169,10 +163,13 @@ extension SpaceMail {
         var removed = false
         for _ in 0 ..< 4 {
             for name in (try? list(dirFD, "mail/" + process)) ?? [] {
-                if unlinkat(dirFD, "mail/\(process)/\(name)", 0) == 0 { removed = true }
+                if case .success = Syscall.unlinkat(dirFD, "mail/\(process)/\(name)") { removed = true }
             }
-            if unlinkat(dirFD, "mail/" + process, AT_REMOVEDIR) == 0 { return true }
-            guard errno == ENOTEMPTY else { return removed }
+            switch Syscall.unlinkat(dirFD, "mail/" + process, directory: true) {
+            case .success: return true
+            case .failure(.directoryNotEmpty): continue
+            case .failure: return removed
+            }
         }
         return removed
     }
@@ -216,8 +213,7 @@ extension SpaceMail {
         guard isProcessName(process), pid > 0, kill(pid, 0) != 0, errno == ESRCH else { return false }
         let now = time(nil)
         for name in ["mail/" + process, "procs/." + process] {
-            var info = stat()
-            guard fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else { continue }
+            guard case .success(let info) = Syscall.lstatat(dirFD, name) else { continue }
             if now - info.st_mtim.tv_sec < abandonedJoinAge { return false }
         }
         return true
@@ -237,9 +233,9 @@ extension SpaceMail {
         let numbers = state.withLock { Array($0.local.keys) }
         // The record first: a receiver that reads one of this process's slots after
         // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
-        unlinkat(dirFD, "procs/" + me, 0)
+        _ = Syscall.unlinkat(dirFD, "procs/" + me)
         slots.removeAll(dirFD: dirFD)
-        for number in numbers { unlinkat(dirFD, "presenters/\(me)-\(number)", 0) }
+        for number in numbers { _ = Syscall.unlinkat(dirFD, "presenters/\(me)-\(number)") }
         Self.removeMailbox(dirFD, me)
         // Only the presenters are the registry that others cache: a process that
         // had none changes nothing for them.

@@ -3,6 +3,7 @@ import CFileCoordinationShims
 @_spi(FileCoordinationInternal) import FileWatching
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -127,12 +128,13 @@ final class SpaceMail: Sendable {
     /// Reads and acts on the message file `name`. A rescan leaves alone what may still be
     /// being written (empty, or without its end line): its own event comes later.
     func receive(_ name: [UInt8], rescanning: Bool) {
-        let fd = Self.openMessage(dirFD: files.mailboxFD, name: name)
+        let opened = Self.openMessage(dirFD: files.mailboxFD, name: name)
         // Gone: a slot its sender retired (see ``MessageSlots``), or read by a rescan.
-        guard fd >= 0 || errno != ENOENT else { return }
+        if case .failure(.noSuchFileOrDirectory) = opened { return }
+        let fd = (try? opened.get()) ?? -1
         let outcome = fd >= 0 ? Self.readMessage(fd) : .failure(.notAMessage)
         if rescanning, case .failure(let reason) = outcome, reason == .empty || reason == .truncated {
-            if fd >= 0 { Glibc.close(fd) }
+            if fd >= 0 { _ = Syscall.close(fd) }
             return
         }
         // Whether the message was served right here (its reply, if any, is written).
@@ -151,9 +153,9 @@ final class SpaceMail: Sendable {
             // its record before its empty slots), so the slot is this receiver's to remove.
             case (true, .success(let message)) where hasRecord(message.string(SpaceProtocol.fromKey)) && Self.truncate(fd)
                 && hasRecord(message.string(SpaceProtocol.fromKey)): break
-            default: _ = Self.withCString(name) { unlinkat(files.mailboxFD, $0, 0) }
+            default: _ = Self.withCString(name) { Syscall.unlinkat(files.mailboxFD, $0) }
             }
-            if fd >= 0 { Glibc.close(fd) }
+            if fd >= 0 { _ = Syscall.close(fd) }
         }
         var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
         let message: SpaceProtocol.Message
@@ -225,9 +227,8 @@ final class SpaceMail: Sendable {
     /// Reads one small message file (`name` relative to `dirFD`) without following links
     /// or blocking on a FIFO.
     func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        let fd = Self.openMessage(dirFD: dirFD, name: name)
-        guard fd >= 0 else { return .failure(.notAMessage) }
-        defer { Glibc.close(fd) }
+        guard case .success(let fd) = Self.openMessage(dirFD: dirFD, name: name) else { return .failure(.notAMessage) }
+        defer { _ = Syscall.close(fd) }
         return Self.readMessage(fd)
     }
 
@@ -242,14 +243,12 @@ final class SpaceMail: Sendable {
         for name in (try? Self.list(files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
             let bytes = Array(name.utf8)
             var time = Int64.max, from = "", id: UInt64 = 0
-            let fd = Self.openMessage(dirFD: files.mailboxFD, name: bytes)
-            if fd >= 0 {
-                var info = stat()
-                if fstat(fd, &info) == 0 { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
+            if case .success(let fd) = Self.openMessage(dirFD: files.mailboxFD, name: bytes) {
+                if case .success(let info) = Syscall.fstat(fd) { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
                 if case .success(let decoded) = Self.readMessage(fd), let message = try? SpaceProtocol.Message(decoding: decoded) {
                     (from, id) = (message.header.from, message.header.id)
                 }
-                Glibc.close(fd)
+                _ = Syscall.close(fd)
             }
             found.append((bytes, time, from, id))
         }
@@ -273,20 +272,22 @@ final class SpaceMail: Sendable {
         return order
     }
 
-    /// Opens a message file for reading; -1 when it cannot be opened.
-    static func openMessage(dirFD: Int32, name: [UInt8]) -> Int32 {
-        withCString(name) { fc_openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | O_CLOEXEC, 0) }
+    /// Opens a message file for reading, without following a link or blocking on a FIFO.
+    static func openMessage(dirFD: Int32, name: [UInt8]) -> Result<Int32, Errno> {
+        withCString(name) { Syscall.openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) }
     }
 
     /// Reads the message file open at `fd`, checked to be a small regular file of ours.
     static func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        var info = stat()
-        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == geteuid() else { return .failure(.notAMessage) }
+        guard OwnedFiles.check(fd, kind: .regularFile, privateOnly: false) == nil, case .success(let info) = Syscall.fstat(fd) else {
+            return .failure(.notAMessage)
+        }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
         guard info.st_size > 0 else { return .failure(.empty) }
         var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
-        let count = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-        guard count >= 0 else { return .failure(.notAMessage) }
+        guard case .success(let count) = buffer.withUnsafeMutableBytes({ Syscall.read(fd, $0.baseAddress!, $0.count) }) else {
+            return .failure(.notAMessage)
+        }
         return SpaceMessage.decode(buffer[..<count])
     }
 
@@ -336,7 +337,7 @@ final class SpaceMail: Sendable {
     func setAside(_ folder: String, _ name: String, reason: String) {
         let dirFD = files.directoryFD
         let hidden = ".foreign-" + name
-        guard renameat(dirFD, "\(folder)/\(name)", dirFD, "\(folder)/\(hidden)") == 0 else { return }
+        guard case .success = Syscall.renameat(dirFD, "\(folder)/\(name)", "\(folder)/\(hidden)") else { return }
         PresenterMessenger.logger.warning("set aside an entry of the coordination space that is not one of ours",
                                           metadata: ["path": "\(files.directory.appending(folder).appending(name))",
                                                      "now": "\(files.directory.appending(folder).appending(hidden))",
@@ -348,14 +349,15 @@ final class SpaceMail: Sendable {
     func hasRecord(_ process: String?) -> Bool {
         guard let process else { return true }
         guard Self.isProcessName(process) else { return false }
-        var info = stat()
-        return fstatat(files.directoryFD, "procs/" + process, &info, AT_SYMLINK_NOFOLLOW) == 0
+        if case .success = Syscall.lstatat(files.directoryFD, "procs/" + process) { return true }
+        return false
     }
 
     /// Empties the file open (read-only) at `fd` through its `/proc/self/fd` link: a
     /// descriptor opened for writing would signal `IN_CLOSE_WRITE` when closed, which a
     /// slot's sender reserves for its messages. False when that fails (no `/proc`).
     static func truncate(_ fd: Int32) -> Bool {
-        Glibc.truncate("/proc/self/fd/\(fd)", 0) == 0
+        if case .success = Syscall.truncate("/proc/self/fd/\(fd)", 0) { return true }
+        return false
     }
 }

@@ -1,0 +1,177 @@
+import CFileCoordinationShims
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Typed wrappers over the blocking system calls the library makes. Each retries
+/// `EINTR` and returns the errno instead of setting a global. Every call here may
+/// block, so callers run them on threads the library owns (``IOThreadPool``), never on
+/// the Swift cooperative pool; the exception is ``preadNoWait``, which cannot block.
+package enum Syscall {
+    @inline(__always)
+    package static func retrying<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
+        while true {
+            let result = body()
+            if result >= 0 { return .success(result) }
+            let error = Errno(rawValue: Glibc.errno)
+            if error != .interrupted { return .failure(error) }
+        }
+    }
+
+    package static func open(_ path: UnsafePointer<CChar>, _ flags: Int32, _ mode: UInt32 = 0o666) -> Result<Int32, Errno> {
+        if let fault = Faults.check(.open, path) { return .failure(fault) }
+        return retrying { fc_open(path, flags | O_CLOEXEC, mode) }
+    }
+
+    package static func openTemporary(inDirectory path: UnsafePointer<CChar>, mode: UInt32) -> Result<Int32, Errno> {
+        retrying { fc_open_tmpfile(path, mode) }
+    }
+
+    package static func close(_ fd: Int32) -> Result<Void, Errno> {
+        // close(2) must not be retried on EINTR on Linux: the descriptor is gone.
+        if Glibc.close(fd) == 0 { return .success(()) }
+        let error = Errno(rawValue: Glibc.errno)
+        return error == .interrupted ? .success(()) : .failure(error)
+    }
+
+    package static func fstat(_ fd: Int32) -> Result<Glibc.stat, Errno> {
+        if let fault = Faults.check(.fstat) { return .failure(fault) }
+        var info = Glibc.stat()
+        return retrying { Glibc.fstat(fd, &info) }.map { _ in info }
+    }
+
+    package static func stat(path: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        var info = Glibc.stat()
+        return retrying { fstatat(fc_AT_FDCWD, path, &info, 0) }.map { _ in info }
+    }
+
+    /// `stat` of the link itself when `path` is a symbolic link.
+    package static func lstat(path: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        var info = Glibc.stat()
+        return retrying { fstatat(fc_AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) }.map { _ in info }
+    }
+
+    /// The bytes a symbolic link holds.
+    package static func readlink(path: UnsafePointer<CChar>) -> Result<[UInt8], Errno> {
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+        return retrying { buffer.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) } }
+            .map { Array(buffer[0 ..< $0]) }
+    }
+
+    package static func read(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Result<Int, Errno> {
+        if let fault = Faults.check(.read) { return .failure(fault) }
+        return retrying { Glibc.read(fd, buffer, count) }
+    }
+
+    package static func pread(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: Int64) -> Result<Int, Errno> {
+        retrying { Glibc.pread(fd, buffer, count, off_t(offset)) }
+    }
+
+    /// Reads only what the page cache already holds: `EAGAIN` instead of waiting for the device.
+    package static func preadNoWait(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: Int64) -> Result<Int, Errno> {
+        retrying { fc_pread_nowait(fd, buffer, count, offset) }
+    }
+
+    package static func write(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int) -> Result<Int, Errno> {
+        if let fault = Faults.check(.write) { return .failure(fault) }
+        return retrying { Glibc.write(fd, buffer, count) }
+    }
+
+    package static func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) -> Result<Int, Errno> {
+        if let fault = Faults.check(.pwrite) { return .failure(fault) }
+        return retrying { Glibc.pwrite(fd, buffer, count, off_t(offset)) }
+    }
+
+    package static func fsync(_ fd: Int32) -> Result<Void, Errno> {
+        if let fault = Faults.check(.fsync) { return .failure(fault) }
+        return retrying { Glibc.fsync(fd) }.map { _ in () }
+    }
+
+    package static func fchmod(_ fd: Int32, _ mode: mode_t) -> Result<Void, Errno> {
+        retrying { Glibc.fchmod(fd, mode) }.map { _ in () }
+    }
+
+    package static func setNonBlocking(_ fd: Int32, _ on: Bool) -> Result<Void, Errno> {
+        retrying { fc_set_nonblocking(fd, on ? 1 : 0) }.map { _ in () }
+    }
+
+    package static func rename(_ from: UnsafePointer<CChar>, _ to: UnsafePointer<CChar>) -> Result<Void, Errno> {
+        if let fault = Faults.check(.rename, to) { return .failure(fault) }
+        return retrying { Glibc.rename(from, to) }.map { _ in () }
+    }
+
+    package static func renameNoReplace(_ from: UnsafePointer<CChar>, _ to: UnsafePointer<CChar>) -> Result<Void, Errno> {
+        retrying { fc_rename_noreplace(from, to) }.map { _ in () }
+    }
+
+    package static func unlink(_ path: UnsafePointer<CChar>) -> Result<Void, Errno> {
+        if let fault = Faults.check(.unlink, path) { return .failure(fault) }
+        return retrying { Glibc.unlink(path) }.map { _ in () }
+    }
+
+    /// Gives an `O_TMPFILE` descriptor a name (through `/proc/self/fd`, which needs no privilege).
+    package static func linkAnonymous(_ fd: Int32, to path: UnsafePointer<CChar>) -> Result<Void, Errno> {
+        let source = "/proc/self/fd/\(fd)"
+        return retrying { Glibc.linkat(fc_AT_FDCWD, source, fc_AT_FDCWD, path, fc_AT_SYMLINK_FOLLOW) }.map { _ in () }
+    }
+
+    // MARK: Relative to a directory (the coordination space)
+
+    /// `openat`, always `O_CLOEXEC`.
+    package static func openat(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32, _ mode: UInt32 = 0o600) -> Result<Int32, Errno> {
+        if let fault = Faults.check(.open, name) { return .failure(fault) }
+        return retrying { fc_openat(dirFD, name, flags | O_CLOEXEC, mode) }
+    }
+
+    /// `fstatat` of the entry itself (a symbolic link is not followed).
+    package static func lstatat(_ dirFD: Int32, _ name: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        if let fault = Faults.check(.fstatat, name) { return .failure(fault) }
+        var info = Glibc.stat()
+        return retrying { fstatat(dirFD, name, &info, AT_SYMLINK_NOFOLLOW) }.map { _ in info }
+    }
+
+    package static func mkdirat(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ mode: mode_t) -> Result<Void, Errno> {
+        if let fault = Faults.check(.mkdirat, name) { return .failure(fault) }
+        return retrying { Glibc.mkdirat(dirFD, name, mode) }.map { _ in () }
+    }
+
+    /// `unlinkat`; with `directory`, an empty directory.
+    package static func unlinkat(_ dirFD: Int32, _ name: UnsafePointer<CChar>, directory: Bool = false) -> Result<Void, Errno> {
+        if let fault = Faults.check(.unlinkat, name) { return .failure(fault) }
+        return retrying { Glibc.unlinkat(dirFD, name, directory ? AT_REMOVEDIR : 0) }.map { _ in () }
+    }
+
+    /// `renameat` within one directory tree.
+    package static func renameat(_ dirFD: Int32, _ from: UnsafePointer<CChar>, _ to: UnsafePointer<CChar>) -> Result<Void, Errno> {
+        if let fault = Faults.check(.renameat, to) { return .failure(fault) }
+        return retrying { Glibc.renameat(dirFD, from, dirFD, to) }.map { _ in () }
+    }
+
+    package static func ftruncate(_ fd: Int32, _ size: Int64) -> Result<Void, Errno> {
+        if let fault = Faults.check(.ftruncate) { return .failure(fault) }
+        return retrying { Glibc.ftruncate(fd, off_t(size)) }.map { _ in () }
+    }
+
+    package static func truncate(_ path: UnsafePointer<CChar>, _ size: Int64) -> Result<Void, Errno> {
+        if let fault = Faults.check(.truncate, path) { return .failure(fault) }
+        return retrying { Glibc.truncate(path, off_t(size)) }.map { _ in () }
+    }
+
+    // MARK: Open-file-description locks
+
+    /// Takes (`F_RDLCK`, `F_WRLCK`) or gives back (`F_UNLCK`) a byte range; with `wait`, blocks.
+    package static func lock(_ fd: Int32, _ type: Int16, _ start: Int64, _ length: Int64, wait: Bool = false) -> Result<Void, Errno> {
+        if type != fc_F_UNLCK, let fault = Faults.check(.lock) { return .failure(fault) }
+        return retrying { fc_ofd_lock(fd, type, start, length, wait ? 1 : 0) }.map { _ in () }
+    }
+
+    /// The type of a lock another open file description holds in the way of `type`
+    /// (`F_UNLCK` when none).
+    package static func conflictingLock(_ fd: Int32, _ type: Int16, _ start: Int64, _ length: Int64) -> Result<Int16, Errno> {
+        var conflicting: Int16 = fc_F_UNLCK
+        return retrying { fc_ofd_getlock(fd, type, start, length, &conflicting) }.map { _ in conflicting }
+    }
+}

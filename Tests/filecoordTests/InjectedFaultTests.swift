@@ -1,0 +1,56 @@
+import Foundation
+import Testing
+
+/// System calls made to fail in a real `filecoord` process (`FILECOORD_FAULTS`, read by
+/// debug builds): each failure ends the command with one line naming the path and the
+/// cause, and leaves nothing behind.
+extension CrossProcessTests {
+    /// `filecoord ARGS...` with `faults` armed in it.
+    func filecoordWith(faults: String, _ arguments: String..., stdin: Data? = nil) async throws -> ProcessResult {
+        try await run(filecoordBinary, arguments, stdin: stdin, environment: ["FILECOORD_FAULTS": faults])
+    }
+
+    func spaceEntries(_ folder: String) -> Set<String> {
+        Set((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? [])
+    }
+
+    @Test("a call failing while a process joins the space (its mailbox, its record's lock) fails the command with one line, and leaves nothing behind",
+          arguments: [("mkdirat:ENOSPC:mail/", "mkdir failed: No space left on device (ENOSPC)"),
+                      ("F_OFD_SETLK:EIO", "F_OFD_SETLK failed: Input/output error (EIO)"),
+                      ("open:EMFILE:procs/.", "open failed: Too many open files (EMFILE)")])
+    func failedJoin(_ fault: String, _ expected: String) async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, _) = try await present(file)
+        let before = (spaceEntries("mail"), spaceEntries("procs"))
+        let failed = try await filecoordWith(faults: fault, "write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(failed.status == 1)
+        let lines = failed.errorText.split(separator: "\n").map(String.init)
+        let line = lines.first ?? ""
+        #expect(lines.count == 1 && line.hasPrefix("filecoord: \(space)/") && line.hasSuffix(expected), "\(failed.errorText)")
+        #expect(spaceEntries("mail") == before.0 && spaceEntries("procs") == before.1, "the failed process left files in the space")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
+    @Test("a request that cannot be written into a presenter's mailbox (ENOSPC) fails the write with one line naming that mailbox; the presenter keeps its item and the next write goes through",
+          .timeLimit(.minutes(2)))
+    func failedRequest() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let mailbox = try #require(spaceEntries("mail").first)
+        let failed = try await filecoordWith(faults: "open:ENOSPC:mail/\(mailbox)/", "write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(failed.status == 1)
+        let lineCount = failed.errorText.split(separator: "\n").count
+        let named = failed.errorText.contains("\(space)/mail/\(mailbox): open failed: No space left on device (ENOSPC)")
+        #expect(lineCount == 1 && named, "\(failed.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old")
+        let written = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(written.status == 0, "\(written.errorText)")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" }
+                    == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+}
