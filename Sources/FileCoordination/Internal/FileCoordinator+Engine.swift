@@ -366,15 +366,16 @@ extension FileCoordinator {
 
     // MARK: Presenters before the access
 
+    /// One presenter's steps, and the purpose they are asked for.
     private struct Plan {
-        var entry: PresenterRegistry.Entry
-        /// The item accessed, and how (a writer outranks a reader).
-        var path: FilePath
-        var kind: FileAccessRequest.Kind
+        var steps: PresenterPlan.Steps
         var purpose: String
-        var save = false
-        var accommodateDeletion = false
-        var subitemDeletions: [FilePath] = []
+        var entry: PresenterRegistry.Entry { steps.entry }
+        var path: FilePath { steps.path }
+        var kind: FileAccessRequest.Kind { steps.kind }
+        var save: Bool { steps.save }
+        var accommodateDeletion: Bool { steps.accommodateDeletion }
+        var subitemDeletions: [FilePath] { steps.subitemDeletions }
     }
 
     /// Asks every concerned presenter to relinquish (and save, or accommodate a
@@ -385,57 +386,31 @@ extension FileCoordinator {
         let prepared = PreparedBatch.current?.presenters ?? []
         let unanswered = UnansweredPresenters.current
         var known: FileCoordinationError?
-        var plans: [ObjectIdentifier: Plan] = [:]
-        var order: [ObjectIdentifier] = []
+        var planned = PresenterPlan()
         for item in items {
             let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: exclude)
             guard !concerned.isEmpty else { continue }
-            let kind: FileAccessRequest.Kind = item.isWrite ? .writing : .reading
-            func plan(_ entry: PresenterRegistry.Entry, _ update: (inout Plan) -> Void) {
-                guard !prepared.contains(entry.id) else { return }
+            planned.add(item.path, item.request, concerned: concerned) { entry in
+                guard !prepared.contains(entry.id) else { return false }
                 // Silent earlier in the same batch: not asked again.
                 if let outcome = unanswered?.outcome(of: entry.id) {
                     if let error = outcome { known = known ?? error }
-                    return
+                    return false
                 }
-                if plans[entry.id] == nil {
-                    plans[entry.id] = Plan(entry: entry, path: item.path, kind: kind, purpose: purposeIdentifier)
-                    order.append(entry.id)
-                } else if kind == .writing {
-                    (plans[entry.id]!.path, plans[entry.id]!.kind) = (item.path, kind) // a writer outranks a reader
-                }
-                update(&plans[entry.id]!)
-            }
-            let saves: Bool
-            switch item.request {
-            case .reading(_, let options):
-                saves = options.isDisjoint(with: [.withoutChanges, .immediatelyAvailableMetadataOnly])
-            case .writing(_, let options):
-                saves = options.isDisjoint(with: [.forDeleting, .forReplacing, .contentIndependentMetadataOnly])
-            }
-            let deleting = item.writingOptions.contains(.forDeleting)
-            for entry in concerned.item + concerned.inside {
-                plan(entry) { plan in
-                    if deleting { plan.accommodateDeletion = true } else if saves { plan.save = true }
-                }
-            }
-            for entry in concerned.containers {
-                plan(entry) { plan in
-                    if deleting { plan.subitemDeletions.append(item.path) } else if saves { plan.save = true }
-                }
+                return true
             }
         }
         if let known { throw known }
-        guard !plans.isEmpty else { return [] }
+        guard !planned.isEmpty else { return [] }
+        let plans = planned.steps.map { Plan(steps: $0, purpose: purposeIdentifier) }
         let policy = presenterTimeoutPolicy
         // One presenter (the common case) is asked from this task; several, all at once.
-        let outcomes = order.count == 1 ? [await Result { try await Self.run(plans[order[0]]!, policy: policy) }]
+        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], policy: policy) }]
             : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
-            for (index, id) in order.enumerated() {
-                let plan = plans[id]!
+            for (index, plan) in plans.enumerated() {
                 group.addTask { (index, await Result { try await Self.run(plan, policy: policy) }) }
             }
-            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: order.count)
+            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
             for await (index, outcome) in group { outcomes[index] = outcome }
             return outcomes.map { $0! }
         }
@@ -443,7 +418,7 @@ extension FileCoordinator {
         var failure: (any Error)?
         for (index, outcome) in outcomes.enumerated() {
             switch outcome {
-            case .success(let reacquirer?): reacquirers.append((plans[order[index]]!.entry, reacquirer))
+            case .success(let reacquirer?): reacquirers.append((plans[index].entry, reacquirer))
             case .success(nil): break
             case .failure(let error): failure = failure ?? error
             }
