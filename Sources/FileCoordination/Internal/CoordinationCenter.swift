@@ -14,12 +14,12 @@ final class CoordinationCenter: Sendable {
 
     typealias RequestID = CoordinationRules.RequestID
 
-    private struct Waiter {
+    struct Waiter {
         var continuation: UnsafeContinuation<Void, any Error>
         var owner: ObjectIdentifier
     }
 
-    private struct State {
+    struct State {
         var rules = CoordinationRules()
         var waiters: [RequestID: Waiter] = [:]
         /// Waiting requests withdrawn before their task parked, with the error to throw.
@@ -39,9 +39,9 @@ final class CoordinationCenter: Sendable {
         var waitingWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
-    private let state = Locked(State())
+    let state = Locked(State())
     /// Registered presenters, readable without the lock (the fast path's question).
-    private let presenterCount = Atomic<Int>(0)
+    let presenterCount = Atomic<Int>(0)
 
     /// Whether any presenter is registered, in this process or (as last read) another.
     var hasPresenters: Bool {
@@ -396,244 +396,5 @@ final class CoordinationCenter: Sendable {
     // MARK: Presenters
 
     /// The watch of each registered presenter's item (changes made outside coordination).
-    private let watches = Locked<[ObjectIdentifier: PresenterWatch]>([:])
-
-    /// Registers a presenter and starts watching its item; returns the watch, to await
-    /// its start where the caller wants to.
-    @discardableResult
-    func addPresenterWatching(_ presenter: any FilePresenter, at path: FilePath) -> PresenterWatch {
-        addPresenter(presenter, at: path)
-        let watch = PresenterWatch(presenter: presenter, center: self)
-        let previous = watches.withLock { $0.updateValue(watch, forKey: ObjectIdentifier(presenter)) }
-        previous?.stop()
-        return watch
-    }
-
-    /// Publishes a presenter in the coordination space, so other processes find it.
-    func publish(_ presenter: any FilePresenter, at path: FilePath) async {
-        do {
-            guard let space = try await space() else { return }
-            // Still registered (not removed meanwhile)?
-            guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
-            // Other processes' requests come through the mailbox: it must be watched.
-            guard await space.startWatching() else {
-                PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
-                                                  metadata: ["path": "\(path)", "space": "\(space.directory)"])
-                return
-            }
-            await space.mail.register(presenter, at: path)
-        } catch {
-            PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",
-                                              metadata: ["path": "\(path)", "error": "\(error)"])
-        }
-    }
-
-    func watch(of id: ObjectIdentifier) -> PresenterWatch? {
-        watches.withLock { $0[id] }
-    }
-
-    func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
-        state.withLock { state in
-            state.presenters.add(presenter, at: path)
-            // Stored under the lock, so concurrent adds and removes cannot reorder it.
-            presenterCount.store(state.presenters.count, ordering: .releasing)
-        }
-    }
-
-    func removePresenter(_ presenter: any FilePresenter) async {
-        removePresenterLocally(presenter)
-        await joinedSpace?.mail.unregister(presenter)
-    }
-
-    func removePresenterLocally(_ presenter: any FilePresenter) {
-        watches.withLock { $0.removeValue(forKey: ObjectIdentifier(presenter)) }?.stop()
-        state.withLock { state in
-            state.presenters.remove(ObjectIdentifier(presenter))
-            presenterCount.store(state.presenters.count, ordering: .releasing)
-        }
-    }
-
-    var presenters: [any FilePresenter] {
-        state.withLock { $0.presenters.all }
-    }
-
-    /// The presenters concerned by an access to `path`: of the item itself, of the
-    /// directories containing it, and (for a subtree access) of the items inside it.
-    func presenters(for path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> PresenterRegistry.Concerned {
-        var concerned = state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
-        if let space = joinedSpace, space.mail.remoteCount > 0 {
-            let remote = space.mail.remotePresenters(for: path, subtree: subtree)
-            concerned.item += remote.item
-            concerned.containers += remote.containers
-            concerned.inside += remote.inside
-        }
-        return concerned
-    }
-
-    /// Records a move: waiting claims and intents, and registered presenters, follow the
-    /// item. Returns the presenters to tell, with their old and new paths.
-    func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
-        let (moved, intents): ([PresenterRegistry.Moved], [(FileAccessIntent, FilePath)]) = state.withLock { state in
-            let changed = state.rules.move(from: source, to: destination)
-            var updates: [(FileAccessIntent, FilePath)] = []
-            for id in changed {
-                guard var list = state.intents[id] else { continue }
-                for index in list.indices where list[index].0.starts(with: source) {
-                    let newPath = PresenterRegistry.rebase(list[index].0, from: source, to: destination)
-                    list[index].0 = newPath
-                    updates.append((list[index].1, newPath))
-                }
-                state.intents[id] = list
-            }
-            return (state.presenters.move(from: source, to: destination), updates)
-        }
-        for (intent, path) in intents { intent.update(path.fileURL) }
-        // Other processes' presenters are told too (their proxies' `didMove` is a message
-        // on which their own process follows the item: see ``presenterMoved(_:from:to:)``).
-        let remote = joinedSpace?.mail.moveRemote(from: source, to: destination) ?? []
-        if let space = joinedSpace {
-            let local = moved.filter { !($0.entry.presenter is RemotePresenter) }
-            if !local.isEmpty {
-                Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
-            }
-        }
-        return moved + remote
-    }
-
-    /// Another process moved `presenter`'s item (or a directory containing it) in a
-    /// coordination and told it: the registry follows, the item is watched at its new
-    /// place, and other processes find it there. Its own watch did not report the rename:
-    /// it was dropped as part of that coordinated write.
-    func presenterMoved(_ presenter: any FilePresenter, from source: FilePath, to destination: FilePath) async {
-        let id = ObjectIdentifier(presenter)
-        let moved = state.withLock { state -> Bool in
-            guard let current = state.presenters.path(of: id), current == source else { return false }
-            state.presenters.add(presenter, at: destination)
-            return true
-        }
-        guard moved else { return }
-        await watch(of: id)?.start(at: destination)
-        await publish(presenter, at: destination)
-    }
-}
-
-/// Registered presenters, indexed by the path they present, so that finding the
-/// presenters of one item costs a lookup per path component, however many others exist.
-struct PresenterRegistry: Sendable {
-    struct Entry: Sendable {
-        let presenter: any FilePresenter
-        var path: FilePath
-        var id: ObjectIdentifier { ObjectIdentifier(presenter) }
-    }
-
-    /// The presenters an access concerns.
-    struct Concerned: Sendable {
-        /// Presenters of the item itself.
-        var item: [Entry] = []
-        /// Presenters of directories containing the item (nearest first).
-        var containers: [Entry] = []
-        /// Presenters of items inside it (subtree accesses only).
-        var inside: [Entry] = []
-        var isEmpty: Bool { item.isEmpty && containers.isEmpty && inside.isEmpty }
-    }
-
-    struct Moved: Sendable {
-        let entry: Entry
-        let oldPath: FilePath
-        let newPath: FilePath
-    }
-
-    private var entriesByID: [ObjectIdentifier: Entry] = [:]
-    /// By the bytes of the presented path (`FilePath` hashes byte by byte, and its
-    /// component operations parse the path again on every call).
-    private var byPath: [PathKey: [ObjectIdentifier]] = [:]
-
-    var all: [any FilePresenter] { entriesByID.values.map(\.presenter) }
-    var entries: [(any FilePresenter, FilePath)] { entriesByID.values.map { ($0.presenter, $0.path) } }
-    func contains(_ id: ObjectIdentifier) -> Bool { entriesByID[id] != nil }
-    func path(of id: ObjectIdentifier) -> FilePath? { entriesByID[id]?.path }
-    var isEmpty: Bool { entriesByID.isEmpty }
-    var count: Int { entriesByID.count }
-
-    mutating func add(_ presenter: any FilePresenter, at path: FilePath) {
-        let id = ObjectIdentifier(presenter)
-        remove(id)
-        entriesByID[id] = Entry(presenter: presenter, path: path)
-        byPath[PathKey(path.platformBytes), default: []].append(id)
-    }
-
-    mutating func remove(_ id: ObjectIdentifier) {
-        guard let entry = entriesByID.removeValue(forKey: id) else { return }
-        unindex(id, at: entry.path)
-    }
-
-    private mutating func unindex(_ id: ObjectIdentifier, at path: FilePath) {
-        let key = PathKey(path.platformBytes)
-        guard var ids = byPath.removeValue(forKey: key) else { return }
-        ids.removeAll { $0 == id }
-        if !ids.isEmpty { byPath[key] = ids }
-    }
-
-    /// Calls `body` with the bytes of each directory containing `bytes` (an absolute,
-    /// normalized path), nearest first, until it returns true.
-    private static func forEachAncestor(of bytes: [UInt8], _ body: ([UInt8]) -> Bool) {
-        var end = bytes.count
-        while end > 1, let slash = bytes[..<end].lastIndex(of: UInt8(ascii: "/")) {
-            if body(slash == 0 ? [UInt8(ascii: "/")] : Array(bytes[..<slash])) { return }
-            end = slash
-        }
-    }
-
-    /// Whether an item access at the path with these bytes concerns any presenter (of the
-    /// item, or of a directory containing it), without collecting them.
-    func concernsAny(_ key: PathKey) -> Bool {
-        guard !byPath.isEmpty else { return false }
-        if byPath[key] != nil { return true }
-        var found = false
-        Self.forEachAncestor(of: key.bytes) { ancestor in
-            found = byPath[PathKey(ancestor)] != nil
-            return found
-        }
-        return found
-    }
-
-    func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
-        var result = Concerned()
-        guard !entriesByID.isEmpty else { return result }
-        func lookup(_ bytes: [UInt8]) -> [Entry] {
-            (byPath[PathKey(bytes)] ?? []).compactMap { $0 == excluded ? nil : entriesByID[$0] }
-        }
-        let bytes = path.platformBytes
-        result.item = lookup(bytes)
-        Self.forEachAncestor(of: bytes) { ancestor in
-            result.containers += lookup(ancestor)
-            return false
-        }
-        if subtree {
-            for (key, ids) in byPath where key.bytes != bytes && FilePath.isAtOrInside(key.bytes, bytes) {
-                result.inside += ids.compactMap { $0 == excluded ? nil : entriesByID[$0] }
-            }
-        }
-        return result
-    }
-
-    /// Moves every presenter at or inside `source` to the matching place under `destination`.
-    mutating func move(from source: FilePath, to destination: FilePath) -> [Moved] {
-        var moved: [Moved] = []
-        for (id, entry) in entriesByID where entry.path.starts(with: source) {
-            let newPath = Self.rebase(entry.path, from: source, to: destination)
-            unindex(id, at: entry.path)
-            entriesByID[id]!.path = newPath
-            byPath[PathKey(newPath.platformBytes), default: []].append(id)
-            moved.append(Moved(entry: entriesByID[id]!, oldPath: entry.path, newPath: newPath))
-        }
-        return moved
-    }
-
-    /// `path` (at or inside `source`) as it reads after `source` moved to `destination`.
-    static func rebase(_ path: FilePath, from source: FilePath, to destination: FilePath) -> FilePath {
-        var result = destination
-        for component in path.components.dropFirst(source.components.count) { result.append(component) }
-        return result
-    }
+    let watches = Locked<[ObjectIdentifier: PresenterWatch]>([:])
 }

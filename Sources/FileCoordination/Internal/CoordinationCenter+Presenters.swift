@@ -1,0 +1,126 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import Synchronization
+import SystemPackage
+
+/// The registered presenters: their watches, publishing them in the coordination space,
+/// finding those an access concerns, and following moves.
+extension CoordinationCenter {
+    /// Registers a presenter and starts watching its item; returns the watch, to await
+    /// its start where the caller wants to.
+    @discardableResult
+    func addPresenterWatching(_ presenter: any FilePresenter, at path: FilePath) -> PresenterWatch {
+        addPresenter(presenter, at: path)
+        let watch = PresenterWatch(presenter: presenter, center: self)
+        let previous = watches.withLock { $0.updateValue(watch, forKey: ObjectIdentifier(presenter)) }
+        previous?.stop()
+        return watch
+    }
+
+    /// Publishes a presenter in the coordination space, so other processes find it.
+    func publish(_ presenter: any FilePresenter, at path: FilePath) async {
+        do {
+            guard let space = try await space() else { return }
+            // Still registered (not removed meanwhile)?
+            guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
+            // Other processes' requests come through the mailbox: it must be watched.
+            guard await space.startWatching() else {
+                PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
+                                                  metadata: ["path": "\(path)", "space": "\(space.directory)"])
+                return
+            }
+            await space.mail.register(presenter, at: path)
+        } catch {
+            PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",
+                                              metadata: ["path": "\(path)", "error": "\(error)"])
+        }
+    }
+
+    func watch(of id: ObjectIdentifier) -> PresenterWatch? {
+        watches.withLock { $0[id] }
+    }
+
+    func addPresenter(_ presenter: any FilePresenter, at path: FilePath) {
+        state.withLock { state in
+            state.presenters.add(presenter, at: path)
+            // Stored under the lock, so concurrent adds and removes cannot reorder it.
+            presenterCount.store(state.presenters.count, ordering: .releasing)
+        }
+    }
+
+    func removePresenter(_ presenter: any FilePresenter) async {
+        removePresenterLocally(presenter)
+        await joinedSpace?.mail.unregister(presenter)
+    }
+
+    func removePresenterLocally(_ presenter: any FilePresenter) {
+        watches.withLock { $0.removeValue(forKey: ObjectIdentifier(presenter)) }?.stop()
+        state.withLock { state in
+            state.presenters.remove(ObjectIdentifier(presenter))
+            presenterCount.store(state.presenters.count, ordering: .releasing)
+        }
+    }
+
+    var presenters: [any FilePresenter] {
+        state.withLock { $0.presenters.all }
+    }
+
+    /// The presenters concerned by an access to `path`: of the item itself, of the
+    /// directories containing it, and (for a subtree access) of the items inside it.
+    func presenters(for path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> PresenterRegistry.Concerned {
+        var concerned = state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
+        if let space = joinedSpace, space.mail.remoteCount > 0 {
+            let remote = space.mail.remotePresenters(for: path, subtree: subtree)
+            concerned.item += remote.item
+            concerned.containers += remote.containers
+            concerned.inside += remote.inside
+        }
+        return concerned
+    }
+
+    /// Records a move: waiting claims and intents, and registered presenters, follow the
+    /// item. Returns the presenters to tell, with their old and new paths.
+    func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+        let (moved, intents): ([PresenterRegistry.Moved], [(FileAccessIntent, FilePath)]) = state.withLock { state in
+            let changed = state.rules.move(from: source, to: destination)
+            var updates: [(FileAccessIntent, FilePath)] = []
+            for id in changed {
+                guard var list = state.intents[id] else { continue }
+                for index in list.indices where list[index].0.starts(with: source) {
+                    let newPath = PresenterRegistry.rebase(list[index].0, from: source, to: destination)
+                    list[index].0 = newPath
+                    updates.append((list[index].1, newPath))
+                }
+                state.intents[id] = list
+            }
+            return (state.presenters.move(from: source, to: destination), updates)
+        }
+        for (intent, path) in intents { intent.update(path.fileURL) }
+        // Other processes' presenters are told too (their proxies' `didMove` is a message
+        // on which their own process follows the item: see ``presenterMoved(_:from:to:)``).
+        let remote = joinedSpace?.mail.moveRemote(from: source, to: destination) ?? []
+        if let space = joinedSpace {
+            let local = moved.filter { !($0.entry.presenter is RemotePresenter) }
+            if !local.isEmpty {
+                Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
+            }
+        }
+        return moved + remote
+    }
+
+    /// Another process moved `presenter`'s item (or a directory containing it) in a
+    /// coordination and told it: the registry follows, the item is watched at its new
+    /// place, and other processes find it there. Its own watch did not report the rename:
+    /// it was dropped as part of that coordinated write.
+    func presenterMoved(_ presenter: any FilePresenter, from source: FilePath, to destination: FilePath) async {
+        let id = ObjectIdentifier(presenter)
+        let moved = state.withLock { state -> Bool in
+            guard let current = state.presenters.path(of: id), current == source else { return false }
+            state.presenters.add(presenter, at: destination)
+            return true
+        }
+        guard moved else { return }
+        await watch(of: id)?.start(at: destination)
+        await publish(presenter, at: destination)
+    }
+}

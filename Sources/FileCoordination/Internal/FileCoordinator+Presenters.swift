@@ -1,0 +1,194 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The presenters of a coordination: asked before the access (``PresenterPlan``), told
+/// after it.
+extension FileCoordinator {
+    // MARK: Presenters before the access
+
+    /// One presenter's steps, and the purpose they are asked for.
+    private struct Plan {
+        var steps: PresenterPlan.Steps
+        var purpose: String
+        var entry: PresenterRegistry.Entry { steps.entry }
+        var path: FilePath { steps.path }
+        var kind: FileAccessRequest.Kind { steps.kind }
+        var save: Bool { steps.save }
+        var accommodateDeletion: Bool { steps.accommodateDeletion }
+        var subitemDeletions: [FilePath] { steps.subitemDeletions }
+    }
+
+    /// Asks every concerned presenter to relinquish (and save, or accommodate a
+    /// deletion), all presenters at once, each one's steps in order. Returns their
+    /// reacquirers; on any failure runs the ones collected and throws.
+    func messageBefore(_ items: [CoordinationSession.Item]) async throws -> [(PresenterRegistry.Entry, FileReacquirer)] {
+        let exclude = filePresenter.map(ObjectIdentifier.init)
+        let prepared = PreparedBatch.current?.presenters ?? []
+        let unanswered = UnansweredPresenters.current
+        var known: FileCoordinationError?
+        var planned = PresenterPlan()
+        for item in items {
+            let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: exclude)
+            guard !concerned.isEmpty else { continue }
+            planned.add(item.path, item.request, concerned: concerned) { entry in
+                guard !prepared.contains(entry.id) else { return false }
+                // Silent earlier in the same batch: not asked again.
+                if let outcome = unanswered?.outcome(of: entry.id) {
+                    if let error = outcome { known = known ?? error }
+                    return false
+                }
+                return true
+            }
+        }
+        if let known { throw known }
+        guard !planned.isEmpty else { return [] }
+        let plans = planned.steps.map { Plan(steps: $0, purpose: purposeIdentifier) }
+        let policy = presenterTimeoutPolicy
+        // One presenter (the common case) is asked from this task; several, all at once.
+        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], policy: policy) }]
+            : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
+            for (index, plan) in plans.enumerated() {
+                group.addTask { (index, await Result { try await Self.run(plan, policy: policy) }) }
+            }
+            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
+        var reacquirers: [(PresenterRegistry.Entry, FileReacquirer)] = []
+        var failure: (any Error)?
+        for (index, outcome) in outcomes.enumerated() {
+            switch outcome {
+            case .success(let reacquirer?): reacquirers.append((plans[index].entry, reacquirer))
+            case .success(nil): break
+            case .failure(let error): failure = failure ?? error
+            }
+        }
+        if let failure {
+            await runReacquirers(reacquirers)
+            throw failure
+        }
+        return reacquirers
+    }
+
+    private static func run(_ plan: Plan, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
+        let presenter = plan.entry.presenter
+        var reacquirer: FileReacquirer?
+        func step<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
+                               _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+            do {
+                return try await PresenterMessenger.bounded(policy, name, of: plan.entry, late: late, body)
+            } catch {
+                throw PresenterMessenger.failure(error, callback: name, entry: plan.entry)
+            }
+        }
+        // A relinquish answered too late still gets its item back.
+        let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
+            if let reacquirer { Task { await reacquirer() } }
+        }
+        // A presenter in another process gets every step in one request: one round trip.
+        if let remote = presenter as? RemotePresenter {
+            let name = plan.kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
+            let then: RemotePresenter.FollowUp? = plan.accommodateDeletion ? .accommodateDeletion : plan.save ? .save : nil
+            let answer = try await step(name, late: late) {
+                try await remote.relinquish(plan.path, kind: plan.kind, purpose: plan.purpose, then: then,
+                                            subitemDeletions: plan.subitemDeletions)
+            }
+            guard case .some(let relinquished) = answer else { return nil }
+            return relinquished
+        }
+        let request = FileAccessRequest(url: plan.path.fileURL, kind: plan.kind, purposeIdentifier: plan.purpose,
+                                        processIdentifier: getpid())
+        let answer: FileReacquirer??
+        switch request.kind {
+        case .reading:
+            answer = try await step("relinquishPresentedItem(toReader:)", late: late) {
+                try await presenter.relinquishPresentedItem(toReader: request)
+            }
+        case .writing:
+            answer = try await step("relinquishPresentedItem(toWriter:)", late: late) {
+                try await presenter.relinquishPresentedItem(toWriter: request)
+            }
+        }
+        // A presenter that did not answer in time is not asked anything more: one
+        // timeout bounds how long it can delay the access.
+        guard case .some(let relinquished) = answer else { return nil }
+        reacquirer = relinquished
+        do {
+            if plan.accommodateDeletion {
+                _ = try await step("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
+            } else if plan.save {
+                _ = try await step("savePresentedItemChanges()") { try await presenter.savePresentedItemChanges() }
+            }
+            for path in plan.subitemDeletions {
+                let url = path.fileURL
+                _ = try await step("accommodatePresentedSubitemDeletion(at:)") {
+                    try await presenter.accommodatePresentedSubitemDeletion(at: url)
+                }
+            }
+        } catch {
+            // This presenter relinquished: let it take the item back before failing.
+            if let reacquirer { _ = try? await step("reacquirer") { await reacquirer() } }
+            throw error
+        }
+        return reacquirer
+    }
+
+    // MARK: Presenters after the access
+
+    func deliver(_ messages: [PendingMessage]) async {
+        guard !messages.isEmpty else { return }
+        // The change has happened; a slow presenter only delays, never fails it.
+        let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        // One message (the common case) is sent from this task; several, all at once.
+        if messages.count == 1 {
+            await Self.deliver(messages[0], policy: lenient)
+            return
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for message in messages {
+                group.addTask { await Self.deliver(message, policy: lenient) }
+            }
+        }
+    }
+
+    private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy) async {
+        let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
+        switch message {
+        case .didChange(let e):
+            (entry, name, body) = (e, "presentedItemDidChange()", { await e.presenter.presentedItemDidChange() })
+        case .didMove(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedItemDidMove(to:)", { await e.presenter.presentedItemDidMove(to: url) })
+        case .subitemDidAppear(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedSubitemDidAppear(at:)", { await e.presenter.presentedSubitemDidAppear(at: url) })
+        case .subitemDidChange(let e, let path):
+            let url = path.fileURL
+            (entry, name, body) = (e, "presentedSubitemDidChange(at:)", { await e.presenter.presentedSubitemDidChange(at: url) })
+        case .subitemDidMove(let e, let from, let to):
+            let (old, new) = (from.fileURL, to.fileURL)
+            (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
+        }
+        _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
+    }
+
+    func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
+        guard !reacquirers.isEmpty else { return }
+        let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
+            _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() }
+        }
+        // One (the common case) runs from this task; several, all at once.
+        if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }
+        await withTaskGroup(of: Void.self) { group in
+            for (entry, reacquirer) in reacquirers {
+                group.addTask { await run(entry, reacquirer) }
+            }
+        }
+    }
+}
