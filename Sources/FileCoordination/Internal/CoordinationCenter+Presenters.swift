@@ -100,7 +100,7 @@ extension CoordinationCenter {
         // on which their own process follows the item: see ``presenterMoved(_:from:to:)``).
         let remote = joinedSpace?.mail.moveRemote(from: source, to: destination) ?? []
         if let space = joinedSpace {
-            let local = moved.filter { !($0.entry.presenter is RemotePresenter) }
+            let local = moved.filter { $0.entry.endpoint.isRegisteredHere }
             if !local.isEmpty {
                 Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
             }

@@ -76,66 +76,7 @@ extension FileCoordinator {
     }
 
     private static func run(_ plan: Plan, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
-        let presenter = plan.entry.presenter
-        var reacquirer: FileReacquirer?
-        func step<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
-                               _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
-            do {
-                return try await PresenterMessenger.bounded(policy, name, of: plan.entry, late: late, body)
-            } catch {
-                throw PresenterMessenger.failure(error, callback: name, entry: plan.entry)
-            }
-        }
-        // A relinquish answered too late still gets its item back.
-        let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
-            if let reacquirer { Task { await reacquirer() } }
-        }
-        // A presenter in another process gets every step in one request: one round trip.
-        if let remote = presenter as? RemotePresenter {
-            let name = plan.kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
-            let then: RemotePresenter.FollowUp? = plan.accommodateDeletion ? .accommodateDeletion : plan.save ? .save : nil
-            let answer = try await step(name, late: late) {
-                try await remote.relinquish(plan.path, kind: plan.kind, purpose: plan.purpose, then: then,
-                                            subitemDeletions: plan.subitemDeletions)
-            }
-            guard case .some(let relinquished) = answer else { return nil }
-            return relinquished
-        }
-        let request = FileAccessRequest(url: plan.path.fileURL, kind: plan.kind, purposeIdentifier: plan.purpose,
-                                        processIdentifier: getpid())
-        let answer: FileReacquirer??
-        switch request.kind {
-        case .reading:
-            answer = try await step("relinquishPresentedItem(toReader:)", late: late) {
-                try await presenter.relinquishPresentedItem(toReader: request)
-            }
-        case .writing:
-            answer = try await step("relinquishPresentedItem(toWriter:)", late: late) {
-                try await presenter.relinquishPresentedItem(toWriter: request)
-            }
-        }
-        // A presenter that did not answer in time is not asked anything more: one
-        // timeout bounds how long it can delay the access.
-        guard case .some(let relinquished) = answer else { return nil }
-        reacquirer = relinquished
-        do {
-            if plan.accommodateDeletion {
-                _ = try await step("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
-            } else if plan.save {
-                _ = try await step("savePresentedItemChanges()") { try await presenter.savePresentedItemChanges() }
-            }
-            for path in plan.subitemDeletions {
-                let url = path.fileURL
-                _ = try await step("accommodatePresentedSubitemDeletion(at:)") {
-                    try await presenter.accommodatePresentedSubitemDeletion(at: url)
-                }
-            }
-        } catch {
-            // This presenter relinquished: let it take the item back before failing.
-            if let reacquirer { _ = try? await step("reacquirer") { await reacquirer() } }
-            throw error
-        }
-        return reacquirer
+        try await plan.entry.endpoint.askBefore(plan.steps, purpose: plan.purpose, call: PresenterCall(policy: policy, entry: plan.entry))
     }
 
     // MARK: Presenters after the access

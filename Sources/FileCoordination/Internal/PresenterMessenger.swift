@@ -13,26 +13,23 @@ enum PresenterMessenger {
     /// `.timedOut` when the policy fails, or `CancellationError` if the coordinating task
     /// is cancelled meanwhile.
     ///
-    /// The callback runs in a task of its own, raced against a timer: a presenter that
-    /// never returns is left behind (and cancelled), never waited for.
+    /// How the callback is bounded is the presenter's endpoint's (``PresenterEndpoint``).
     static func bounded<T: Sendable>(
         _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
         late: (@Sendable (T) -> Void)? = nil,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
-        // A presenter in another process: its callback is a request with a deadline, made
-        // from this task (no task for it, no timer task racing it).
-        if entry.presenter is RemotePresenter {
-            do {
-                return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
-            } catch is RemoteNoAnswer {
-                let error = timeoutError(policy, callback, of: entry)
-                UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
-                if policy.action == .fail { throw error }
-                warnTimeout(policy, callback, of: entry)
-                return nil
-            }
-        }
+        try await entry.endpoint.bounded(policy, callback, of: entry, late: late, body)
+    }
+
+    /// ``bounded(_:_:of:late:_:)`` for a presenter of this process: the callback runs in a
+    /// task of its own, raced against a timer, so a presenter that never returns is left
+    /// behind (and cancelled), never waited for.
+    static func race<T: Sendable>(
+        _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+        late: (@Sendable (T) -> Void)?,
+        _ body: @escaping @Sendable () async throws -> T
+    ) async throws -> T? {
         let race = Race<T>()
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in

@@ -8,7 +8,16 @@ struct PresenterRegistry: Sendable {
     struct Entry: Sendable {
         let presenter: any FilePresenter
         var path: FilePath
+        /// How coordinations reach it.
+        let endpoint: any PresenterEndpoint
         var id: ObjectIdentifier { ObjectIdentifier(presenter) }
+
+        /// A presenter of this process, or (with `endpoint`) one reached otherwise.
+        init(presenter: any FilePresenter, path: FilePath, endpoint: (any PresenterEndpoint)? = nil) {
+            self.presenter = presenter
+            self.path = path
+            self.endpoint = endpoint ?? LocalPresenterEndpoint(presenter: presenter)
+        }
     }
 
     /// The presenters an access concerns.
@@ -40,10 +49,11 @@ struct PresenterRegistry: Sendable {
     var isEmpty: Bool { entriesByID.isEmpty }
     var count: Int { entriesByID.count }
 
-    mutating func add(_ presenter: any FilePresenter, at path: FilePath) {
+    /// Adds a presenter of this process, or (with `endpoint`) one reached otherwise.
+    mutating func add(_ presenter: any FilePresenter, at path: FilePath, endpoint: (any PresenterEndpoint)? = nil) {
         let id = ObjectIdentifier(presenter)
         remove(id)
-        entriesByID[id] = Entry(presenter: presenter, path: path)
+        entriesByID[id] = Entry(presenter: presenter, path: path, endpoint: endpoint)
         byPath[PathKey(path.platformBytes), default: []].append(id)
     }
 

@@ -125,7 +125,7 @@ extension SpaceMail {
                 let proxy = RemotePresenter(mail: self, process: record.from, number: record.presenter, path: record.path,
                                             pid: record.pid)
                 state.remoteByName[name] = proxy
-                state.remote.add(proxy, at: record.path)
+                state.remote.add(proxy, at: record.path, endpoint: proxy)
             }
             state.remoteSequence = sequence
         }

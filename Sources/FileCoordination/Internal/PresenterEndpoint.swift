@@ -1,0 +1,130 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// How a coordination reaches one presenter: by calling it in this process
+/// (``LocalPresenterEndpoint``), or by a request to the process that registered it
+/// (``RemotePresenter``). The engine, the messenger and the center go through this
+/// protocol; none of them asks which kind of presenter it has.
+protocol PresenterEndpoint: Sendable {
+    /// Runs one callback (`body`) under `policy`: its value, or nil when it was not
+    /// answered in time and the policy proceeds.
+    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T?
+
+    /// Asks for a plan's steps before the access (relinquish, then save or accommodate
+    /// the deletion, then the subitem deletions): the reacquirer, or nil.
+    func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer?
+
+    /// Whether this process registered the presenter: it publishes it in the coordination
+    /// space, and publishes it again where it moves.
+    var isRegisteredHere: Bool { get }
+}
+
+/// One callback of a plan's presenter: under the coordinator's policy, a failure as the
+/// coordination's error.
+struct PresenterCall: Sendable {
+    let policy: PresenterTimeoutPolicy
+    let entry: PresenterRegistry.Entry
+
+    func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
+                                     _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        do {
+            return try await PresenterMessenger.bounded(policy, name, of: entry, late: late, body)
+        } catch {
+            throw PresenterMessenger.failure(error, callback: name, entry: entry)
+        }
+    }
+
+    /// A relinquish answered too late still gets its item back.
+    static let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
+        if let reacquirer { Task { await reacquirer() } }
+    }
+
+    static func relinquishName(_ kind: FileAccessRequest.Kind) -> String {
+        kind == .writing ? "relinquishPresentedItem(toWriter:)" : "relinquishPresentedItem(toReader:)"
+    }
+}
+
+/// A presenter of this process: each callback is a call, raced against the policy's
+/// timer in a task of its own.
+struct LocalPresenterEndpoint: PresenterEndpoint {
+    let presenter: any FilePresenter
+
+    var isRegisteredHere: Bool { true }
+
+    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        try await PresenterMessenger.race(policy, callback, of: entry, late: late, body)
+    }
+
+    func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
+        let presenter = self.presenter
+        let request = FileAccessRequest(url: steps.path.fileURL, kind: steps.kind, purposeIdentifier: purpose,
+                                        processIdentifier: getpid())
+        let answer: FileReacquirer??
+        switch request.kind {
+        case .reading:
+            answer = try await call(PresenterCall.relinquishName(.reading), late: PresenterCall.late) {
+                try await presenter.relinquishPresentedItem(toReader: request)
+            }
+        case .writing:
+            answer = try await call(PresenterCall.relinquishName(.writing), late: PresenterCall.late) {
+                try await presenter.relinquishPresentedItem(toWriter: request)
+            }
+        }
+        // A presenter that did not answer in time is not asked anything more: one
+        // timeout bounds how long it can delay the access.
+        guard case .some(let reacquirer) = answer else { return nil }
+        do {
+            if steps.accommodateDeletion {
+                _ = try await call("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
+            } else if steps.save {
+                _ = try await call("savePresentedItemChanges()") { try await presenter.savePresentedItemChanges() }
+            }
+            for path in steps.subitemDeletions {
+                let url = path.fileURL
+                _ = try await call("accommodatePresentedSubitemDeletion(at:)") {
+                    try await presenter.accommodatePresentedSubitemDeletion(at: url)
+                }
+            }
+        } catch {
+            // This presenter relinquished: let it take the item back before failing.
+            if let reacquirer { _ = try? await call("reacquirer") { await reacquirer() } }
+            throw error
+        }
+        return reacquirer
+    }
+}
+
+/// A presenter of another process: each callback is a request with a deadline, made from
+/// the coordinating task (no task for it, no timer racing it), and the steps before an
+/// access go in one request: one round trip.
+extension RemotePresenter: PresenterEndpoint {
+    var isRegisteredHere: Bool { false }
+
+    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        do {
+            return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
+        } catch is RemoteNoAnswer {
+            let error = PresenterMessenger.timeoutError(policy, callback, of: entry)
+            UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
+            if policy.action == .fail { throw error }
+            PresenterMessenger.warnTimeout(policy, callback, of: entry)
+            return nil
+        }
+    }
+
+    func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
+        let then: FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil
+        let answer = try await call(PresenterCall.relinquishName(steps.kind), late: PresenterCall.late) {
+            try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions)
+        }
+        guard case .some(let reacquirer) = answer else { return nil }
+        return reacquirer
+    }
+}
