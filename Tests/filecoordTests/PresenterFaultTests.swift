@@ -77,6 +77,33 @@ extension CrossProcessTests {
         _ = await presenter.wait()
     }
 
+    @Test("a writer killed while the presenter's inotify queue overflows (its death among the events lost): the presenter still gets its item back",
+          .timeLimit(.minutes(3)))
+    func writerDeathLostInOverflowLeavesNoDeafPresenter() async throws {
+        let (tmpfs, limit) = try overflowSetting()
+        let file = tmpfs.path + "/doc"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("old".utf8)))
+        // The presenter of the directory: the files created below queue events for it.
+        let (presenter, stream) = try await present(tmpfs.path)
+        var lines = stream
+        let ready = scratch.path + "/ready"
+        #expect(mkfifo(ready, 0o600) == 0)
+        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
+                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
+        let command = try await pid(writtenTo: ready)
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
+        // Stopped, its queue fills up; the writer's death comes after the queue is full.
+        presenter.signal(SIGSTOP)
+        await createFiles(in: tmpfs.path, count: limit + 1000)
+        kill(wrapper.pid, SIGKILL)
+        kill(command, SIGKILL)
+        _ = await wrapper.wait()
+        presenter.signal(SIGCONT)
+        #expect(await events(of: presenter, &lines, within: .seconds(60)) { $0 == "reacquire" }.last == "reacquire")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("requests whose writers gave up (presenter timeout) while the presenter was stopped are not served: the next writer waits for one acknowledgement, not for every stale one",
           .timeLimit(.minutes(2)))
     func staleRequestsAreSkipped() async throws {

@@ -65,6 +65,12 @@ struct ServingLedger<Kept> {
         kept.removeValue(forKey: key)
     }
 
+    /// The processes something is owed to: after an inotify queue overflow (their deaths
+    /// may have been among the events lost), each is checked.
+    var owedProcesses: [String] {
+        Array(Set(queued.map(\.process)).union(running.map(\.process)).union(kept.keys.map(\.process))).sorted()
+    }
+
     /// Whether anything is owed to `process`.
     func owes(_ process: String) -> Bool {
         queued.contains { $0.process == process } || running.contains { $0.process == process }

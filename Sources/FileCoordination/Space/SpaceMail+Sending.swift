@@ -240,7 +240,29 @@ extension SpaceMail {
 
     /// A process's record was closed: if that process is gone, its pending requests end.
     func processEnded(_ event: InotifyEvent) {
-        let name = String(decoding: event.name, as: UTF8.self)
+        if event.mask & UInt32(IN_Q_OVERFLOW) != 0 { return recheckAfterOverflow() }
+        processEnded(String(decoding: event.name, as: UTF8.self))
+    }
+
+    /// After an inotify queue overflow the deaths among the events lost are unknown: every
+    /// process this one waits for or owes something is checked. (Also run after the
+    /// mailbox is read again, so that requests found only by that rescan are covered.)
+    func recheckAfterOverflow() {
+        let waited = state.withLock { state in
+            state.replies.values.compactMap { reply -> String? in
+                switch reply {
+                case .waiting(let target, _), .registered(let target): target
+                case .arrived: nil
+                }
+            }
+        }
+        let owed = state.withLock { $0.ledger.owedProcesses }
+        for name in Set(owed + waited).sorted() where !isAlive(name) { processEnded(name) }
+    }
+
+    /// `name`'s record was closed or removed: if that process is gone, its pending
+    /// requests end and what this process owes it is undone.
+    func processEnded(_ name: String) {
         if slots.hasSpare(for: name) {
             // The spare is a descriptor open in that process's mailbox: kept, it would keep
             // the mailbox (deleted as the process left) alive until four other processes

@@ -111,6 +111,9 @@ final class SpaceMail: Sendable {
     func received(_ event: InotifyEvent) {
         if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
             readWholeMailbox()
+            // A process whose request the rescan just found may have died among the
+            // events lost.
+            recheckAfterOverflow()
             return
         }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }

@@ -38,6 +38,8 @@ final class Simulation {
         var killPercent = 1
         var stopPercent = 1
         var failedSendPercent = 2
+        /// A process's inotify queue overflows: its queued events are lost.
+        var overflowPercent = 1
         var refusePercent = 5
         /// Leaves out giving back what a dead asker left relinquished (the driver's half
         /// of the deaf-presenter fix): the simulator must find that.
@@ -92,7 +94,7 @@ final class Simulation {
 
     /// One entry of a process's inotify queue: a message closed in its mailbox, or a
     /// process's record closed (it died or left).
-    enum Event { case mail, ended(String) }
+    enum Event { case mail, ended(String), overflow }
 
     enum Serving { case message(SpaceProtocol.Message), senderGone(String) }
 
@@ -221,6 +223,13 @@ final class Simulation {
             log("\(processes[victim].name) stopped until \(processes[victim].stoppedUntil)")
             return true
         }
+        if faults, Int.random(in: 0 ..< 100, using: &random) < options.overflowPercent,
+           let victim = liveIndices.filter({ !processes[$0].events.isEmpty }).randomElement(using: &random) {
+            // The kernel's queue was full: what it held is lost, and one overflow event says so.
+            processes[victim].events = [.overflow]
+            log("\(processes[victim].name)'s inotify queue overflows")
+            return true
+        }
         var actions: [(Int, Int)] = [] // (process, action: 0 receive, 1 serve, 2 coordinate n, 3 start)
         for index in liveIndices where processes[index].stoppedUntil <= now {
             let process = processes[index]
@@ -312,28 +321,49 @@ final class Simulation {
         switch event {
         case .ended(let name):
             processEnded(name, in: index)
+        case .overflow:
+            // As `SpaceMail.received` and `processEnded` on `IN_Q_OVERFLOW`: the whole
+            // mailbox is read, and the processes this one waits for or owes are checked.
+            log("\(me) rescans after an overflow")
+            while space.mailboxes[me]?.isEmpty == false { readMessage(in: index) }
+            for name in Set(processes[index].ledger.owedProcesses + waitedFor(in: index)).sorted() where !isAlive(name) {
+                processEnded(name, in: index)
+            }
         case .mail:
-            guard var box = space.mailboxes[me], !box.isEmpty else { return }
-            let bytes = box.removeFirst()
-            space.mailboxes[me] = box
-            guard case .success(let decoded) = SpaceMessage.decode(bytes), let message = try? SpaceProtocol.Message(decoding: decoded) else {
-                log("\(me) could not decode a message")
-                return
+            readMessage(in: index)
+        }
+    }
+
+    /// The processes whose answers `index`'s coordinations wait for.
+    func waitedFor(in index: Int) -> [String] {
+        processes[index].coordinators.compactMap { coordinator in
+            if case .remote(let process, _, _)? = coordinator.waiting?.target { process } else { nil }
+        }
+    }
+
+    /// Reads the oldest message file of `index`'s mailbox and acts on it.
+    func readMessage(in index: Int) {
+        let me = processes[index].name
+        guard var box = space.mailboxes[me], !box.isEmpty else { return }
+        let bytes = box.removeFirst()
+        space.mailboxes[me] = box
+        guard case .success(let decoded) = SpaceMessage.decode(bytes), let message = try? SpaceProtocol.Message(decoding: decoded) else {
+            log("\(me) could not decode a message")
+            return
+        }
+        let from = message.header.from
+        switch message.body {
+        case .reply(let reply):
+            resolve(reply.re, with: reply.failure == nil ? .ok : .refused, in: index)
+        case .presenter(let request):
+            switch request.call {
+            case .reacquire(let re): processes[index].ledger.reacquireArrived(.init(process: from, request: re))
+            case .relinquish(let relinquish): processes[index].ledger.relinquishArrived(.init(process: from, request: relinquish.re))
+            default: break
             }
-            let from = message.header.from
-            switch message.body {
-            case .reply(let reply):
-                resolve(reply.re, with: reply.failure == nil ? .ok : .refused, in: index)
-            case .presenter(let request):
-                switch request.call {
-                case .reacquire(let re): processes[index].ledger.reacquireArrived(.init(process: from, request: re))
-                case .relinquish(let relinquish): processes[index].ledger.relinquishArrived(.init(process: from, request: relinquish.re))
-                default: break
-                }
-                processes[index].serving.append(.message(message))
-            case .status, .statusReply:
-                break
-            }
+            processes[index].serving.append(.message(message))
+        case .status, .statusReply:
+            break
         }
     }
 
