@@ -178,7 +178,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     /// file by file.
     private func workersGate() async throws -> ClaimGate {
         try await coordinator.center.prepareSpace()
-        let everyShard = try await coordinator.center.joinedSpace?.locks.openAllShards() ?? true
+        let everyShard = try await coordinator.center.transport?.prepareForBatch() ?? true
         return ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier, openingShards: !everyShard)
     }
 
@@ -187,10 +187,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     fileprivate func windowCount(_ urls: some Collection<URL>) async throws -> Int {
         let count = Swift.min(window, urls.count)
         try await coordinator.center.prepareSpace()
-        guard let locks = coordinator.center.joinedSpace?.locks, locks.shardBudget < SpaceLocks.shardCount else { return count }
-        return locks.readsFitting(urls.prefix(count).lazy.map { url in
+        guard let transport = coordinator.center.transport else { return count }
+        return transport.readsFitting(urls.prefix(count).lazy.map { url in
             (try? PlatformPath(fileURL: url)).map(FileCoordinator.normalizedBytes) ?? []
-        })
+        }) ?? count
     }
 
     /// Takes one read claim for a window of files and messages their presenters; returns

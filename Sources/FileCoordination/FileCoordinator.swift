@@ -143,7 +143,7 @@ public final class FileCoordinator: Sendable {
     /// shortly after; the async overload returns once they cannot).
     public static func removeFilePresenter(_ presenter: any FilePresenter) {
         CoordinationCenter.shared.removePresenterLocally(presenter)
-        Task { await CoordinationCenter.shared.joinedSpace?.mail.unregister(presenter) }
+        Task { await CoordinationCenter.shared.transport?.withdraw(presenter) }
     }
 
     /// Unregisters a presenter and returns once no process can find it any more.

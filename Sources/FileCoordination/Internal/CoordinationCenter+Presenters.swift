@@ -23,13 +23,12 @@ extension CoordinationCenter {
             guard let space = try await space() else { return }
             // Still registered (not removed meanwhile)?
             guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
-            // Other processes' requests come through the mailbox: it must be watched.
-            guard await space.startWatching() else {
+            let transport: any CoordinationTransport = space
+            guard await transport.publish(presenter, at: path) else {
                 PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
                                                   metadata: ["path": "\(path)", "space": "\(space.directory)"])
                 return
             }
-            await space.mail.register(presenter, at: path)
         } catch {
             PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",
                                               metadata: ["path": "\(path)", "error": "\(error)"])
@@ -50,7 +49,7 @@ extension CoordinationCenter {
 
     func removePresenter(_ presenter: any FilePresenter) async {
         removePresenterLocally(presenter)
-        await joinedSpace?.mail.unregister(presenter)
+        await transport?.withdraw(presenter)
     }
 
     func removePresenterLocally(_ presenter: any FilePresenter) {
@@ -69,8 +68,8 @@ extension CoordinationCenter {
     /// directories containing it, and (for a subtree access) of the items inside it.
     func presenters(for path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> PresenterRegistry.Concerned {
         var concerned = state.withLock { $0.presenters.concerned(by: path, subtree: subtree, excluding: excluded) }
-        if let space = joinedSpace, space.mail.remoteCount > 0 {
-            let remote = space.mail.remotePresenters(for: path, subtree: subtree)
+        if let transport, transport.otherPresenterCount > 0 {
+            let remote = transport.otherPresenters(for: path, subtree: subtree)
             concerned.item += remote.item
             concerned.containers += remote.containers
             concerned.inside += remote.inside
@@ -98,11 +97,12 @@ extension CoordinationCenter {
         for (intent, path) in intents { intent.update(path.fileURL) }
         // Other processes' presenters are told too (their proxies' `didMove` is a message
         // on which their own process follows the item: see ``presenterMoved(_:from:to:)``).
-        let remote = joinedSpace?.mail.moveRemote(from: source, to: destination) ?? []
-        if let space = joinedSpace {
+        let transport = self.transport
+        let remote = transport?.moveOtherPresenters(from: source, to: destination) ?? []
+        if let transport {
             let local = moved.filter { $0.entry.endpoint.isRegisteredHere }
             if !local.isEmpty {
-                Task { for item in local { await space.mail.register(item.entry.presenter, at: item.newPath) } }
+                Task { for item in local { _ = await transport.publish(item.entry.presenter, at: item.newPath) } }
             }
         }
         return moved + remote

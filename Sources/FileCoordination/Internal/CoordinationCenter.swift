@@ -29,8 +29,6 @@ final class CoordinationCenter: Sendable {
         var presenters = PresenterRegistry()
         /// Intents waiting for claims, so moves can update their URLs.
         var intents: [RequestID: [(FilePath, FileAccessIntent)]] = [:]
-        /// The kernel claims of granted requests, to give back with them.
-        var kernel: [RequestID: (SpaceLocks, SpaceLocks.Held)] = [:]
         /// Granted here, waiting for another process to let go.
         var kernelWaiting: [RequestID: [CoordinationRules.Claim]] = [:]
         /// The coordinator of each request waiting in `kernelWaiting`, for `cancel(owner:)`.
@@ -45,7 +43,7 @@ final class CoordinationCenter: Sendable {
 
     /// Whether any presenter is registered, in this process or (as last read) another.
     var hasPresenters: Bool {
-        presenterCount.load(ordering: .acquiring) > 0 || (joinedSpace?.mail.remoteCount ?? 0) > 0
+        presenterCount.load(ordering: .acquiring) > 0 || (transport?.otherPresenterCount ?? 0) > 0
     }
 
     /// Whether an item access at the path with these bytes concerns any presenter (of
@@ -53,8 +51,8 @@ final class CoordinationCenter: Sendable {
     func hasPresenters(concerning key: PathKey) -> Bool {
         guard hasPresenters else { return false }
         if state.withLock({ $0.presenters.concernsAny(key) }) { return true }
-        guard let space = joinedSpace, space.mail.remoteCount > 0 else { return false }
-        return space.mail.remoteConcernsAny(key)
+        guard let transport, transport.otherPresenterCount > 0 else { return false }
+        return transport.otherPresentersConcern(key)
     }
 
     // MARK: The coordination space
@@ -75,10 +73,14 @@ final class CoordinationCenter: Sendable {
         Self.spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
     }
 
+    /// How this process reaches the others, once it has joined them (no waiting). The
+    /// center goes through this protocol only; `spaceSetting` chooses the transport.
+    var transport: (any CoordinationTransport)? { joinedSpace }
+
     /// Returns once every message this process posted to other processes' presenters (a
     /// `reacquire` above all) is written.
     func messagesWritten() async {
-        await joinedSpace?.mail.flush()
+        await transport?.messagesWritten()
     }
 
     /// The space to coordinate through: joins the default one on first use, unless the
@@ -123,7 +125,7 @@ final class CoordinationCenter: Sendable {
             return nil
         }
         await previous?.leave()
-        for (presenter, path) in state.withLock({ $0.presenters.entries }) { await space.mail.register(presenter, at: path) }
+        for (presenter, path) in state.withLock({ $0.presenters.entries }) { _ = await space.publish(presenter, at: path) }
         return space
     }
 
@@ -141,7 +143,7 @@ final class CoordinationCenter: Sendable {
     func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
         // The usual answers without a suspension point: staying local, or joined with
         // the registry unchanged since it was last read.
-        enum Now { case local, joined(CoordinationSpace), undecided }
+        enum Now { case local, joined(any CoordinationTransport), undecided }
         let now: Now = Self.spaceSetting.withLock { setting in
             switch setting {
             case .local: return .local
@@ -153,14 +155,14 @@ final class CoordinationCenter: Sendable {
         case .local:
             return
         case .joined(let joined):
-            if joined.mail.isRemoteCurrent { return }
-            await joined.mail.refreshRemote()
+            if joined.otherPresentersAreCurrent { return }
+            await joined.refreshOtherPresenters()
             return
         case .undecided:
             break
         }
-        guard let space = try await space() else { return }
-        await space.mail.refreshRemote()
+        guard let transport: any CoordinationTransport = try await space() else { return }
+        await transport.refreshOtherPresenters()
     }
 
     // MARK: Claims
@@ -181,7 +183,7 @@ final class CoordinationCenter: Sendable {
         }
         for watcher in watchers { watcher.resume() }
         if granted {
-            if let space = joinedSpace, !takeKernelClaimsNow(id, claims, in: space) {
+            if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
                 try await takeKernelClaims(id, claims, owner: owner)
             }
             Self.trace("claim granted", id, claims)
@@ -210,7 +212,7 @@ final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
-        if let space = joinedSpace, !takeKernelClaimsNow(id, claims, in: space) {
+        if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
             try await takeKernelClaims(id, claims, owner: owner)
         }
         Self.trace("claim granted after waiting", id, claims)
@@ -229,13 +231,8 @@ final class CoordinationCenter: Sendable {
     /// for a process that may not keep every shard open; claims needing more shards than
     /// it may keep get nil at once.
     func tryAcquireNow(_ claims: [CoordinationRules.Claim], purpose: String, openingShards: Bool = false) -> RequestID? {
-        var opening: (plan: SpaceLocks.Plan, mask: UInt64)?
-        if openingShards, let space = joinedSpace {
-            let plan = SpaceLocks.plan(for: claims)
-            let mask = SpaceLocks.shardMask(of: plan)
-            guard space.locks.fitsBudget(mask) else { return nil }
-            opening = (plan, mask)
-        }
+        let transport = self.transport
+        if openingShards, let transport, !transport.batchCanTake(claims) { return nil }
         let (id, granted, unblocked) = state.withLock { state -> (RequestID, Bool, [Waiter]) in
             let id = state.rules.reserveID()
             if state.rules.submit(id, purpose: purpose, claims: claims) { return (id, true, []) }
@@ -244,40 +241,30 @@ final class CoordinationCenter: Sendable {
         }
         for waiter in unblocked { waiter.continuation.resume() }
         guard granted else { return nil }
-        guard let space = joinedSpace else { return id }
-        // Not the one-entry plan cache: batch workers claim distinct files, and would only
-        // contend for its lock.
-        let held = if let opening { space.locks.tryAcquireOpening(opening.plan, mask: opening.mask) }
-            else { space.locks.tryAcquireNow(SpaceLocks.plan(for: claims)) }
-        guard let held else {
+        guard let transport else { return id }
+        guard transport.takeClaimsForBatch(claims, for: id.raw, opening: openingShards) else {
             release(id)
             return nil
         }
-        state.withLock { $0.kernel[id] = (space.locks, held) }
-        space.claimsChanged()
         return id
     }
 
-    /// After the in-process grant, the claims other processes see (one kernel lock per
-    /// byte for all of this process's tasks), when ``takeKernelClaimsNow(_:_:in:)`` could
-    /// not take them: waiting for another process, or opening shards first. On failure
-    /// the grant is given back.
+    /// After the in-process grant, the claims other processes see, when
+    /// ``CoordinationTransport/takeClaimsNow(_:for:)`` could not take them: waiting for
+    /// another process, or opening claim files first. On failure the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
-        guard let space = joinedSpace else { return }
-        let plan = space.locks.cachedPlan(for: claims)
+        guard let transport else { return }
         state.withLock { state in
             state.kernelWaiting[id] = claims
             state.kernelOwners[id] = owner
         }
         Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
         do {
-            let held = try await space.locks.acquire(plan, token: id.raw)
+            try await transport.takeClaims(claims, for: id.raw)
             state.withLock { state in
-                state.kernel[id] = (space.locks, held)
                 state.kernelWaiting[id] = nil
                 state.kernelOwners[id] = nil
             }
-            space.claimsChanged()
         } catch {
             state.withLock { state in
                 state.kernelWaiting[id] = nil
@@ -288,15 +275,6 @@ final class CoordinationCenter: Sendable {
         }
     }
 
-    /// The usual case of taking the kernel claims: nothing in the way and every
-    /// shard open; no suspension, so a caller on the main actor stays there.
-    private func takeKernelClaimsNow(_ id: RequestID, _ claims: [CoordinationRules.Claim], in space: CoordinationSpace) -> Bool {
-        guard let held = space.locks.tryAcquireNow(space.locks.cachedPlan(for: claims)) else { return false }
-        state.withLock { $0.kernel[id] = (space.locks, held) }
-        space.claimsChanged()
-        return true
-    }
-
     /// The claims of a granted request as they stand now (after any moves while it waited).
     func claims(of id: RequestID) -> [CoordinationRules.Claim] {
         state.withLock { $0.rules.claims(of: id) }
@@ -305,13 +283,8 @@ final class CoordinationCenter: Sendable {
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
         PresenterMessenger.logger.debug("claim released \(id)")
-        let (kernel, granted) = state.withLock { state in
-            (state.kernel.removeValue(forKey: id), Self.takeWaiters(state.rules.release(id), from: &state))
-        }
-        if let (locks, held) = kernel {
-            locks.release(held)
-            joinedSpace?.claimsChanged()
-        }
+        transport?.releaseClaims(of: id.raw)
+        let granted = state.withLock { state in Self.takeWaiters(state.rules.release(id), from: &state) }
         for waiter in granted { waiter.continuation.resume() }
     }
 
@@ -324,8 +297,8 @@ final class CoordinationCenter: Sendable {
             withdraw(id, because: FileCoordinationError.coordinatorCancelled())
         }
         // Granted here, waiting for another process: that wait ends with `.cancelled`.
-        if let locks = joinedSpace?.locks {
-            for id in kernelIDs { locks.cancel(token: id.raw) }
+        if let transport {
+            for id in kernelIDs { transport.cancelWaiting(for: id.raw) }
         }
     }
 
@@ -387,8 +360,8 @@ final class CoordinationCenter: Sendable {
     /// The claims held and waited for now (for `status`).
     func statusClaims() -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]) {
         state.withLock { state in
-            // Held: granted here and in the kernel; waiting: here, or for another process.
-            (state.kernel.keys.flatMap { state.rules.claims(of: $0) },
+            // Held: granted here and by the transport; waiting: here, or for another process.
+            (state.rules.grantedIDs.filter { state.kernelWaiting[$0] == nil }.flatMap { state.rules.claims(of: $0) },
              state.rules.waitingClaims + state.kernelWaiting.values.flatMap { $0 })
         }
     }

@@ -88,6 +88,8 @@ struct CoordinationRules: Sendable {
     func claims(of id: RequestID) -> [Claim] { requests[id]?.claims ?? [] }
     /// Every claim of every waiting request.
     var waitingClaims: [Claim] { requests.values.filter { !$0.granted }.flatMap(\.claims) }
+    /// The requests granted now.
+    var grantedIDs: [RequestID] { requests.values.filter(\.granted).map(\.id) }
 
     /// Reserves the number of a request about to be submitted.
     mutating func reserveID() -> RequestID {

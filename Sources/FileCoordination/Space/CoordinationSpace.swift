@@ -45,6 +45,8 @@ public final class CoordinationSpace: Sendable {
     private let watched = Atomic<Bool>(false)
     /// What this process's record says (see ``writeRecord(listening:claims:)``).
     private let record = Locked<(listening: Bool, claims: [SpaceProtocol.ClaimLine], left: Bool)>((false, [], false))
+    /// The kernel claims of this process's granted requests, by request, to give back with them.
+    let heldClaims = Locked<[UInt64: SpaceLocks.Held]>([:])
     /// Bumped whenever this process's claims in the space change.
     private let claimsGeneration = Atomic<UInt64>(0)
     /// Set while a task is on its way to write the claims into the record.

@@ -1,0 +1,73 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemPackage
+
+/// What coordination needs from the other processes that share its items: claims they
+/// see, the presenters they registered, messages to them, and leaving. The coordination
+/// center reaches other processes only through this protocol. ``CoordinationSpace`` (a
+/// directory of OFD locks and inotify mailboxes) is its implementation; coordination
+/// across hosts plugs in here.
+///
+/// Claims are identified by the in-process request that holds them (its raw number):
+/// the rules of the process have granted them already, and the transport makes other
+/// processes see them.
+protocol CoordinationTransport: AnyObject, Sendable {
+    // MARK: Claims
+
+    /// Takes `claims` for request `id` when nothing in another process is in the way;
+    /// never waits and never suspends (a caller on the main actor stays there).
+    func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool
+
+    /// Takes `claims` for request `id`, waiting for other processes to let go. Throws
+    /// when ``cancelWaiting(for:)`` is called, or when the claims cannot be had.
+    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws
+
+    /// Whether ``takeClaimsForBatch(_:for:opening:)`` with `opening` can take `claims` at
+    /// all (a process with few descriptors may not hold every claim file open at once).
+    func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool
+
+    /// ``takeClaimsNow(_:for:)`` for a batch's worker; with `opening` (on an I/O thread
+    /// only) it may block to open what the claims need.
+    func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool
+
+    /// Ends a wait of ``takeClaims(_:for:)``.
+    func cancelWaiting(for id: UInt64)
+
+    /// Gives back what request `id` took (nothing when it took nothing).
+    func releaseClaims(of id: UInt64)
+
+    // MARK: Batches
+
+    /// Before a batch's workers claim: false when they must open claim files themselves
+    /// (``takeClaimsForBatch(_:for:opening:)``).
+    func prepareForBatch() async throws -> Bool
+
+    /// How many of `paths` (normalized bytes), from the first, one claim can cover; nil
+    /// when there is no such limit.
+    func readsFitting(_ paths: some Collection<[UInt8]>) -> Int?
+
+    // MARK: Other processes' presenters
+
+    /// Whether the presenters of other processes, as last read, are current.
+    var otherPresentersAreCurrent: Bool { get }
+    func refreshOtherPresenters() async
+    var otherPresenterCount: Int { get }
+    /// Whether an access at the path with these bytes concerns any of them.
+    func otherPresentersConcern(_ key: PathKey) -> Bool
+    func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned
+    /// Follows a coordinated move until their processes publish the new paths.
+    func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved]
+
+    // MARK: This process's presenters
+
+    /// Makes a presenter of this process known to the others; false when it cannot hear
+    /// their requests (no watch to be had).
+    func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool
+    func withdraw(_ presenter: any FilePresenter) async
+
+    // MARK: Messages and membership
+
+    /// Returns once every message posted so far is written.
+    func messagesWritten() async
+    /// Leaves: this process's claims, presenters and mailbox go.
+    func leave() async
+}
