@@ -203,7 +203,7 @@ final class SpaceMail: Sendable {
     /// so the presenter's watch stops dropping them here, on the watcher thread, without
     /// the sync (a cookie file and its events) that ending it later would take. A
     /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
-    /// still running) is ended by ``serve(_:)`` as before.
+    /// still running) is ended by ``serve(_:)`` when the reacquire is served.
     func endSuppression(of key: ServingLedger<KeptRelinquish>.Key) {
         let suppression = state.withLock { state -> (watch: PresenterWatch, token: Int)? in
             var ended: (watch: PresenterWatch, token: Int)?
