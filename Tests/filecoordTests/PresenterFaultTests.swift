@@ -30,21 +30,32 @@ extension CrossProcessTests {
 }
 
 extension CrossProcessTests {
+    /// `filecoord exec --write file` whose command holds the claim, once it runs: the
+    /// wrapper, and the command's pid.
+    func holdingWriter(of file: String) async throws -> (wrapper: Spawned, command: Int32) {
+        let ready = scratch.path + "/ready"
+        #expect(mkfifo(ready, 0o600) == 0)
+        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
+                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
+        return (wrapper, try await pid(writtenTo: ready))
+    }
+
+    /// SIGKILL for a ``holdingWriter(of:)``, wrapper and command.
+    func killWriter(_ writer: (wrapper: Spawned, command: Int32)) async {
+        kill(writer.wrapper.pid, SIGKILL)
+        kill(writer.command, SIGKILL)
+        _ = await writer.wrapper.wait()
+    }
+
     @Test("a writer killed (wrapper and command) after the presenter relinquished: the presenter gets its reacquire and hears changes again",
           .timeLimit(.minutes(2)))
     func writerDeathLeavesNoDeafPresenter() async throws {
         let file = scratch.write("doc", "old")
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let ready = scratch.path + "/ready"
-        #expect(mkfifo(ready, 0o600) == 0)
-        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
-                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
-        let command = try await pid(writtenTo: ready)
+        let writer = try await holdingWriter(of: file)
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
-        kill(wrapper.pid, SIGKILL)
-        kill(command, SIGKILL)
-        _ = await wrapper.wait()
+        await killWriter(writer)
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["reacquire"])
         // Not coordinated: heard through the presenter's watch, which no longer drops it.
         // Renamed into place: one event (a write in place may be two, truncation and data).
@@ -86,18 +97,12 @@ extension CrossProcessTests {
         // The presenter of the directory: the files created below queue events for it.
         let (presenter, stream) = try await present(tmpfs.path)
         var lines = stream
-        let ready = scratch.path + "/ready"
-        #expect(mkfifo(ready, 0o600) == 0)
-        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
-                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
-        let command = try await pid(writtenTo: ready)
+        let writer = try await holdingWriter(of: file)
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "save" } == ["relinquishToWriter", "save"])
         // Stopped, its queue fills up; the writer's death comes after the queue is full.
         presenter.signal(SIGSTOP)
         await createFiles(in: tmpfs.path, count: limit + 1000)
-        kill(wrapper.pid, SIGKILL)
-        kill(command, SIGKILL)
-        _ = await wrapper.wait()
+        await killWriter(writer)
         presenter.signal(SIGCONT)
         #expect(await events(of: presenter, &lines, within: .seconds(60)) { $0 == "reacquire" }.last == "reacquire")
         presenter.signal(SIGTERM)
