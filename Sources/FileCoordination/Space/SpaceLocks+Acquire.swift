@@ -232,7 +232,7 @@ extension SpaceLocks {
         try shards[Self.shard(check)].state.withLock { state in
             guard state.fd >= 0 else { return .shardClosed }
             // This process queues there itself.
-            if state.counts[check]?.kernel == fc_F_WRLCK { return .taken }
+            if state.bytes.kernelLock(at: check) == fc_F_WRLCK { return .taken }
             // The item (or, for a directory, its inside byte) is already held in the kernel
             // by this process (idle, or by another task) and no doorbell has rung since: no
             // writer can be queued behind it without having rung, so the check would find
@@ -257,7 +257,7 @@ extension SpaceLocks {
 
     /// Whether this process holds `offset` in the kernel.
     static func holds(_ state: borrowing ShardState, _ offset: Int64) -> Bool {
-        (state.counts[offset]?.kernel ?? fc_F_UNLCK) != fc_F_UNLCK
+        state.bytes.kernelLock(at: offset) != fc_F_UNLCK
     }
 
     /// Counts `byte` for this process, asking the kernel only when the process does not
@@ -265,22 +265,15 @@ extension SpaceLocks {
     func take(_ byte: Byte) throws -> Take {
         try shards[Self.shard(byte.offset)].state.withLock { state in
             guard state.fd >= 0 else { return .shardClosed }
-            var count = state.counts[byte.offset] ?? Count()
-            let needed = byte.exclusive ? fc_F_WRLCK : fc_F_RDLCK
-            let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
-            if count.kernel == fc_F_UNLCK || (needed == fc_F_WRLCK && count.kernel != fc_F_WRLCK) {
-                if case .failure(let error) = Syscall.lock(state.fd, needed, byte.offset, 1) {
-                    if error == .resourceTemporarilyUnavailable || error == .permissionDenied { return .conflict }
-                    throw lockError("F_OFD_SETLK", error)
-                }
-                count.kernel = needed
+            let needed = state.bytes.lockNeeded(at: byte.offset, exclusive: byte.exclusive)
+            if let needed, case .failure(let error) = Syscall.lock(state.fd, needed, byte.offset, 1) {
+                if error == .resourceTemporarilyUnavailable || error == .permissionDenied { return .conflict }
+                throw lockError("F_OFD_SETLK", error)
             }
-            if wasIdle { // an idle byte taken again
-                state.idle -= 1
+            // An idle byte taken again.
+            if state.bytes.take(at: byte.offset, exclusive: byte.exclusive, granted: needed) {
                 idleTotal.subtract(1, ordering: .relaxed)
             }
-            if byte.exclusive { count.exclusive += 1 } else { count.shared += 1 }
-            state.counts[byte.offset] = count
             return .taken
         }
     }
@@ -289,33 +282,21 @@ extension SpaceLocks {
     /// whether the kernel lock changed.
     func give(_ byte: Byte) -> Bool {
         shards[Self.shard(byte.offset)].state.withLock { state in
-            guard var count = state.counts[byte.offset] else { return false }
-            if byte.exclusive { count.exclusive -= 1 } else { count.shared -= 1 }
-            if count.total <= 0 && count.kernel == fc_F_RDLCK && listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed)
-                && !closed.load(ordering: .relaxed) {
-                // Kept, idle: the shared kernel lock stays for the next task that needs it
-                // (an exclusive one is never kept: a process stopped with it would hold off
-                // every reader). Past the limit, every idle byte goes (``release(_:)``).
-                count.shared = 0
-                count.exclusive = 0
-                state.counts[byte.offset] = count
-                state.idle += 1
-                idleTotal.add(1, ordering: .relaxed)
+            // Kept idle, the shared kernel lock stays for the next task that needs it; past
+            // the limit, every idle byte goes (``release(_:)``).
+            let mayKeepIdle = listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+            let idleBefore = state.bytes.idle
+            switch state.bytes.give(at: byte.offset, exclusive: byte.exclusive, mayKeepIdle: mayKeepIdle) {
+            case .none:
+                if state.bytes.idle > idleBefore { idleTotal.add(1, ordering: .relaxed) }
                 return false
-            }
-            if count.total <= 0 {
-                state.counts[byte.offset] = nil
+            case .unlock:
                 _ = Syscall.lock(state.fd, fc_F_UNLCK, byte.offset, 1)
                 return true
-            }
-            if count.exclusive == 0 && count.kernel == fc_F_WRLCK {
-                _ = fc_ofd_lock(state.fd, fc_F_RDLCK, byte.offset, 1, 0) // a downgrade always succeeds
-                count.kernel = fc_F_RDLCK
-                state.counts[byte.offset] = count
+            case .downgrade:
+                _ = Syscall.lock(state.fd, fc_F_RDLCK, byte.offset, 1) // a downgrade always succeeds
                 return true
             }
-            state.counts[byte.offset] = count
-            return false
         }
     }
 
@@ -327,30 +308,11 @@ extension SpaceLocks {
         var any = false
         for shard in shards {
             let dropped = shard.state.withLock { state -> Int in
-                guard state.idle > 0 else { return 0 }
-                // Every byte held: its offset shifted left once, the low bit set for an
-                // idle one (offsets are below 2^62), so that a plain integer sort orders them.
-                var bytes = state.counts.compactMap { offset, count in
-                    count.kernel != fc_F_UNLCK ? offset << 1 | (count.total == 0 ? 1 : 0) : nil
+                let idle = state.bytes.idle
+                for run in state.bytes.dropIdle() {
+                    _ = Syscall.lock(state.fd, fc_F_UNLCK, run.lowerBound, run.upperBound - run.lowerBound + 1)
                 }
-                bytes.sort()
-                var index = 0
-                while index < bytes.count {
-                    guard bytes[index] & 1 == 1 else {
-                        index += 1
-                        continue
-                    }
-                    let first = bytes[index] >> 1
-                    var last = first
-                    while index < bytes.count, bytes[index] & 1 == 1 {
-                        last = bytes[index] >> 1
-                        state.counts[last] = nil
-                        index += 1
-                    }
-                    _ = Syscall.lock(state.fd, fc_F_UNLCK, first, last - first + 1)
-                }
-                defer { state.idle = 0 }
-                return state.idle
+                return idle
             }
             if dropped > 0 {
                 idleTotal.subtract(dropped, ordering: .relaxed)

@@ -78,11 +78,11 @@ extension SpaceLocks {
     /// process dies first (the locks belong to the open files, not to the process), and
     /// its exit is the `IN_CLOSE_WRITE` that wakes the waiters.
     func descriptorsHoldingClaims() -> [Int32] {
-        [fd] + shards.compactMap { shard in shard.state.withLock { $0.fd >= 0 && !$0.counts.isEmpty ? $0.fd : nil } }
+        [fd] + shards.compactMap { shard in shard.state.withLock { $0.fd >= 0 && !$0.bytes.isEmpty ? $0.fd : nil } }
     }
 
     /// Bytes this process holds in the kernel (for tests and `status`).
-    var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.counts.count } } }
+    var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.bytes.lockedCount } } }
 
     func lockError(_ operation: String, _ code: Errno) -> FileCoordinationError {
         FileCoordinationError(code: .io, path: path, operation: operation, errno: code,

@@ -69,14 +69,6 @@ final class SpaceLocks: Sendable {
         var bytes: [Byte]
     }
 
-    struct Count {
-        var shared = 0
-        var exclusive = 0
-        /// What the kernel holds for this process now.
-        var kernel: Int16 = fc_F_UNLCK
-        var total: Int { shared + exclusive }
-    }
-
     /// One shard file and the bytes this process holds in it. Each shard has its own lock,
     /// held across the lock calls on its file: workers claiming files in different shards
     /// make their calls in parallel (with one lock for all, a batch's workers queued for it).
@@ -86,9 +78,7 @@ final class SpaceLocks: Sendable {
         var fd: Int32 = -1
         /// Bytes held in the kernel: counted for the tasks using them, or idle (kept after
         /// their last task let go, for the next one; see ``idleLimit``).
-        var counts: [Int64: Count] = [:]
-        /// How many of `counts` are idle.
-        var idle = 0
+        var bytes = ByteCounts()
         /// Acquisitions that opened (or found) this shard and have not finished: it is
         /// not closed under them, so two claims cannot keep closing each other's shards.
         var pins = 0
@@ -278,10 +268,10 @@ final class SpaceLocks: Sendable {
         for pass in 0 ..< 2 where excess > 0 {
             for index in 0 ..< Self.shardCount where excess > 0 && needed & 1 << index == 0 {
                 let closing: Int32? = shards[index].state.withLock { state in
-                    guard state.fd >= 0, state.pins == 0, pass == 1 || state.idle == 0,
-                          !state.counts.values.contains(where: { $0.total > 0 }) else { return nil }
+                    guard state.fd >= 0, state.pins == 0, pass == 1 || state.bytes.idle == 0,
+                          !state.bytes.isInUse else { return nil }
                     defer {
-                        idleTotal.subtract(state.idle, ordering: .relaxed)
+                        idleTotal.subtract(state.bytes.idle, ordering: .relaxed)
                         state = ShardState()
                         openMask.bitwiseAnd(~(1 << index), ordering: .relaxed)
                     }
