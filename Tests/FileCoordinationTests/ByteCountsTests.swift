@@ -6,29 +6,42 @@ import Testing
 /// with no file and no lock.
 @Suite("Byte counts")
 struct ByteCountsTests {
-    @Test("the first task of a byte locks it; later ones ask nothing; a writer upgrades a shared lock")
+    /// Takes `offset`, recording what the kernel was asked (and granting it).
+    func take(_ bytes: inout ByteCounts, _ offset: Int64, exclusive: Bool, grant: Bool = true) -> (ByteCounts.Taken, [Int16]) {
+        var asked: [Int16] = []
+        let taken = bytes.take(at: offset, exclusive: exclusive) { type in
+            asked.append(type)
+            return grant
+        }
+        return (taken, asked)
+    }
+
+    @Test("the first task of a byte locks it; later ones ask nothing; a writer upgrades a shared lock; a refusal counts nothing")
     func taking() {
         var bytes = ByteCounts()
-        #expect(bytes.lockNeeded(at: 10, exclusive: false) == fc_F_RDLCK)
-        _ = bytes.take(at: 10, exclusive: false, granted: fc_F_RDLCK)
-        #expect(bytes.lockNeeded(at: 10, exclusive: false) == nil)
-        #expect(bytes.lockNeeded(at: 10, exclusive: true) == fc_F_WRLCK)
-        _ = bytes.take(at: 10, exclusive: true, granted: fc_F_WRLCK)
-        #expect(bytes.lockNeeded(at: 10, exclusive: true) == nil && bytes.lockNeeded(at: 10, exclusive: false) == nil)
-        #expect(bytes.kernelLock(at: 10) == fc_F_WRLCK && bytes.isInUse)
+        let first = take(&bytes, 10, exclusive: false)
+        #expect(first.0 == .taken(wasIdle: false) && first.1 == [fc_F_RDLCK])
+        let second = take(&bytes, 10, exclusive: false)
+        #expect(second.1.isEmpty)
+        let refused = take(&bytes, 10, exclusive: true, grant: false)
+        #expect(refused.0 == .refused && refused.1 == [fc_F_WRLCK] && bytes.kernelLock(at: 10) == fc_F_RDLCK)
+        let upgrade = take(&bytes, 10, exclusive: true)
+        #expect(upgrade.1 == [fc_F_WRLCK] && bytes.kernelLock(at: 10) == fc_F_WRLCK && bytes.isInUse)
+        let more = take(&bytes, 10, exclusive: true)
+        #expect(more.1.isEmpty)
     }
 
     @Test("giving back: the last writer downgrades, the last task unlocks, or keeps it idle when allowed")
     func giving() {
         var bytes = ByteCounts()
-        _ = bytes.take(at: 10, exclusive: false, granted: fc_F_RDLCK)
-        _ = bytes.take(at: 10, exclusive: true, granted: fc_F_WRLCK)
+        _ = take(&bytes, 10, exclusive: false)
+        _ = take(&bytes, 10, exclusive: true)
         let downgrade = bytes.give(at: 10, exclusive: true, mayKeepIdle: true)
         #expect(downgrade == .downgrade && bytes.kernelLock(at: 10) == fc_F_RDLCK)
         let kept = bytes.give(at: 10, exclusive: false, mayKeepIdle: true)
         #expect(kept == .none && bytes.idle == 1 && !bytes.isInUse && bytes.lockedCount == 1)
-        let again = bytes.take(at: 10, exclusive: false, granted: bytes.lockNeeded(at: 10, exclusive: false))
-        #expect(again && bytes.idle == 0, "an idle byte is taken again with no kernel call")
+        let again = take(&bytes, 10, exclusive: false)
+        #expect(again.0 == .taken(wasIdle: true) && again.1.isEmpty && bytes.idle == 0, "an idle byte is taken again with no kernel call")
         let unlock = bytes.give(at: 10, exclusive: false, mayKeepIdle: false)
         #expect(unlock == .unlock && bytes.isEmpty)
     }
@@ -36,7 +49,7 @@ struct ByteCountsTests {
     @Test("an exclusive byte is never kept idle")
     func exclusiveNotKept() {
         var bytes = ByteCounts()
-        _ = bytes.take(at: 4, exclusive: true, granted: fc_F_WRLCK)
+        _ = take(&bytes, 4, exclusive: true)
         let release = bytes.give(at: 4, exclusive: true, mayKeepIdle: true)
         #expect(release == .unlock && bytes.idle == 0)
     }
@@ -45,7 +58,7 @@ struct ByteCountsTests {
     func dropRuns() {
         var bytes = ByteCounts()
         for offset: Int64 in [1, 2, 3, 5, 6, 9] {
-            _ = bytes.take(at: offset, exclusive: false, granted: fc_F_RDLCK)
+            _ = take(&bytes, offset, exclusive: false)
         }
         for offset: Int64 in [1, 2, 3, 6, 9] { _ = bytes.give(at: offset, exclusive: false, mayKeepIdle: true) }
         #expect(bytes.idle == 5)

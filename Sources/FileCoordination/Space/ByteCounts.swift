@@ -3,9 +3,9 @@ import CFileCoordinationShims
 /// The bytes this process holds in one claim shard: how many of its tasks hold each
 /// (shared or exclusive), and what the kernel holds for the process. The kernel sees one
 /// owner per process, so a byte's lock is taken for its first task and given back (or
-/// kept idle for the next) after its last. A pure state machine: ``SpaceLocks`` asks it
-/// what to tell the kernel, makes the call, and records the outcome, under the shard's
-/// lock.
+/// kept idle for the next) after its last. A pure state machine: it decides what to ask
+/// the kernel, and ``SpaceLocks`` makes the call (passed in, or told by the answer),
+/// under the shard's lock.
 struct ByteCounts {
     struct Count {
         var shared = 0
@@ -38,25 +38,25 @@ struct ByteCounts {
     /// What the kernel holds at `offset` for this process.
     func kernelLock(at offset: Int64) -> Int16 { counts[offset]?.kernel ?? fc_F_UNLCK }
 
-    /// The lock to ask the kernel for before a task takes `offset`; nil when the process
-    /// holds it strongly enough already.
-    func lockNeeded(at offset: Int64, exclusive: Bool) -> Int16? {
-        let held = kernelLock(at: offset)
-        if exclusive { return held == fc_F_WRLCK ? nil : fc_F_WRLCK }
-        return held == fc_F_UNLCK ? fc_F_RDLCK : nil
-    }
+    /// The outcome of ``take(at:exclusive:lock:)``: the kernel refused what the process
+    /// lacked, or the task is counted (and whether it took an idle byte again).
+    enum Taken: Equatable { case refused, taken(wasIdle: Bool) }
 
-    /// Counts a task on `offset`, the kernel having granted `granted` (what
-    /// ``lockNeeded(at:exclusive:)`` asked for, or nil when nothing was asked). Returns
-    /// whether an idle byte was taken again.
-    mutating func take(at offset: Int64, exclusive: Bool, granted: Int16?) -> Bool {
+    /// Counts a task on `offset`. When the process does not hold it strongly enough
+    /// already, `lock(type)` asks the kernel first (`F_RDLCK`, or `F_WRLCK` to upgrade)
+    /// and says whether it granted it; nothing is counted when it did not.
+    mutating func take(at offset: Int64, exclusive: Bool, lock: (Int16) throws -> Bool) rethrows -> Taken {
         var count = counts[offset] ?? Count()
         let wasIdle = count.total == 0 && count.kernel != fc_F_UNLCK
-        if let granted { count.kernel = granted }
+        let needed: Int16? = exclusive ? (count.kernel == fc_F_WRLCK ? nil : fc_F_WRLCK) : (count.kernel == fc_F_UNLCK ? fc_F_RDLCK : nil)
+        if let needed {
+            guard try lock(needed) else { return .refused }
+            count.kernel = needed
+        }
         if wasIdle { idle -= 1 }
         if exclusive { count.exclusive += 1 } else { count.shared += 1 }
         counts[offset] = count
-        return wasIdle
+        return .taken(wasIdle: wasIdle)
     }
 
     /// Uncounts a task on `offset`. With `mayKeepIdle`, a byte no task holds any more

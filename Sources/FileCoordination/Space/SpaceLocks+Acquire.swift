@@ -265,16 +265,20 @@ extension SpaceLocks {
     func take(_ byte: Byte) throws -> Take {
         try shards[Self.shard(byte.offset)].state.withLock { state in
             guard state.fd >= 0 else { return .shardClosed }
-            let needed = state.bytes.lockNeeded(at: byte.offset, exclusive: byte.exclusive)
-            if let needed, case .failure(let error) = Syscall.lock(state.fd, needed, byte.offset, 1) {
-                if error == .resourceTemporarilyUnavailable || error == .permissionDenied { return .conflict }
-                throw lockError("F_OFD_SETLK", error)
+            let fd = state.fd
+            let taken = try state.bytes.take(at: byte.offset, exclusive: byte.exclusive) { type in
+                switch Syscall.lock(fd, type, byte.offset, 1) {
+                case .success: return true
+                case .failure(let error) where error == .resourceTemporarilyUnavailable || error == .permissionDenied: return false
+                case .failure(let error): throw lockError("F_OFD_SETLK", error)
+                }
             }
-            // An idle byte taken again.
-            if state.bytes.take(at: byte.offset, exclusive: byte.exclusive, granted: needed) {
-                idleTotal.subtract(1, ordering: .relaxed)
+            switch taken {
+            case .refused: return .conflict
+            case .taken(let wasIdle):
+                if wasIdle { idleTotal.subtract(1, ordering: .relaxed) } // an idle byte taken again
+                return .taken
             }
-            return .taken
         }
     }
 
