@@ -75,4 +75,40 @@ struct PresenterPlanTests {
         plan.add(FilePath("/d/f"), write(), concerned: concerned(item: [file], containers: [folder])) { $0.id != ObjectIdentifier(self.folder) }
         #expect(summary(plan) == ["toWriter save"])
     }
+
+    /// What `after` tells, as words, in order.
+    func told(_ options: FileCoordinator.WritingOptions = [], existedBefore: Bool? = true, existsAfter: Bool = true,
+              moved: Set<ObjectIdentifier> = [], containers: [Stub]? = nil) async -> [String] {
+        var asked = false
+        let messages = await PresenterPlan.after(write: FilePath("/d/f"), options: options, existedBefore: existedBefore,
+                                                 concerned: concerned(item: [file], containers: containers ?? [folder]), moved: moved) {
+            asked = true
+            return existsAfter
+        }
+        let words = messages.map { message -> String in
+            switch message {
+            case .didChange(let entry): "didChange \(entry.path)"
+            case .subitemDidAppear(let entry, let path): "subitemDidAppear \(entry.path) \(path)"
+            case .subitemDidChange(let entry, let path): "subitemDidChange \(entry.path) \(path)"
+            case .didMove, .subitemDidMove: "move"
+            }
+        }
+        return words + (asked ? [] : ["(existence not asked)"])
+    }
+
+    @Test("after a write: didChange for the item, subitemDidChange for containers; a new item appears")
+    func afterWrite() async {
+        #expect(await told() == ["didChange /d/f", "subitemDidChange /d /d/f"])
+        #expect(await told(existedBefore: false) == ["didChange /d/f", "subitemDidAppear /d /d/f"])
+        #expect(await told(existsAfter: false) == ["didChange /d/f"])
+        #expect(await told(containers: []) == ["didChange /d/f", "(existence not asked)"])
+    }
+
+    @Test("after a move, the item's presenters hear nothing here (the move sends didMove); after a deletion, nobody")
+    func afterMoveAndDelete() async {
+        #expect(await told(.forMoving) == [])
+        #expect(await told(.forMoving, existedBefore: false) == ["subitemDidAppear /d /d/f"])
+        #expect(await told(.forDeleting) == ["(existence not asked)"])
+        #expect(await told(moved: [ObjectIdentifier(file)]) == ["subitemDidChange /d /d/f"])
+    }
 }

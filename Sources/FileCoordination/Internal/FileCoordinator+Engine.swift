@@ -214,20 +214,11 @@ extension FileCoordinator {
         if accessorSucceeded {
             let exclude = filePresenter.map(ObjectIdentifier.init)
             let moved = session.context.movedPresenters
-            for item in session.items where item.isWrite {
-                let options = item.writingOptions
-                guard !options.contains(.forDeleting) else { continue }
-                var concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
-                concerned.item.removeAll { moved.contains($0.id) }
-                if !options.contains(.forMoving) {
-                    messages += concerned.item.map { .didChange($0) }
-                }
-                guard !concerned.containers.isEmpty else { continue }
-                let existsAfter = (try? await Self.exists(item.path)) ?? true
-                if item.existedBefore == false && existsAfter {
-                    messages += concerned.containers.map { .subitemDidAppear($0, item.path) }
-                } else if !options.contains(.forMoving) && existsAfter {
-                    messages += concerned.containers.map { .subitemDidChange($0, item.path) }
+            for item in session.items where item.isWrite && !item.writingOptions.contains(.forDeleting) {
+                let concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
+                messages += await PresenterPlan.after(write: item.path, options: item.writingOptions, existedBefore: item.existedBefore,
+                                                      concerned: concerned, moved: moved) {
+                    (try? await Self.exists(item.path)) ?? true
                 }
             }
         }

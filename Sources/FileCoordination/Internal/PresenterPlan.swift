@@ -66,3 +66,29 @@ struct PresenterPlan {
         }
     }
 }
+
+extension PresenterPlan {
+    /// What the presenters a write concerns are told after it, the order table's "after
+    /// it" column: the item's presenters hear `didChange` (not for a move, whose
+    /// `didMove` the move sends, and not those that moved with it), and the presenters
+    /// of containing directories `subitemDidAppear` for a new item or `subitemDidChange`
+    /// for a changed one. A deletion sends nothing here (its presenters accommodated it
+    /// before). `existsAfter` is asked only when a container's presenter is concerned.
+    static func after(write path: FilePath, options: FileCoordinator.WritingOptions, existedBefore: Bool?,
+                      concerned: PresenterRegistry.Concerned, moved: Set<ObjectIdentifier>,
+                      existsAfter: () async -> Bool) async -> [PendingMessage] {
+        guard !options.contains(.forDeleting) else { return [] }
+        var messages: [PendingMessage] = []
+        if !options.contains(.forMoving) {
+            messages += concerned.item.filter { !moved.contains($0.id) }.map { .didChange($0) }
+        }
+        guard !concerned.containers.isEmpty else { return messages }
+        let exists = await existsAfter()
+        if existedBefore == false && exists {
+            messages += concerned.containers.map { .subitemDidAppear($0, path) }
+        } else if !options.contains(.forMoving) && exists {
+            messages += concerned.containers.map { .subitemDidChange($0, path) }
+        }
+        return messages
+    }
+}
