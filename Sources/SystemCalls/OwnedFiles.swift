@@ -39,7 +39,7 @@ package enum OwnedFiles {
         switch Syscall.openat(dirFD, name, flags | extra | fc_O_NOFOLLOW, mode) {
         case .failure(let errno): return .failure(.system(errno))
         case .success(let fd):
-            if let problem = check(fd, kind: kind, privateOnly: privateOnly) {
+            if case .failure(let problem) = check(fd, kind: kind, privateOnly: privateOnly) {
                 _ = Syscall.close(fd)
                 return .failure(problem)
             }
@@ -47,18 +47,18 @@ package enum OwnedFiles {
         }
     }
 
-    /// What is wrong with the open file `fd`, if anything.
-    package static func check(_ fd: Int32, kind: Kind, privateOnly: Bool) -> Problem? {
+    /// The open file `fd`'s `stat`, or what is wrong with it.
+    package static func check(_ fd: Int32, kind: Kind, privateOnly: Bool) -> Result<Glibc.stat, Problem> {
         let info: Glibc.stat
         switch Syscall.fstat(fd) {
-        case .failure(let errno): return .system(errno)
+        case .failure(let errno): return .failure(.system(errno))
         case .success(let value): info = value
         }
         let type = info.st_mode & S_IFMT
-        if type != (kind == .directory ? S_IFDIR : S_IFREG) { return .notA(kind) }
-        if info.st_uid != geteuid() { return .ownedBy(info.st_uid) }
-        if privateOnly && info.st_mode & 0o022 != 0 { return .writableByOthers(info.st_mode) }
-        return nil
+        if type != (kind == .directory ? S_IFDIR : S_IFREG) { return .failure(.notA(kind)) }
+        if info.st_uid != geteuid() { return .failure(.ownedBy(info.st_uid)) }
+        if privateOnly && info.st_mode & 0o022 != 0 { return .failure(.writableByOthers(info.st_mode)) }
+        return .success(info)
     }
 
     /// The names in the directory `name` (relative to `dirFD`), without `.` and `..`.

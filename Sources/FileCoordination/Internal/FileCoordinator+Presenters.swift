@@ -11,18 +11,6 @@ import Glibc
 extension FileCoordinator {
     // MARK: Presenters before the access
 
-    /// One presenter's steps, and the purpose they are asked for.
-    private struct Plan {
-        var steps: PresenterPlan.Steps
-        var purpose: String
-        var entry: PresenterRegistry.Entry { steps.entry }
-        var path: FilePath { steps.path }
-        var kind: FileAccessRequest.Kind { steps.kind }
-        var save: Bool { steps.save }
-        var accommodateDeletion: Bool { steps.accommodateDeletion }
-        var subitemDeletions: [FilePath] { steps.subitemDeletions }
-    }
-
     /// Asks every concerned presenter to relinquish (and save, or accommodate a
     /// deletion), all presenters at once, each one's steps in order. Returns their
     /// reacquirers; on any failure runs the ones collected and throws.
@@ -47,13 +35,13 @@ extension FileCoordinator {
         }
         if let known { throw known }
         guard !planned.isEmpty else { return [] }
-        let plans = planned.steps.map { Plan(steps: $0, purpose: purposeIdentifier) }
-        let policy = presenterTimeoutPolicy
+        let plans = planned.steps
+        let (policy, purpose) = (presenterTimeoutPolicy, purposeIdentifier)
         // One presenter (the common case) is asked from this task; several, all at once.
-        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], policy: policy) }]
+        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy) }]
             : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
             for (index, plan) in plans.enumerated() {
-                group.addTask { (index, await Result { try await Self.run(plan, policy: policy) }) }
+                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy) }) }
             }
             var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
             for await (index, outcome) in group { outcomes[index] = outcome }
@@ -75,8 +63,8 @@ extension FileCoordinator {
         return reacquirers
     }
 
-    private static func run(_ plan: Plan, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
-        try await plan.entry.endpoint.askBefore(plan.steps, purpose: plan.purpose, call: PresenterCall(policy: policy, entry: plan.entry))
+    private static func run(_ steps: PresenterPlan.Steps, purpose: String, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
+        try await steps.entry.endpoint.askBefore(steps, purpose: purpose, call: PresenterCall(policy: policy, entry: steps.entry))
     }
 
     // MARK: Presenters after the access

@@ -291,10 +291,13 @@ struct SpaceFiles: Sendable {
         // should have to clean up after a process that never joined.
         var made: (mailbox: Bool, hidden: Bool) = (false, false)
         var dirFD: Int32 = -1
-        func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
+        func undoJoin() {
             if made.hidden { _ = Syscall.unlinkat(dirFD, "procs/.\(processName)") }
             if made.mailbox { _ = Syscall.unlinkat(dirFD, "mail/\(processName)", directory: true) }
             for fd in opened { _ = Syscall.close(fd) }
+        }
+        func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
+            undoJoin()
             return FileCoordinationError(operation, errno: code, path: path)
         }
         /// Opens a folder or file of the space (`name` relative to the space), refusing
@@ -307,13 +310,13 @@ struct SpaceFiles: Sendable {
                 opened.append(fd)
                 return fd
             case .failure(.system(let errno)) where name.isEmpty && (errno == .tooManySymbolicLinkLevels || errno == .notDirectory):
-                _ = fail("open", path, errno)
+                undoJoin()
                 throw FileCoordinationError(code: .insecureSpace, path: path, operation: "open", errno: errno,
                                             message: "the coordination space is not a directory (a symbolic link?)")
             case .failure(.system(let errno)):
                 throw fail("open", path, errno)
             case .failure(let problem):
-                _ = fail("open", path, .notPermitted)
+                undoJoin()
                 throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
                                             message: "refused: it \(problem.text)")
             }

@@ -240,23 +240,17 @@ extension SpaceMail {
 
     /// A process's record was closed: if that process is gone, its pending requests end.
     func processEnded(_ event: InotifyEvent) {
-        if event.mask & UInt32(IN_Q_OVERFLOW) != 0 { return recheckAfterOverflow() }
+        // An overflow reaches the mailbox's watch too, whose handler checks what the
+        // deaths lost meant, after reading the mailbox again (``recheckAfterOverflow()``).
+        guard event.mask & UInt32(IN_Q_OVERFLOW) == 0 else { return }
         processEnded(String(decoding: event.name, as: UTF8.self))
     }
 
     /// After an inotify queue overflow the deaths among the events lost are unknown: every
-    /// process this one waits for or owes something is checked. (Also run after the
-    /// mailbox is read again, so that requests found only by that rescan are covered.)
+    /// process this one waits for or owes something is checked. Run after the mailbox is
+    /// read again, so that requests found only by that rescan are covered.
     func recheckAfterOverflow() {
-        let waited = state.withLock { state in
-            state.replies.values.compactMap { reply -> String? in
-                switch reply {
-                case .waiting(let target, _), .registered(let target): target
-                case .arrived: nil
-                }
-            }
-        }
-        let owed = state.withLock { $0.ledger.owedProcesses }
+        let (waited, owed) = state.withLock { state in (state.replies.values.compactMap(\.target), state.ledger.owedProcesses) }
         for name in Set(owed + waited).sorted() where !isAlive(name) { processEnded(name) }
     }
 
@@ -271,14 +265,7 @@ extension SpaceMail {
                 if !isAlive(name) { slots.drop(name, dirFD: files.directoryFD) }
             }
         }
-        let waiting = state.withLock { state in
-            state.replies.compactMap { id, reply -> UInt64? in
-                switch reply {
-                case .waiting(let target, _), .registered(let target): target == name ? id : nil
-                case .arrived: nil
-                }
-            }
-        }
+        let waiting = state.withLock { state in state.replies.compactMap { id, reply in reply.target == name ? id : nil } }
         forgetRequests(of: name)
         guard !waiting.isEmpty, !isAlive(name) else { return }
         slots.drop(name, dirFD: files.directoryFD)

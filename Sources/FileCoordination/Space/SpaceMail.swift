@@ -21,6 +21,14 @@ final class SpaceMail: Sendable {
         case waiting(target: String, UnsafeContinuation<SpaceProtocol.Body?, any Error>)
         case registered(target: String)
         case arrived(Result<SpaceProtocol.Body?, any Error>)
+
+        /// The process whose answer is awaited (nil once it arrived).
+        var target: String? {
+            switch self {
+            case .waiting(let target, _), .registered(let target): target
+            case .arrived: nil
+            }
+        }
     }
 
     /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
@@ -282,9 +290,7 @@ final class SpaceMail: Sendable {
 
     /// Reads the message file open at `fd`, checked to be a small regular file of ours.
     static func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        guard OwnedFiles.check(fd, kind: .regularFile, privateOnly: false) == nil, case .success(let info) = Syscall.fstat(fd) else {
-            return .failure(.notAMessage)
-        }
+        guard case .success(let info) = OwnedFiles.check(fd, kind: .regularFile, privateOnly: false) else { return .failure(.notAMessage) }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
         guard info.st_size > 0 else { return .failure(.empty) }
         var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
