@@ -80,19 +80,8 @@ extension CoordinationCenter {
     /// Records a move: waiting claims and intents, and registered presenters, follow the
     /// item. Returns the presenters to tell, with their old and new paths.
     func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
-        let (moved, intents): ([PresenterRegistry.Moved], [(FileAccessIntent, FilePath)]) = state.withLock { state in
-            let changed = state.rules.move(from: source, to: destination)
-            var updates: [(FileAccessIntent, FilePath)] = []
-            for id in changed {
-                guard var list = state.intents[id] else { continue }
-                for index in list.indices where list[index].0.starts(with: source) {
-                    let newPath = PresenterRegistry.rebase(list[index].0, from: source, to: destination)
-                    list[index].0 = newPath
-                    updates.append((list[index].1, newPath))
-                }
-                state.intents[id] = list
-            }
-            return (state.presenters.move(from: source, to: destination), updates)
+        let (moved, intents) = state.withLock { state in
+            (state.presenters.move(from: source, to: destination), state.requests.move(from: source, to: destination))
         }
         for (intent, path) in intents { intent.update(path.fileURL) }
         // Other processes' presenters are told too (their proxies' `didMove` is a message

@@ -14,25 +14,13 @@ final class CoordinationCenter: Sendable {
 
     typealias RequestID = CoordinationRules.RequestID
 
-    struct Waiter {
-        var continuation: UnsafeContinuation<Void, any Error>
-        var owner: ObjectIdentifier
-    }
+    /// A task waiting for its claims: resumed when they are granted, or with an error.
+    typealias Waiter = UnsafeContinuation<Void, any Error>
 
     struct State {
-        var rules = CoordinationRules()
-        var waiters: [RequestID: Waiter] = [:]
-        /// Waiting requests withdrawn before their task parked, with the error to throw.
-        var cancelledBeforeSubmit: [RequestID: any Error] = [:]
-        /// The coordinator of each waiting request (parked or not), for `cancel(owner:)`.
-        var owners: [RequestID: ObjectIdentifier] = [:]
+        /// Every request from submission to release: the rules and what waits on them.
+        var requests = CenterRequests<Waiter>()
         var presenters = PresenterRegistry()
-        /// Intents waiting for claims, so moves can update their URLs.
-        var intents: [RequestID: [(FilePath, FileAccessIntent)]] = [:]
-        /// Granted here, waiting for another process to let go.
-        var kernelWaiting: [RequestID: [CoordinationRules.Claim]] = [:]
-        /// The coordinator of each request waiting in `kernelWaiting`, for `cancel(owner:)`.
-        var kernelOwners: [RequestID: ObjectIdentifier] = [:]
         /// Tasks in ``waitUntilWaiting(_:)``, with the count each waits for.
         var waitingWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
@@ -176,9 +164,7 @@ final class CoordinationCenter: Sendable {
         try Task.checkCancellation()
         // Fast path: free claims are granted under the lock, with no suspension.
         let (id, granted, watchers) = state.withLock { state in
-            let id = state.rules.reserveID()
-            let granted = state.rules.submit(id, purpose: purpose, claims: claims)
-            if !granted { state.owners[id] = owner }
+            let (id, granted) = state.requests.submit(claims, purpose: purpose, owner: owner, intents: intents)
             return (id, granted, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
         }
         for watcher in watchers { watcher.resume() }
@@ -191,22 +177,12 @@ final class CoordinationCenter: Sendable {
         }
         Self.trace("claim waits for another in this process", id, claims)
         try await withTaskCancellationHandler {
-            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
-                enum Outcome { case granted, waiting, cancelled(any Error) }
-                let outcome: Outcome = state.withLock { state in
-                    // Submitted above and still waiting, unless it was granted or
-                    // withdrawn (cancelled) in between.
-                    if let error = state.cancelledBeforeSubmit.removeValue(forKey: id) { return .cancelled(error) }
-                    if state.rules.isGranted(id) { state.owners[id] = nil; return .granted }
-                    state.waiters[id] = Waiter(continuation: continuation, owner: owner)
-                    if !intents.isEmpty { state.intents[id] = intents }
-                    return .waiting
-                }
-                if case .waiting = outcome { ClaimWait.noteWaiting() }
-                switch outcome {
+            try await withUnsafeThrowingContinuation { (continuation: Waiter) in
+                let parked = state.withLock { $0.requests.park(id, continuation) }
+                switch parked {
+                case .waiting: ClaimWait.noteWaiting()
                 case .granted: continuation.resume()
-                case .cancelled(let error): continuation.resume(throwing: error)
-                case .waiting: break
+                case .failed(let error): continuation.resume(throwing: error)
                 }
             }
         } onCancel: {
@@ -233,14 +209,9 @@ final class CoordinationCenter: Sendable {
     func tryAcquireNow(_ claims: [CoordinationRules.Claim], purpose: String, openingShards: Bool = false) -> RequestID? {
         let transport = self.transport
         if openingShards, let transport, !transport.batchCanTake(claims) { return nil }
-        let (id, granted, unblocked) = state.withLock { state -> (RequestID, Bool, [Waiter]) in
-            let id = state.rules.reserveID()
-            if state.rules.submit(id, purpose: purpose, claims: claims) { return (id, true, []) }
-            // Withdrawn at once: it was last in line, so nothing waited behind it.
-            return (id, false, Self.takeWaiters(state.rules.withdraw(id), from: &state))
-        }
-        for waiter in unblocked { waiter.continuation.resume() }
-        guard granted else { return nil }
+        let (id, unblocked) = state.withLock { $0.requests.submitIfFree(claims, purpose: purpose) }
+        for waiter in unblocked { waiter.resume() }
+        guard let id else { return nil }
         guard let transport else { return id }
         guard transport.takeClaimsForBatch(claims, for: id.raw, opening: openingShards) else {
             release(id)
@@ -254,22 +225,13 @@ final class CoordinationCenter: Sendable {
     /// another process, or opening claim files first. On failure the grant is given back.
     private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
         guard let transport else { return }
-        state.withLock { state in
-            state.kernelWaiting[id] = claims
-            state.kernelOwners[id] = owner
-        }
+        state.withLock { $0.requests.beginTakingKernelClaims(id, claims, owner: owner) }
         Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
         do {
             try await transport.takeClaims(claims, for: id.raw)
-            state.withLock { state in
-                state.kernelWaiting[id] = nil
-                state.kernelOwners[id] = nil
-            }
+            state.withLock { $0.requests.endTakingKernelClaims(id) }
         } catch {
-            state.withLock { state in
-                state.kernelWaiting[id] = nil
-                state.kernelOwners[id] = nil
-            }
+            state.withLock { $0.requests.endTakingKernelClaims(id) }
             release(id)
             throw error
         }
@@ -277,22 +239,20 @@ final class CoordinationCenter: Sendable {
 
     /// The claims of a granted request as they stand now (after any moves while it waited).
     func claims(of id: RequestID) -> [CoordinationRules.Claim] {
-        state.withLock { $0.rules.claims(of: id) }
+        state.withLock { $0.requests.rules.claims(of: id) }
     }
 
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
         PresenterMessenger.logger.debug("claim released \(id)")
         transport?.releaseClaims(of: id.raw)
-        let granted = state.withLock { state in Self.takeWaiters(state.rules.release(id), from: &state) }
-        for waiter in granted { waiter.continuation.resume() }
+        let granted = state.withLock { $0.requests.release(id) }
+        for waiter in granted { waiter.resume() }
     }
 
     /// Fails every waiting request of `owner` (``FileCoordinator/cancel()``).
     func cancel(owner: ObjectIdentifier) {
-        let (ids, kernelIDs) = state.withLock { state in
-            (state.owners.filter { $0.value == owner }.map(\.key), state.kernelOwners.filter { $0.value == owner }.map(\.key))
-        }
+        let (ids, kernelIDs) = state.withLock { $0.requests.requests(of: owner) }
         for id in ids {
             withdraw(id, because: FileCoordinationError.coordinatorCancelled())
         }
@@ -303,32 +263,9 @@ final class CoordinationCenter: Sendable {
     }
 
     private func withdraw(_ id: RequestID, because error: any Error) {
-        let (waiter, granted): (Waiter?, [Waiter]) = state.withLock { state in
-            if let waiter = state.waiters.removeValue(forKey: id) {
-                state.intents[id] = nil
-                state.owners[id] = nil
-                return (waiter, Self.takeWaiters(state.rules.withdraw(id), from: &state))
-            }
-            // Submitted and waiting, but its task has not parked yet: withdraw it now and
-            // let the parking step fail at once. (A request already granted is left
-            // alone: its accessor will run, then release it.)
-            if state.rules.contains(id) && !state.rules.isGranted(id) {
-                state.cancelledBeforeSubmit[id] = error
-                state.owners[id] = nil
-                return (nil, Self.takeWaiters(state.rules.withdraw(id), from: &state))
-            }
-            return (nil, [])
-        }
-        waiter?.continuation.resume(throwing: error)
-        for other in granted { other.continuation.resume() }
-    }
-
-    private static func takeWaiters(_ ids: [RequestID], from state: inout State) -> [Waiter] {
-        ids.compactMap { id in
-            state.intents[id] = nil
-            state.owners[id] = nil
-            return state.waiters.removeValue(forKey: id)
-        }
+        let resumptions = state.withLock { $0.requests.withdraw(id, because: error) }
+        for (waiter, error) in resumptions.failed { waiter.resume(throwing: error) }
+        for waiter in resumptions.granted { waiter.resume() }
     }
 
     /// Returns once `count` requests or more wait here for their claims: for tests, the
@@ -336,7 +273,7 @@ final class CoordinationCenter: Sendable {
     func waitUntilWaiting(_ count: Int) async {
         await withCheckedContinuation { continuation in
             let now = state.withLock { state in
-                guard state.rules.waitingCount < count else { return true }
+                guard state.requests.rules.waitingCount < count else { return true }
                 state.waitingWatchers.append((count, continuation))
                 return false
             }
@@ -346,7 +283,7 @@ final class CoordinationCenter: Sendable {
 
     /// The watchers whose count is reached, removed.
     private static func takeWatchers(from state: inout State) -> [CheckedContinuation<Void, Never>] {
-        let waiting = state.rules.waitingCount
+        let waiting = state.requests.rules.waitingCount
         let reached = state.waitingWatchers.filter { $0.count <= waiting }.map(\.continuation)
         state.waitingWatchers.removeAll { $0.count <= waiting }
         return reached
@@ -354,16 +291,12 @@ final class CoordinationCenter: Sendable {
 
     /// Counts for tests and `status`.
     var counts: (granted: Int, waiting: Int) {
-        state.withLock { ($0.rules.grantedCount, $0.rules.waitingCount) }
+        state.withLock { ($0.requests.rules.grantedCount, $0.requests.rules.waitingCount) }
     }
 
     /// The claims held and waited for now (for `status`).
     func statusClaims() -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]) {
-        state.withLock { state in
-            // Held: granted here and by the transport; waiting: here, or for another process.
-            (state.rules.grantedIDs.filter { state.kernelWaiting[$0] == nil }.flatMap { state.rules.claims(of: $0) },
-             state.rules.waitingClaims + state.kernelWaiting.values.flatMap { $0 })
-        }
+        state.withLock { $0.requests.statusClaims }
     }
 
     // MARK: Presenters
