@@ -150,79 +150,9 @@ extension SpaceLocks {
         }
     }
 
-    /// What one try gave.
-    enum Attempt {
-        case held(Held)
-        /// Another process holds something in the way.
-        case conflict
-        /// A shard of the plan is not open.
-        case shardClosed
-    }
-
-    /// What taking one byte gave.
-    enum Take {
-        case taken, conflict, shardClosed
-    }
-
-    /// One try: the queue bytes and the checks, in one order of offsets, then the rest
-    /// all-or-nothing. Each byte is taken under its shard's lock; bytes taken before a
-    /// refusal are given back.
-    ///
-    /// Queue bytes are kept across tries, but only those below the point where a try
-    /// stopped: a check that finds another process's writer queued gives back this
-    /// claim's queue bytes above it. So a waiting claim holds queue bytes only below what
-    /// it waits for, every chain of waits climbs in offset, and no cycle can form. (Were
-    /// they kept whatever the order, a claim reading X and writing Y and another reading
-    /// Y and writing X would each hold the queue byte the other's check waits for.)
+    /// One try at the plan on the claim shards (``attempt(_:queued:calls:)``).
     func attempt(_ plan: Plan, queued: inout [Byte]) throws -> Attempt {
-        var writerWaits: Bool?
-        var (nextQueue, nextCheck) = (0, 0)
-        while nextQueue < plan.queue.count || nextCheck < plan.checks.count {
-            // A queue byte before a check of the same offset: a claim's own queue byte
-            // never stands in its own way.
-            if nextQueue < plan.queue.count, nextCheck == plan.checks.count || plan.queue[nextQueue].offset <= plan.checks[nextCheck] {
-                let byte = plan.queue[nextQueue]
-                nextQueue += 1
-                // The ones kept from an earlier try: always the first of the plan's.
-                if nextQueue <= queued.count { continue }
-                switch try take(byte) {
-                case .taken: queued.append(byte)
-                case .conflict: return .conflict
-                case .shardClosed: return .shardClosed
-                }
-            } else {
-                let check = plan.checks[nextCheck]
-                nextCheck += 1
-                if writerWaits == false { continue } // no queue byte needs a look
-                switch try self.check(check, writerWaits: &writerWaits) {
-                case .taken: break
-                case .conflict:
-                    giveBackQueued(above: check, &queued)
-                    return .conflict
-                case .shardClosed: return .shardClosed
-                }
-            }
-        }
-        var taken: [Byte] = []
-        taken.reserveCapacity(plan.bytes.count)
-        // All or nothing: on a refusal, or a lock call that throws, what was taken goes back.
-        var complete = false
-        defer { if !complete { for byte in taken.reversed() { _ = give(byte) } } }
-        for byte in plan.bytes {
-            let outcome = try take(byte)
-            guard case .taken = outcome else { return outcome == .conflict ? .conflict : .shardClosed }
-            taken.append(byte)
-        }
-        complete = true
-        return .held(Held(bytes: queued + taken))
-    }
-
-    /// Gives back the queue bytes of `queued` above `offset` (the last ones: they were
-    /// taken in order).
-    func giveBackQueued(above offset: Int64, _ queued: inout [Byte]) {
-        var above: [Byte] = []
-        while let last = queued.last, last.offset > offset { above.append(queued.removeLast()) }
-        release(Held(bytes: above.reversed()))
+        try Self.attempt(plan, queued: &queued, calls: self)
     }
 
     /// Whether the writers' queue byte `check` is free of other processes' writers
@@ -284,6 +214,7 @@ extension SpaceLocks {
 
     /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
     /// whether the kernel lock changed.
+    @discardableResult
     func give(_ byte: Byte) -> Bool {
         shards[Self.shard(byte.offset)].state.withLock { state in
             // Kept idle, the shared kernel lock stays for the next task that needs it; past
