@@ -21,25 +21,8 @@ final class Flag: Sendable {
 /// One at a time: the counter test keeps both cores busy, and the SIGKILL test measures
 /// a latency.
 @Suite("across processes", .serialized)
-struct CrossProcessTests {
+struct CrossProcessTests: CrossProcessFixture {
     let scratch = Scratch()
-    var space: String { scratch.path + "/space" }
-
-    /// Starts `filecoord present PATH --json ...` and waits for its ready line.
-    func present(_ path: String, _ extra: String...) async throws -> (LineProcess, AsyncStream<String>.Iterator) {
-        let presenter = try LineProcess(["present", path, "--json", "--space", space] + extra)
-        var lines = presenter.lines.makeAsyncIterator()
-        let ready = try #require(await lines.next())
-        #expect(event(ready).event == "ready")
-        return (presenter, lines)
-    }
-
-    /// ``present(_:_:)`` as the space's first process: also its mailbox's path.
-    func presentAlone(_ path: String) async throws -> (LineProcess, AsyncStream<String>.Iterator, String) {
-        let (presenter, lines) = try await present(path)
-        let mail = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/mail").first)
-        return (presenter, lines, space + "/mail/" + mail)
-    }
 
     @Test("8 processes x 250 increments under exec --write: the counter ends at exactly 2,000")
     func counter() async throws {
@@ -63,17 +46,6 @@ struct CrossProcessTests {
             """)
         let lost = (try? String(contentsOfFile: loose, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
         print("counter without coordination: \(lost) of 2000")
-    }
-
-    /// Polls `filecoord status --json` until `condition` holds (the state of other
-    /// processes has no event to await).
-    func waitForStatus(attempts: Int = 200, _ condition: ([String: Any]) -> Bool) async throws {
-        for _ in 0 ..< attempts {
-            let result = try await filecoord("status", "--json", "--space", space)
-            if let object = try? JSONSerialization.jsonObject(with: result.stdout) as? [String: Any], condition(object) { return }
-            try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state
-        }
-        Issue.record("status never showed the expected state")
     }
 
     @Test("a coordinated read under ulimit -n 40 (few claim shards, claimed on the workers) waits for a writer in another process",
@@ -429,24 +401,6 @@ struct CrossProcessTests {
         let linked = try await filecoord("exec", "--space", link, "--read", scratch.path, "--", "true")
         #expect(linked.status == 1)
         #expect(linked.errorText.contains("symbolic link"), "\(linked.errorText)")
-    }
-
-    /// For the overflow tests: a scratch directory on tmpfs when there is one (creating
-    /// files there is not bound by a disk journal), and the kernel's inotify queue length,
-    /// required small enough to overflow.
-    func overflowSetting() throws -> (Scratch, Int) {
-        let tmpfs = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
-        let limit = Int((try String(contentsOfFile: "/proc/sys/fs/inotify/max_queued_events", encoding: .utf8))
-            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 16384
-        try #require(limit <= 1_000_000, "max_queued_events is \(limit): too many files to overflow it")
-        return (tmpfs, limit)
-    }
-
-    /// Creates `count` empty files `f0`, `f1`, ... in `directory`, on a thread of its own.
-    func createFiles(in directory: String, count: Int) async {
-        await onThread {
-            for index in 0 ..< count { close(open("\(directory)/f\(index)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o644)) }
-        }
     }
 
     @Test("a presenter process stopped while more events happen than the kernel queues: a resync, nothing lost, then it goes on",

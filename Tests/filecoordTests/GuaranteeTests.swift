@@ -2,52 +2,16 @@ import Foundation
 import Testing
 import TestSupport
 
-/// The promise under faults: exclusion with crossed multi-item claims, timeouts that fire
-/// only while a claim waits, and claims that outlive a killed `exec` wrapper.
 extension CrossProcessTests {
-    /// Waits for `process` to end within `limit`; past it, kills it and records a hang.
-    func ends(_ process: LineProcess, within limit: Duration, _ what: String) async -> Int32? {
-        let killed = Flag()
-        let watchdog = Task {
-            try await Task.sleep(for: limit) // ok: the bound of a hang
-            killed.set()
-            process.signal(SIGKILL)
-        }
-        let status = await process.wait().status
-        watchdog.cancel()
-        if killed.isSet {
-            Issue.record("\(what) did not end within \(limit)")
-            return nil
-        }
-        return status
+    /// The promise under faults: exclusion with crossed multi-item claims, timeouts that fire
+    /// only while a claim waits, and claims that outlive a killed `exec` wrapper.
+    @Suite("guarantees under faults")
+    struct GuaranteeTests: CrossProcessFixture {
+        let scratch = Scratch()
     }
+}
 
-    /// Starts `exec --space S ARGS -- sh -c 'echo held; read x < FIFO'` and waits for its
-    /// line: the claims are held until `release(fifo)`.
-    func holdUntilReleased(_ claims: [String], fifo: String) async throws -> LineProcess {
-        if access(fifo, F_OK) != 0 { #expect(mkfifo(fifo, 0o600) == 0) }
-        let holder = try LineProcess(["exec", "--space", space] + claims + ["--", "sh", "-c", "echo held; read x < '\(fifo)'"])
-        var lines = holder.lines.makeAsyncIterator()
-        #expect(await lines.next() == "held")
-        return holder
-    }
-
-    func release(_ fifo: String) async throws {
-        _ = try await shell("echo go > '\(fifo)'")
-    }
-
-    /// The pids `status --json` lists as waiting.
-    func waitingPids(in status: [String: Any]) -> Set<Int32> {
-        Set(((status["waiting"] as? [[String: Any]]) ?? []).compactMap { $0["pid"] as? Int32 })
-    }
-
-    /// The pid a command wrote into the FIFO `fifo` (`echo $$ > FIFO`), read on a thread of
-    /// its own (opening a FIFO waits for its writer).
-    func pid(writtenTo fifo: String) async throws -> Int32 {
-        let text = try await offThePool { String(decoding: FileHandle(forReadingAtPath: fifo)?.readDataToEndOfFile() ?? Data(), as: UTF8.self) }
-        return try #require(Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)), "\(fifo) gave \(text)")
-    }
-
+extension CrossProcessTests.GuaranteeTests {
     @Test("crossed multi-item claims in two processes (read X + write Y, read Y + write X) queued behind a reader of both: both complete",
           .timeLimit(.minutes(2)), arguments: ["items", "directories"])
     func crossedClaimsComplete(shape: String) async throws {
@@ -94,7 +58,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.GuaranteeTests {
     @Test("exec's wrapper killed with SIGKILL: the command keeps the claims until it ends (as flock(1)'s inherited lock), then a waiting writer goes on",
           .timeLimit(.minutes(2)))
     func killedWrapperCommandKeepsClaims() async throws {
@@ -184,7 +148,7 @@ struct Spawned {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.GuaranteeTests {
     @Test("one file under several names (a symbolic link to it, a linked directory above it) is one item: exec, write and read through any name exclude each other; a delete of the link claims the link",
           .timeLimit(.minutes(2)))
     func namesOfOneFileExcludeEachOther() async throws {
@@ -234,7 +198,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.GuaranteeTests {
     @Test("garbage in the space (a directory, a foreign file, a dead process's malformed record) is dealt with once: ours removed, the rest set aside with one warning; status reports no pid 0")
     func garbageInTheSpaceOnce() async throws {
         let file = scratch.write("doc", "old")
@@ -257,12 +221,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
-    /// The names in one of the space's folders, hidden ones left out.
-    func entries(_ folder: String) -> Set<String> {
-        Set(((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") })
-    }
-
+extension CrossProcessTests.GuaranteeTests {
     @Test("a command ended by SIGHUP, SIGTERM or SIGINT while it waits removes its record and mailbox on the way out (and still dies of the signal); a presenter ends cleanly on SIGHUP",
           .timeLimit(.minutes(2)), arguments: [SIGHUP, SIGTERM, SIGINT])
     func signalledCommandCleansUp(signal: Int32) async throws {
@@ -287,11 +246,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
-    /// How many writers ``manyProcessesUnderInstanceLimit()`` runs at once
-    /// (`FILECOORD_MANY_WRITERS`; `make limits` runs 1,000).
-    static var manyWriters: Int { Int(ProcessInfo.processInfo.environment["FILECOORD_MANY_WRITERS"] ?? "") ?? 150 }
-
+extension CrossProcessTests.GuaranteeTests {
     @Test("under a user's inotify instance limit (128), with 125 presenters running: concurrent exec writers (each waits) all succeed with no lost update, and write and status still work",
           .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(10)))
     func manyProcessesUnderInstanceLimit() async throws {
@@ -333,7 +288,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.GuaranteeTests {
     @Test("a presenter of a tree with more directories than the user's watch limit says which part is unwatched (a warning, and a callback at the start and for each directory created later), and leaves watches for the user's other processes",
           .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(5)))
     func watchLimitIsReportedWithHeadroom() async throws {

@@ -1,19 +1,17 @@
 import Foundation
 import Testing
 
-/// System calls made to fail in a real `filecoord` process (`FILECOORD_FAULTS`, read by
-/// debug builds): each failure ends the command with one line naming the path and the
-/// cause, and leaves nothing behind.
 extension CrossProcessTests {
-    /// `filecoord ARGS...` with `faults` armed in it.
-    func filecoordWith(faults: String, _ arguments: String..., stdin: Data? = nil) async throws -> ProcessResult {
-        try await run(filecoordBinary, arguments, stdin: stdin, environment: ["FILECOORD_FAULTS": faults])
+    /// System calls made to fail in a real `filecoord` process (`FILECOORD_FAULTS`, read by
+    /// debug builds): each failure ends the command with one line naming the path and the
+    /// cause, and leaves nothing behind.
+    @Suite("injected system-call faults")
+    struct InjectedFaultTests: CrossProcessFixture {
+        let scratch = Scratch()
     }
+}
 
-    func spaceEntries(_ folder: String) -> Set<String> {
-        Set((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? [])
-    }
-
+extension CrossProcessTests.InjectedFaultTests {
     @Test("a call failing while a process joins the space (its mailbox, its record's lock) fails the command with one line, and leaves nothing behind",
           arguments: [("mkdirat:ENOSPC:mail/", "mkdir failed: No space left on device (ENOSPC)"),
                       ("F_OFD_SETLK:EIO", "F_OFD_SETLK failed: Input/output error (EIO)"),

@@ -4,49 +4,19 @@ import SystemPackage
 import Testing
 import TestSupport
 
-/// Presenters under faults: writers that die or give up, and a process whose
-/// coordinations all start right after a presenter appears.
 extension CrossProcessTests {
-    /// The presenter's next events, up to the first that `stop` accepts. Past `limit`
-    /// the presenter is ended (SIGTERM ends its lines) and a hang is recorded.
-    func events(of presenter: LineProcess, _ lines: inout AsyncStream<String>.Iterator, within limit: Duration,
-                until stop: (String) -> Bool) async -> [String] {
-        let expired = Flag()
-        let watchdog = Task {
-            try await Task.sleep(for: limit) // ok: the bound of a hang
-            expired.set()
-            presenter.signal(SIGTERM)
-        }
-        defer { watchdog.cancel() }
-        var seen: [String] = []
-        while let line = await lines.next() {
-            seen.append(event(line).event)
-            if stop(event(line).event) { return seen }
-        }
-        Issue.record(expired.isSet ? "the presenter did not report what was expected within \(limit); it reported \(seen)"
-                                   : "the presenter ended; it reported \(seen)")
-        return seen
+    /// Presenters under faults: writers that die or give up, and a process whose
+    /// coordinations all start right after a presenter appears.
+    @Suite("presenters under faults")
+    struct PresenterFaultTests: CrossProcessFixture {
+        let scratch = Scratch()
     }
 }
 
-extension CrossProcessTests {
-    /// `filecoord exec --write file` whose command holds the claim, once it runs: the
-    /// wrapper, and the command's pid.
-    func holdingWriter(of file: String) async throws -> (wrapper: Spawned, command: Int32) {
-        let ready = scratch.path + "/ready"
-        #expect(mkfifo(ready, 0o600) == 0)
-        let wrapper = try Spawned([filecoordBinary, "exec", "--space", space, "--write", file, "--",
-                                   "sh", "-c", "echo $$ > '\(ready)'; exec sleep 63"]) // ok: the command holding the claim
-        return (wrapper, try await pid(writtenTo: ready))
-    }
+extension CrossProcessTests.PresenterFaultTests {
+}
 
-    /// SIGKILL for a ``holdingWriter(of:)``, wrapper and command.
-    func killWriter(_ writer: (wrapper: Spawned, command: Int32)) async {
-        kill(writer.wrapper.pid, SIGKILL)
-        kill(writer.command, SIGKILL)
-        _ = await writer.wrapper.wait()
-    }
-
+extension CrossProcessTests.PresenterFaultTests {
     @Test("a writer killed (wrapper and command) after the presenter relinquished: the presenter gets its reacquire and hears changes again",
           .timeLimit(.minutes(2)))
     func writerDeathLeavesNoDeafPresenter() async throws {
@@ -139,7 +109,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.PresenterFaultTests {
     @Test("eight coordinations started together in another process, right after a presenter appears, ask it eight times, not once per proxy of it",
           .timeLimit(.minutes(2)))
     func concurrentCoordinationsAskOncePerCoordination() async throws {
@@ -206,7 +176,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.PresenterFaultTests {
     @Test("a coordinated move in another process reaches the item's presenter (didMove), which is then asked by writers at the new place",
           .timeLimit(.minutes(2)))
     func moveReachesPresenterInAnotherProcess() async throws {
@@ -228,7 +198,7 @@ extension CrossProcessTests {
     }
 }
 
-extension CrossProcessTests {
+extension CrossProcessTests.PresenterFaultTests {
     @Test("a batch of 600 files under a stopped directory presenter asks it once, not once per window; --strict names each file",
           .timeLimit(.minutes(2)))
     func stoppedDirectoryPresenterAskedOncePerBatch() async throws {

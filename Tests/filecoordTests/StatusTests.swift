@@ -4,16 +4,16 @@ import SystemPackage
 import Testing
 import TestSupport
 
-/// `status` lists what every live process holds: a process that does not read its
-/// mailbox, and one that is stopped, included.
 extension CrossProcessTests {
-    /// Whether `status --json` lists a claim of `pid` on `path`.
-    func lists(_ status: [String: Any], claimOf pid: Int32, on path: String, access: String = "write") -> Bool {
-        ((status["claims"] as? [[String: Any]]) ?? []).contains {
-            $0["pid"] as? Int32 == pid && $0["path"] as? String == path && $0["access"] as? String == access
-        }
+    /// `status` lists what every live process holds: a process that does not read its
+    /// mailbox, and one that is stopped, included.
+    @Suite("status across processes")
+    struct StatusTests: CrossProcessFixture {
+        let scratch = Scratch()
     }
+}
 
+extension CrossProcessTests.StatusTests {
     @Test("status lists the claim of a library process that never waited (it does not read its mailbox)",
           .timeLimit(.minutes(2)))
     func statusListsClaimsOfProcessThatDoesNotListen() async throws {
