@@ -108,35 +108,51 @@ extension SpaceLocks.Attempt {
     var isConflict: Bool { if case .conflict = self { true } else { false } }
 }
 
-/// Byte locks in memory with OFD semantics: an owner's lock on a byte is shared or
-/// exclusive; another owner's exclusive lock excludes every lock, a shared one excludes
-/// exclusive locks.
+/// Byte locks in memory with OFD semantics, one owner per process: an owner's lock on a
+/// byte is shared or exclusive; another owner's exclusive lock excludes every lock, a
+/// shared one excludes exclusive locks. Each owner counts its takes (as a process counts
+/// its tasks' in ``ByteCounts``): its lock goes with the last give.
 final class MemoryLocks {
-    /// Offset -> owner -> exclusive.
-    private(set) var holders: [Int64: [Int: Bool]] = [:]
+    /// Offset -> owner -> (shared takes, exclusive takes).
+    private(set) var holders: [Int64: [Int: (shared: Int, exclusive: Int)]] = [:]
 
     func process(_ owner: Int) -> Process { Process(kernel: self, owner: owner) }
+
+    /// The owner died: the kernel drops its locks.
+    func dropAll(of owner: Int) {
+        for offset in holders.keys {
+            holders[offset]?[owner] = nil
+            if holders[offset]?.isEmpty == true { holders[offset] = nil }
+        }
+    }
 
     struct Process: ClaimLockCalls {
         let kernel: MemoryLocks
         let owner: Int
 
+        private func othersExclusive(_ offset: Int64) -> Bool {
+            (kernel.holders[offset] ?? [:]).contains { $0.key != owner && $0.value.exclusive > 0 }
+        }
+
         func take(_ byte: SpaceLocks.Byte) throws -> SpaceLocks.Take {
             let others = (kernel.holders[byte.offset] ?? [:]).filter { $0.key != owner }
-            if byte.exclusive ? !others.isEmpty : others.values.contains(true) { return .conflict }
-            kernel.holders[byte.offset, default: [:]][owner] = byte.exclusive || (kernel.holders[byte.offset]?[owner] ?? false)
+            if byte.exclusive ? !others.isEmpty : othersExclusive(byte.offset) { return .conflict }
+            var mine = kernel.holders[byte.offset]?[owner] ?? (0, 0)
+            if byte.exclusive { mine.exclusive += 1 } else { mine.shared += 1 }
+            kernel.holders[byte.offset, default: [:]][owner] = mine
             return .taken
         }
 
         func check(_ offset: Int64, writerWaits: inout Bool?) throws -> SpaceLocks.Take {
             writerWaits = true
-            let others = (kernel.holders[offset] ?? [:]).filter { $0.key != owner }
-            return others.values.contains(true) ? .conflict : .taken
+            return othersExclusive(offset) ? .conflict : .taken
         }
 
         @discardableResult
         func give(_ byte: SpaceLocks.Byte) -> Bool {
-            kernel.holders[byte.offset]?[owner] = nil
+            guard var mine = kernel.holders[byte.offset]?[owner] else { return false }
+            if byte.exclusive { mine.exclusive -= 1 } else { mine.shared -= 1 }
+            kernel.holders[byte.offset]?[owner] = mine.shared + mine.exclusive > 0 ? mine : nil
             if kernel.holders[byte.offset]?.isEmpty == true { kernel.holders[byte.offset] = nil }
             return true
         }

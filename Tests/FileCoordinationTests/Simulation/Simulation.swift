@@ -17,11 +17,13 @@ struct SeededRandom: RandomNumberGenerator {
 /// Several processes sharing a coordination space, run step by step by a seeded
 /// scheduler, with processes killed or stopped and sends failing at any step.
 ///
-/// What is the library's own code: the in-process rules (``CoordinationRules``), the
+/// What is the library's own code: the center's requests and the in-process rules
+/// (``CenterRequests``, ``CoordinationRules``), each claim's bytes and its tries across
+/// processes (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``), the
 /// ledger of what a process owes other processes' coordinators (``ServingLedger``) and
 /// the protocol's codec (``SpaceProtocol``, every message is encoded and decoded). What
-/// is simulated: the kernel (byte locks that die with their process, one ordered inotify
-/// queue per process), the space's files (records, mailboxes, presenter records) and the
+/// is simulated: the kernel (byte locks that die with their process, ``MemoryLocks``;
+/// one ordered inotify queue per process), the space's files (records, mailboxes, presenter records) and the
 /// drivers around the state machines, which follow `SpaceMail`'s receive, serve and
 /// process-ended paths step for step.
 ///
@@ -84,6 +86,9 @@ final class Simulation {
         var phase: Phase = .rules
         var since = 0
         var rulesID: CoordinationRules.RequestID?
+        /// Writers' queue bytes kept between tries, then the claim's bytes once taken.
+        var queued: [SpaceLocks.Byte] = []
+        var held: SpaceLocks.Held?
         var pending: [Target] = []
         var waiting: (target: Target, id: UInt64, re: UInt64, since: Int)?
         var relinquished: [(target: Target, re: UInt64)] = []
@@ -102,7 +107,7 @@ final class Simulation {
         var name: String
         var alive = true
         var stoppedUntil = 0
-        var rules = CoordinationRules()
+        var requests = CenterRequests<Int>()
         var ledger = ServingLedger<Int>()
         var events: [Event] = []
         var serving: [Serving] = []
@@ -132,7 +137,10 @@ final class Simulation {
     var presenters: [Presenter] = []
     var space = Space()
     /// Cross-process claims: the kernel's byte locks, by process.
-    var kernel: [(process: Int, coordinator: Int, claim: CoordinationRules.Claim)] = []
+    let kernel = MemoryLocks()
+    /// The owner the center records for each request (one coordinator object per process
+    /// would do as well: only cancellation asks).
+    static let owner = ObjectIdentifier(MemoryLocks.self)
     var now = 0
     var started = 0
     /// The steps as they ran, kept only when asked for: a failing seed is run again
@@ -276,7 +284,7 @@ final class Simulation {
         processes[index].coordinators.removeAll()
         // The kernel drops its locks; its record's descriptor closes, which every process
         // watching the space hears, in order with what it already queued.
-        kernel.removeAll { $0.process == index }
+        kernel.dropAll(of: index)
         for other in liveIndices { processes[other].events.append(.ended(name)) }
     }
 
@@ -471,7 +479,7 @@ final class Simulation {
 
     func canAdvance(_ coordinator: Coordinator, in index: Int) -> Bool {
         switch coordinator.phase {
-        case .rules: coordinator.rulesID == nil || processes[index].rules.isGranted(coordinator.rulesID!)
+        case .rules: coordinator.rulesID == nil || processes[index].requests.rules.isGranted(coordinator.rulesID!)
         case .kernel: true
         case .asking: coordinator.waiting == nil
         case .accessing: true
@@ -489,11 +497,14 @@ final class Simulation {
         switch coordinator.phase {
         case .rules:
             if let id = coordinator.rulesID {
-                precondition(processes[index].rules.isGranted(id))
+                precondition(processes[index].requests.rules.isGranted(id))
             } else {
-                let id = processes[index].rules.reserveID()
+                let (id, granted) = processes[index].requests.submit([coordinator.claim], purpose: "#\(coordinator.id)", owner: Self.owner)
                 coordinator.rulesID = id
-                guard processes[index].rules.submit(id, purpose: "#\(coordinator.id)", claims: [coordinator.claim]) else {
+                guard granted else {
+                    // Its task parks at once; a later release resumes it.
+                    let parked = processes[index].requests.park(id, coordinator.id)
+                    precondition({ if case .waiting = parked { true } else { false } }())
                     processes[index].coordinators[position] = coordinator
                     return
                 }
@@ -501,13 +512,13 @@ final class Simulation {
             coordinator.phase = .kernel
             coordinator.since = now
         case .kernel:
-            let claim = coordinator.claim
-            guard !kernel.contains(where: { $0.process != index && CoordinationRules.conflict($0.claim, claim) }) else {
+            let plan = SpaceLocks.plan(for: [coordinator.claim])
+            guard case .held(let held)? = try? SpaceLocks.attempt(plan, queued: &coordinator.queued, calls: kernel.process(index)) else {
                 processes[index].coordinators[position] = coordinator
                 if now - coordinator.since > options.claimTimeout { finish(position, in: index, outcome: "timed out waiting for a claim") }
                 return
             }
-            kernel.append((index, coordinator.id, claim))
+            coordinator.held = held
             coordinator.pending = presenters.indices.filter { presenters[$0].process == index && concerns(presenters[$0].path, coordinator) }
                 .map { .local($0) }
             coordinator.pending += space.presenterRecords.filter { $0.process != me && concerns($0.path, coordinator) }
@@ -564,9 +575,15 @@ final class Simulation {
                 tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: re))), from: index, to: process)
             }
         }
-        kernel.removeAll { $0.process == index && $0.coordinator == coordinator.id }
+        kernel.process(index).release(coordinator.held ?? SpaceLocks.Held(bytes: coordinator.queued))
         if let id = coordinator.rulesID {
-            if processes[index].rules.isGranted(id) { _ = processes[index].rules.release(id) } else { _ = processes[index].rules.withdraw(id) }
+            if processes[index].requests.rules.isGranted(id) {
+                // The tasks its end grants were parked; they find their grant when they next run.
+                for waiter in processes[index].requests.release(id) { log("\(processes[index].name) #\(waiter) granted") }
+            } else {
+                let ended = processes[index].requests.withdraw(id, because: CancellationError())
+                precondition(ended.failed.map(\.0) == [coordinator.id], "the withdrawn task is resumed with its error")
+            }
         }
         processes[index].coordinators[position].phase = .done(outcome)
         processes[index].coordinators[position].relinquished = []
@@ -618,6 +635,13 @@ final class Simulation {
             if processes[index].ledger.keptCount != 0 {
                 throw fail("\(processes[index].name) still keeps \(processes[index].ledger.keptCount) relinquishes")
             }
+        }
+        // Every request ended: nothing held or queued in the kernel, nothing tracked here.
+        if let (offset, owners) = kernel.holders.first {
+            throw fail("byte \(offset) is still locked by \(owners.keys.map { processes[$0].name })")
+        }
+        if let index = liveIndices.first(where: { processes[$0].requests.trackedCount != 0 }) {
+            throw fail("\(processes[index].name) still tracks \(processes[index].requests.trackedCount) requests")
         }
         for (number, presenter) in presenters.enumerated() where processes[presenter.process].alive && presenter.relinquished != 0 {
             throw fail("presenter \(number) of \(processes[presenter.process].name) on \(presenter.path) is left relinquished "
