@@ -1,3 +1,4 @@
+import CFileCoordinationShims
 import Foundation
 import SystemPackage
 import Testing
@@ -65,7 +66,6 @@ func currentThreadName() -> String {
     return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
-import CFileCoordinationShims
 func fc_get_thread_name_for_tests(_ buffer: UnsafeMutablePointer<CChar>, _ size: Int) -> Int32 {
     fc_get_thread_name(buffer, size)
 }

@@ -1,3 +1,4 @@
+import Foundation
 import SystemPackage
 import Testing
 @testable import FileCoordination
@@ -185,5 +186,3 @@ struct SeededGenerator: RandomNumberGenerator {
         return state
     }
 }
-
-import Foundation

@@ -104,7 +104,8 @@ struct CenterRequests<Waiter> {
 
     /// Ends a granted request; returns the parked waiters its end grants.
     mutating func release(_ id: RequestID) -> [Waiter] {
-        phases[id] = nil
+        // The usual release has no entry anywhere: no hashing then.
+        if !phases.isEmpty { phases[id] = nil }
         return grant(rules.release(id))
     }
 
@@ -136,7 +137,8 @@ struct CenterRequests<Waiter> {
 
     /// Parked waiters of requests just granted; their entries go (granted: none kept).
     private mutating func grant(_ ids: [RequestID]) -> [Waiter] {
-        ids.compactMap { id in
+        if ids.isEmpty { return [] }
+        return ids.compactMap { id in
             guard case .waiting(_, _, let parked) = phases.removeValue(forKey: id) else { return nil }
             return parked
         }
