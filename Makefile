@@ -126,35 +126,41 @@ bench: deps
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
 	@# The command-line figure runs the tool as `make install` builds it.
-	$(SWIFT) build -c release --product filecoord
-	.build-bench/release/filecoord-bench
+	$(SWIFT) build -c release --product filecoord $(INSTALL_FLAGS)
+	FILECOORD_BIN=$(INSTALL_BUILD)/release/filecoord .build-bench/release/filecoord-bench
 
-# make install [PREFIX=/usr/local] [DESTDIR=...] [STATIC=1]: the filecoord binary, its
+# make install [PREFIX=/usr/local] [DESTDIR=...] [STATIC=0]: the filecoord binary, its
 # manual page (generated from its help by swift-argument-parser's plugin) and its bash,
-# zsh and fish completions. STATIC=1 links the Swift runtime and Foundation into the
-# binary, so that it runs on a machine without the toolchain (libinotifytools0 is still
-# needed there).
+# zsh and fish completions. The binary has the Swift runtime and Foundation linked in:
+# it starts in about two thirds of the time (no dynamic loading of the runtime's
+# libraries; docs/performance.md) and runs on a machine without the toolchain
+# (libinotifytools0 is still needed there). It is built in a directory of its own, so
+# that it and the dynamic builds (`make demo`, the manual's plugin) do not rebuild each
+# other. STATIC=0 installs the dynamic build instead.
 PREFIX ?= /usr/local
 CONFIG ?= release
+STATIC ?= 1
+INSTALL_BUILD := $(if $(filter 1,$(STATIC)),.build-static,.build)
+INSTALL_FLAGS := $(if $(filter 1,$(STATIC)),--static-swift-stdlib --scratch-path .build-static)
 MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1
 install: deps
 	$(MAKE) --no-print-directory man
-	@# After the manual, whose plugin builds the tool again without STATIC's flag.
-	$(SWIFT) build -c $(CONFIG) --product filecoord $(if $(STATIC),--static-swift-stdlib)
-	$(MAKE) --no-print-directory install-files
+	$(SWIFT) build -c $(CONFIG) --product filecoord $(INSTALL_FLAGS)
+	$(MAKE) --no-print-directory install-files INSTALL_FROM=$(INSTALL_BUILD)
 
 man: deps
 	$(SWIFT) package generate-manual --configuration $(CONFIG)
 
-# Copies what `install` built; nothing is built here.
+# Copies what `install` built (from INSTALL_FROM, .build unless said); nothing is built here.
+INSTALL_FROM ?= .build
 install-files:
-	install -D -m 755 .build/$(CONFIG)/filecoord $(DESTDIR)$(PREFIX)/bin/filecoord
+	install -D -m 755 $(INSTALL_FROM)/$(CONFIG)/filecoord $(DESTDIR)$(PREFIX)/bin/filecoord
 	install -D -m 644 $(MANUAL) $(DESTDIR)$(PREFIX)/share/man/man1/filecoord.1
 	mkdir -p $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	.build/$(CONFIG)/filecoord --generate-completion-script bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/filecoord
-	.build/$(CONFIG)/filecoord --generate-completion-script zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_filecoord
-	.build/$(CONFIG)/filecoord --generate-completion-script fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/filecoord.fish
+	$(INSTALL_FROM)/$(CONFIG)/filecoord --generate-completion-script bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/filecoord
+	$(INSTALL_FROM)/$(CONFIG)/filecoord --generate-completion-script zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_filecoord
+	$(INSTALL_FROM)/$(CONFIG)/filecoord --generate-completion-script fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/filecoord.fish
 
 clean:
-	rm -rf .build .build-bench
+	rm -rf .build .build-bench .build-static
