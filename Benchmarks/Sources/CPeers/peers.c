@@ -206,7 +206,7 @@ static int wait_event(int fd) {
     return read(fd, events, sizeof events) > 0 ? 0 : -1;
 }
 
-int peer_inotify_round_trips(const char *directory, int rounds, double *microseconds) {
+int peer_inotify_round_trips(const char *directory, int rounds, int pause_microseconds, double *microseconds) {
     char mine[4096], theirs[4096], mineDir[4096], theirsDir[4096];
     snprintf(mineDir, sizeof mineDir, "%s/parent", directory);
     snprintf(theirsDir, sizeof theirsDir, "%s/child", directory);
@@ -230,6 +230,10 @@ int peer_inotify_round_trips(const char *directory, int rounds, double *microsec
     int result = 0;
     for (int round = 0; round < rounds && result == 0; round++) {
         struct timespec start, end;
+        if (pause_microseconds > 0) {
+            struct timespec pause = { pause_microseconds / 1000000, (long)(pause_microseconds % 1000000) * 1000 };
+            nanosleep(&pause, NULL);
+        }
         clock_gettime(CLOCK_MONOTONIC, &start);
         if (send_byte(theirs) != 0 || wait_event(parentWatch) != 0) result = -1;
         clock_gettime(CLOCK_MONOTONIC, &end);

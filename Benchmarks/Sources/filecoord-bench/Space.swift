@@ -175,12 +175,12 @@ func runSpace(_ paths: [String]) async throws {
     }
     let cMedian = percentile(c, 0.5), oursMedian = percentile(ours, 0.5), inPlaceMedian = percentile(inPlace, 0.5)
     let fromPathsMedian = percentile(fromPaths, 0.5)
-    print(String(format: "  coordinated batch read, 10,000 small files   %9.0f files/s   C pool %9.0f files/s   %.2fx   goal >= 0.5x: %@",
-                 oursMedian, cMedian, oursMedian / cMedian, oursMedian / cMedian >= 0.5 ? "met" : "NOT MET"))
-    print(String(format: "    the same read in place (forEachFile)       %9.0f files/s                          %.2fx   goal >= 0.5x: %@",
-                 inPlaceMedian, inPlaceMedian / cMedian, inPlaceMedian / cMedian >= 0.5 ? "met" : "NOT MET"))
-    print(String(format: "    in place, given paths (as the C pool is)   %9.0f files/s                          %.2fx   goal >= 0.5x: %@",
-                 fromPathsMedian, fromPathsMedian / cMedian, fromPathsMedian / cMedian >= 0.5 ? "met" : "NOT MET"))
+    print(String(format: "  coordinated batch read, 10,000 small files   %9.0f files/s   C pool %9.0f files/s   %.2fx   goal >= 0.75x: %@",
+                 oursMedian, cMedian, oursMedian / cMedian, oursMedian / cMedian >= 0.75 ? "met" : "NOT MET"))
+    print(String(format: "    the same read in place (forEachFile)       %9.0f files/s                          %.2fx   goal >= 0.85x: %@",
+                 inPlaceMedian, inPlaceMedian / cMedian, inPlaceMedian / cMedian >= 0.85 ? "met" : "NOT MET"))
+    print(String(format: "    in place, given paths (as the C pool is)   %9.0f files/s                          %.2fx   goal >= 0.85x: %@",
+                 fromPathsMedian, fromPathsMedian / cMedian, fromPathsMedian / cMedian >= 0.85 ? "met" : "NOT MET"))
 
     // FILECOORD_BENCH_UNRELATED=N sets the second run's count (10,000 by default).
     let unrelated = Int(ProcessInfo.processInfo.environment["FILECOORD_BENCH_UNRELATED"] ?? "10000") ?? 10_000
@@ -193,18 +193,32 @@ func runSpace(_ paths: [String]) async throws {
         let p50 = percentile(samples, 0.5), p99 = percentile(samples, 0.99)
         let read = try await readCost()
         print(String(format: "  with %5d unrelated presenters and claims elsewhere (the other process set up in %.1f s):", presenters, setUpSeconds))
-        print(String(format: "    write, one presenter in the other process: p50 %6.0f us  p99 %6.0f us   goals p50 <= 150 us: %@, p99 <= 1000 us: %@",
-                     p50, p99, p50 <= 150 ? "met" : "NOT MET", p99 <= 1000 ? "met" : "NOT MET"))
+        // The floor in the same minutes: what the write's one round trip (the
+        // relinquish and its reply) costs two C processes through inotify.
         var floor = [Double](repeating: 0, count: 2000)
-        if peer_inotify_round_trips(root + "/c-floor", Int32(floor.count), &floor) == 0 {
+        if peer_inotify_round_trips(root + "/c-floor", Int32(floor.count), 0, &floor) == 0 {
+            let floor50 = percentile(floor, 0.5), floor99 = percentile(floor, 0.99)
+            print(String(format: "    write, one presenter in the other process: p50 %6.0f us  p99 %6.0f us", p50, p99))
             print(String(format: "    C floor: a message and its answer through inotify p50 %6.0f us  p99 %6.0f us   (two processes, a write and close each way)",
-                         percentile(floor, 0.5), percentile(floor, 0.99)))
+                         floor50, floor99))
+            print(String(format: "      p50 %.1fx the floor's   goal <= 1.5x: %@;   p99 %.1fx the floor's p99   goal <= 3x and <= 1 ms: %@",
+                         p50 / floor50, p50 <= 1.5 * floor50 ? "met" : "NOT MET",
+                         p99 / floor99, p99 <= 3 * floor99 && p99 <= 1000 ? "met" : "NOT MET"))
+        } else {
+            print(String(format: "    write, one presenter in the other process: p50 %6.0f us  p99 %6.0f us   (no C floor: it failed to run)", p50, p99))
         }
         print(String(format: "    uncontended coordinated read, empty accessor %7.2f us", read))
         if presenters == 0 {
+            // After a pause every thread of both processes sleeps; the C floor pauses the same way.
             let idle = try await writeLatencies(500, pause: 5000).toAccessor
-            print(String(format: "    the write, each 5 ms after the last:         p50 %6.0f us  p99 %6.0f us",
-                         percentile(idle, 0.5), percentile(idle, 0.99)))
+            var pausedFloor = [Double](repeating: 0, count: 500)
+            let idle50 = percentile(idle, 0.5)
+            print(String(format: "    the write, each 5 ms after the last:         p50 %6.0f us  p99 %6.0f us", idle50, percentile(idle, 0.99)))
+            if peer_inotify_round_trips(root + "/c-floor", Int32(pausedFloor.count), 5000, &pausedFloor) == 0 {
+                let floor50 = percentile(pausedFloor, 0.5)
+                print(String(format: "    C floor, each 5 ms after the last:           p50 %6.0f us  p99 %6.0f us   %.1fx   goal <= 2x: %@",
+                             floor50, percentile(pausedFloor, 0.99), idle50 / floor50, idle50 <= 2 * floor50 ? "met" : "NOT MET"))
+            }
         }
         try input.fileHandleForWriting.close()
         child.waitUntilExit()

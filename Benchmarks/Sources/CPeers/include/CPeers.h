@@ -20,7 +20,9 @@ uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsign
 /// The floor of a message and its answer between two processes through inotify: `rounds`
 /// round trips with a child this forks. Each way, one process writes a byte into a file
 /// the other watches (open, pwrite, close: IN_CLOSE_WRITE; the file is never truncated)
-/// and the other, blocked in `read` of its inotify descriptor, wakes and answers. The
-/// files go in `directory`. `microseconds` gets each round trip. Returns 0, or -1.
-int peer_inotify_round_trips(const char *directory, int rounds, double *microseconds);
+/// and the other, blocked in `read` of its inotify descriptor, wakes and answers. Before
+/// each round trip the parent sleeps `pause_microseconds` (0: none), as a writer after a
+/// pause does. The files go in `directory`. `microseconds` gets each round trip (the
+/// pause not included). Returns 0, or -1.
+int peer_inotify_round_trips(const char *directory, int rounds, int pause_microseconds, double *microseconds);
 #endif
