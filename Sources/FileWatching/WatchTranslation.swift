@@ -2,8 +2,10 @@
 import CInotifyTools
 import SystemPackage
 
-/// What translating needs of the system: watches, listings, inodes. The watcher thread
-/// gives the kernel's (``WatchTree``); tests give a tree in memory.
+/// What translating needs of the system (watches, listings, inodes), and where its
+/// results go, each as soon as it is decided: a scan of a big tree reaches consumers as
+/// it goes, through the buffer's limit. The watcher thread gives the kernel and its
+/// buffer (``WatchTree``); tests give a tree in memory.
 protocol WatchSystem {
     /// Adds an inotify watch of the directory at `path` (following a last symbolic link
     /// only when asked: the root may be one).
@@ -14,6 +16,10 @@ protocol WatchSystem {
     func list(_ directory: FilePath) -> [WatchEntry]
     /// The inode number of `path`, not following a last link; 0 when nothing is there.
     func inode(_ path: FilePath) -> UInt64
+    /// How many watches to give back when the user's watch limit is met (asked then only).
+    var watchHeadroom: Int { get }
+    /// Carries out one output, in order.
+    func carryOut(_ output: WatchOutput)
 }
 
 /// One entry of a directory listing.
@@ -23,7 +29,7 @@ struct WatchEntry: Equatable {
     var inode: UInt64
 }
 
-/// What the driver does after a delivery, in order.
+/// What the driver does, in order, as a delivery is translated.
 enum WatchOutput: Equatable {
     /// Report this event (through the watcher's filter).
     case event(FileEvent)
@@ -54,8 +60,6 @@ final class WatchTranslation {
     /// Where sync cookies go: the root directory, or the watched file's directory.
     let syncDirectory: FilePath
     let rootBytes: [UInt8]
-    /// Watches given back when the user's limit is reached (``limitReached(at:system:)``).
-    let headroom: Int
 
     /// The watched directory (for a watched file, its directory). Its children are the
     /// tree; for a watched file, only the file is kept there.
@@ -69,24 +73,20 @@ final class WatchTranslation {
     private var watchOrder: [WatchNode] = []
     /// Set once adding a watch met the user's watch limit: no more are added.
     private var limited = false
-    /// What the delivery being translated asks the driver to do.
-    private var outputs: [WatchOutput] = []
 
-    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, headroom: Int) {
+    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool) {
         self.root = root
         self.rootIsDirectory = rootIsDirectory
         self.recursive = recursive
-        self.headroom = headroom
         syncDirectory = rootIsDirectory ? root : root.removingLastComponent()
         rootBytes = syncDirectory.platformBytes
         fileName = rootIsDirectory ? [] : root.lastComponent.map { FilePath(root: nil, [$0]).platformBytes } ?? []
         top = WatchNode(name: [], parent: nil, isDirectory: true)
     }
 
-    /// Adds the first watch and learns the tree, reporting nothing. A limit met on the
-    /// way is in the outputs (``WatchOutput/unwatched(_:)`` only).
-    func start(system: any WatchSystem) -> Result<[WatchOutput], FileCoordinationError> {
-        defer { outputs.removeAll(keepingCapacity: true) }
+    /// Adds the first watch and learns the tree, reporting nothing (but a limit met on
+    /// the way: ``WatchOutput/unwatched(_:)``).
+    func start(system: any WatchSystem) -> Result<Void, FileCoordinationError> {
         // The root itself may be a symbolic link to a directory: follow it (the entries
         // inside are watched without following).
         switch system.addWatch(syncDirectory, followingLink: true) {
@@ -100,7 +100,7 @@ final class WatchTranslation {
             } else if system.inode(root) != 0 {
                 top.children[fileName] = WatchNode(name: fileName, parent: top, isDirectory: false)
             }
-            return .success(outputs)
+            return .success(())
         }
     }
 
@@ -134,9 +134,8 @@ final class WatchTranslation {
 
     // MARK: Events
 
-    /// Translates one delivery from the kernel; returns what the driver does, in order.
-    func handle(_ delivery: InotifyDelivery, system: any WatchSystem) -> [WatchOutput] {
-        defer { outputs.removeAll(keepingCapacity: true) }
+    /// Translates one delivery from the kernel; what it means goes to `system`, in order.
+    func handle(_ delivery: InotifyDelivery, system: any WatchSystem) {
         switch delivery {
         case .overflow:
             rescan(system: system, cause: .kernelQueue)
@@ -147,7 +146,6 @@ final class WatchTranslation {
         case .event(let event):
             handle(event, system: system)
         }
-        return outputs
     }
 
     private func handle(_ event: InotifyEvent, system: any WatchSystem) {
@@ -159,7 +157,7 @@ final class WatchTranslation {
         }
         guard !event.name.isEmpty else { return }
         if directory === top, event.name.starts(with: Self.cookiePrefix) {
-            if mask & UInt32(IN_CREATE) != 0 { outputs.append(.cookieSeen(String(decoding: event.name, as: UTF8.self))) }
+            if mask & UInt32(IN_CREATE) != 0 { system.carryOut(.cookieSeen(String(decoding: event.name, as: UTF8.self))) }
             return
         }
         if Self.isInternal(event.name) || !concerns(event.name, in: directory) { return }
@@ -170,9 +168,9 @@ final class WatchTranslation {
         } else if mask & UInt32(IN_DELETE | IN_MOVED_FROM) != 0 {
             removed(event.name, in: directory, system: system)
         } else if mask & UInt32(IN_MODIFY) != 0 {
-            emit(.modified, path: child(directory, event.name), isDirectory: isDirectory)
+            emit(.modified, path: child(directory, event.name), isDirectory: isDirectory, to: system)
         } else if mask & UInt32(IN_ATTRIB) != 0 {
-            emit(.attributesChanged, path: child(directory, event.name), isDirectory: isDirectory)
+            emit(.attributesChanged, path: child(directory, event.name), isDirectory: isDirectory, to: system)
         }
     }
 
@@ -185,8 +183,8 @@ final class WatchTranslation {
             if !rootIsDirectory && mask == UInt32(IN_MOVE_SELF) { return }
             // The root (or a watched file's directory) went away, or its watch did: nothing
             // more can be seen, and a sync could never complete.
-            if rootIsDirectory { emit(.deleted, path: [], isDirectory: true, absolute: root) }
-            outputs.append(.ended)
+            if rootIsDirectory { emit(.deleted, path: [], isDirectory: true, absolute: root, to: system) }
+            system.carryOut(.ended)
             removeAllWatches(system: system)
             return
         }
@@ -228,12 +226,13 @@ final class WatchTranslation {
     }
 
     /// Reports a new node, watching a new directory first: a consumer that reads the
-    /// event then finds the directory in ``unwatched`` if the watch limit left it out.
+    /// event has already been told (``WatchOutput/unwatched(_:)``) if the watch limit left
+    /// the directory out.
     /// Then the directory is listed, so its entries are reported after it.
     private func createdAndScanned(_ node: WatchNode, in directory: WatchNode, report: Bool = true,
                                    system: any WatchSystem) {
         let watched = node.isDirectory && recursive && watch(node, system: system)
-        if report { emit(.created, path: child(directory, node.name), isDirectory: node.isDirectory) }
+        if report { emit(.created, path: child(directory, node.name), isDirectory: node.isDirectory, to: system) }
         if watched { scan(node, report: report, system: system) }
     }
 
@@ -242,7 +241,7 @@ final class WatchTranslation {
         guard let node = directory.children[name] else { return }
         let path = child(directory, name)
         forget(node, system: system)
-        emit(.deleted, path: path, isDirectory: node.isDirectory)
+        emit(.deleted, path: path, isDirectory: node.isDirectory, to: system)
     }
 
     /// Both halves of a rename, each in a directory of this tree.
@@ -253,7 +252,7 @@ final class WatchTranslation {
             // or changed.
             guard concerns(newName, in: target) else { return }
             if let existing = target.children[newName], existing.isDirectory == isDirectory {
-                emit(.modified, path: child(target, newName), isDirectory: isDirectory)
+                emit(.modified, path: child(target, newName), isDirectory: isDirectory, to: system)
             } else {
                 appeared(newName, in: target, isDirectory: isDirectory, system: system)
             }
@@ -270,13 +269,13 @@ final class WatchTranslation {
                 source.children[name] = nil
                 fileName = newName
                 source.children[newName] = WatchNode(name: newName, parent: source, isDirectory: false)
-                emit(.moved, path: from, isDirectory: false, destination: child(source, newName))
+                emit(.moved, path: from, isDirectory: false, destination: child(source, newName), to: system)
             } else if newName == fileName {
                 // The watched file was replaced by a rename (an editor's save): it changed.
                 if source.children[newName] == nil {
                     source.children[newName] = WatchNode(name: newName, parent: source, isDirectory: false)
                 }
-                emit(.modified, path: child(source, newName), isDirectory: false)
+                emit(.modified, path: child(source, newName), isDirectory: false, to: system)
             }
             return
         }
@@ -290,7 +289,7 @@ final class WatchTranslation {
         node.name = newName
         node.parent = target
         target.children[newName] = node
-        emit(.moved, path: from, isDirectory: node.isDirectory, destination: child(target, newName))
+        emit(.moved, path: from, isDirectory: node.isDirectory, destination: child(target, newName), to: system)
         // Created and renamed before its event was read (`mkdir a; mv a b`): its watch
         // failed under the old name; it is watched and listed under the new one.
         if node.isDirectory && recursive && node.wd < 0 { watchAndScan(node, system: system) }
@@ -320,7 +319,7 @@ final class WatchTranslation {
     private func watch(_ node: WatchNode, system: any WatchSystem) -> Bool {
         let path = absolute(node)
         if limited {
-            outputs.append(.unwatched([path]))
+            system.carryOut(.unwatched([path]))
             return false
         }
         let wd: Int32
@@ -352,12 +351,13 @@ final class WatchTranslation {
 
     /// The user's watch limit was reached at `path`: it and every directory not watched
     /// yet stay unwatched, and the watches added last (the deepest, most recent part of
-    /// the scan) are given back, ``headroom`` of them, so that the user's other processes
-    /// can still watch. Said once, through ``unwatched`` and the presenter's warning.
+    /// the scan) are given back, ``WatchSystem/watchHeadroom`` of them, so that the user's
+    /// other processes can still watch. Said once, as ``WatchOutput/unwatched(_:)``.
     private func limitReached(at path: FilePath, system: any WatchSystem) {
         limited = true
         var given: [FilePath] = [path]
         var count = 0
+        let headroom = system.watchHeadroom
         while count < headroom, let node = watchOrder.popLast() {
             guard node !== top, node.wd >= 0 else { continue }
             nodes[node.wd] = nil
@@ -366,7 +366,7 @@ final class WatchTranslation {
             given.append(absolute(node))
             count += 1
         }
-        outputs.append(.unwatched(given))
+        system.carryOut(.unwatched(given))
     }
 
     /// Lists a directory (recursively when watching recursively), learning its entries
@@ -396,13 +396,13 @@ final class WatchTranslation {
             let known = top.children[fileName] != nil
             if exists && !known {
                 top.children[fileName] = WatchNode(name: fileName, parent: top, isDirectory: false)
-                emit(.created, path: child(top, fileName), isDirectory: false)
+                emit(.created, path: child(top, fileName), isDirectory: false, to: system)
             } else if !exists && known {
                 top.children[fileName] = nil
-                emit(.deleted, path: child(top, fileName), isDirectory: false)
+                emit(.deleted, path: child(top, fileName), isDirectory: false, to: system)
             }
         }
-        outputs.append(.lost(cause))
+        system.carryOut(.lost(cause))
     }
 
     private func reconcile(_ directory: WatchNode, system: any WatchSystem) {
@@ -411,7 +411,7 @@ final class WatchTranslation {
             onDisk[entry.name] = entry.isDirectory
         }
         for (_, node) in directory.children where onDisk[node.name] != node.isDirectory {
-            node.postOrder { emit(.deleted, path: $0.relativeBytes, isDirectory: $0.isDirectory) }
+            node.postOrder { emit(.deleted, path: $0.relativeBytes, isDirectory: $0.isDirectory, to: system) }
             forget(node, system: system)
         }
         for (name, isDirectory) in onDisk.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
@@ -447,8 +447,8 @@ final class WatchTranslation {
     }
 
     private func emit(_ kind: FileEvent.Kind, path relative: [UInt8], isDirectory: Bool,
-                      destination: [UInt8]? = nil, absolute: FilePath? = nil) {
-        outputs.append(.event(FileEvent(kind, absolute ?? self.absolute(relative: relative), relativePath: FilePath(platformBytes: relative),
+                      destination: [UInt8]? = nil, absolute: FilePath? = nil, to system: any WatchSystem) {
+        system.carryOut(.event(FileEvent(kind, absolute ?? self.absolute(relative: relative), relativePath: FilePath(platformBytes: relative),
                                         destination: destination.map { self.absolute(relative: $0) },
                                         relativeDestination: destination.map { FilePath(platformBytes: $0) }, isDirectory: isDirectory)))
     }

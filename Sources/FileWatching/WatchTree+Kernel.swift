@@ -8,17 +8,26 @@ import Glibc
 
 extension WatchTree {
     /// The kernel as a watch tree's ``WatchSystem``: the watcher thread's inotify
-    /// instance, and blocking listings (fine on that thread).
+    /// instance and libinotifytools, blocking listings (fine on that thread), and the
+    /// tree that carries out the translation's outputs.
     struct Kernel: WatchSystem {
         let thread: InotifyThread.OnThread
-        let client: any InotifyClient
+        let tree: WatchTree
 
         func addWatch(_ path: FilePath, followingLink: Bool) -> Result<Int32, FileCoordinationError> {
-            thread.addWatch(path, mask: followingLink ? WatchTree.mask & ~UInt32(IN_DONT_FOLLOW) : WatchTree.mask, client: client)
+            thread.addWatch(path, mask: followingLink ? WatchTree.mask & ~UInt32(IN_DONT_FOLLOW) : WatchTree.mask, client: tree)
         }
 
         func removeWatch(_ wd: Int32) {
-            thread.removeWatch(wd, client: client)
+            thread.removeWatch(wd, client: tree)
+        }
+
+        /// 1% of the user's limit, at least 64: enough for the user's other processes to
+        /// watch what they need (a waiting claim needs three).
+        var watchHeadroom: Int { Swift.max(64, Int(inotifytools_get_max_user_watches()) / 100) }
+
+        func carryOut(_ output: WatchOutput) {
+            tree.carryOut(output)
         }
 
         /// The inode number of `path` (not following a link), 0 when nothing is there.

@@ -50,13 +50,12 @@ final class WatchNode {
 }
 
 /// A watcher on the watcher thread: it feeds inotify's deliveries to its
-/// ``WatchTranslation`` with the kernel as the ``WatchSystem``, and carries out what comes
-/// back (events into the buffer through the filter, syncs completed, the unwatched list).
+/// ``WatchTranslation`` with the kernel as the ``WatchSystem``, and carries out what the
+/// translation decides as it decides it (events into the buffer through the filter, syncs
+/// completed, the unwatched list).
 /// It is an ``InotifyClient``: everything here runs on the watcher thread, except
 /// ``stop()``'s first step and the buffer, which consumers share.
 final class WatchTree: InotifyClient, @unchecked Sendable {
-    /// The root as the caller named it: events are reported under it.
-    let root: FilePath
     /// The filter, or nil when it passes everything (the usual case: no test per event).
     let filter: FileEventFilter?
     let buffer: EventBuffer
@@ -76,16 +75,9 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private let unwatchedPaths = Locked<[FilePath]>([])
     var unwatched: [FilePath] { unwatchedPaths.withLock { $0 } }
 
-    /// Watches given back when the limit is reached, so that the user's other processes
-    /// can still watch what they need (a waiting claim needs three): 1% of the user's
-    /// limit, at least 64.
-    static var headroom: Int { Swift.max(64, Int(inotifytools_get_max_user_watches()) / 100) }
-
     init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, filter: FileEventFilter) {
-        self.root = root
         self.filter = filter == .all ? nil : filter
-        translation = WatchTranslation(root: root, rootIsDirectory: rootIsDirectory, recursive: recursive,
-                                       headroom: Self.headroom)
+        translation = WatchTranslation(root: root, rootIsDirectory: rootIsDirectory, recursive: recursive)
         var resync = FileEvent(.resync, root, isDirectory: rootIsDirectory)
         resync.relativePath = rootIsDirectory ? FilePath() : FilePath(platformBytes: translation.fileName)
         buffer = EventBuffer(limit: bufferLimit, resyncEvent: resync)
@@ -95,8 +87,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     func start() async throws {
         let result: Result<Void, FileCoordinationError> = await withCheckedContinuation { continuation in
             InotifyThread.shared.perform { thread in
-                let started = self.translation.start(system: Kernel(thread: thread, client: self))
-                continuation.resume(returning: started.map { self.carryOut($0, thread: thread) })
+                continuation.resume(returning: self.translation.start(system: Kernel(thread: thread, tree: self)))
             } orFail: { error in
                 continuation.resume(returning: .failure(error))
             }
@@ -109,7 +100,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         guard buffer.finish() else { return }
         InotifyThread.shared.perform { thread in
             self.stopped = true
-            self.translation.removeAllWatches(system: Kernel(thread: thread, client: self))
+            self.translation.removeAllWatches(system: Kernel(thread: thread, tree: self))
         }
     }
 
@@ -128,29 +119,28 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
 
     func handle(_ delivery: InotifyDelivery, thread: InotifyThread.OnThread) {
         guard !stopped else { return }
-        carryOut(translation.handle(delivery, system: Kernel(thread: thread, client: self)), thread: thread)
+        translation.handle(delivery, system: Kernel(thread: thread, tree: self))
     }
 
-    private func carryOut(_ outputs: [WatchOutput], thread: InotifyThread.OnThread) {
-        for output in outputs {
-            switch output {
-            case .event(let event):
-                if filter?.accepts(event) ?? true { buffer.append(event) }
-            case .cookieSeen(let name):
+    /// One output of the translation (on the watcher thread).
+    func carryOut(_ output: WatchOutput) {
+        switch output {
+        case .event(let event):
+            if filter?.accepts(event) ?? true { buffer.append(event) }
+        case .cookieSeen(let name):
+            buffer.cookieSeen(name)
+        case .lost(let cause):
+            buffer.lose(FileEvent.Resync(cause: cause))
+            // Syncs whose cookie exists by now are complete: whatever happened before
+            // them is covered by the rescan.
+            for name in buffer.pendingCookies where Kernel.inode(syncDirectory.appending(name)) != 0 {
                 buffer.cookieSeen(name)
-            case .lost(let cause):
-                buffer.lose(FileEvent.Resync(cause: cause))
-                // Syncs whose cookie exists by now are complete: whatever happened before
-                // them is covered by the rescan.
-                for name in buffer.pendingCookies where Kernel.inode(syncDirectory.appending(name)) != 0 {
-                    buffer.cookieSeen(name)
-                }
-            case .unwatched(let paths):
-                unwatchedPaths.withLock { $0 += paths }
-            case .ended:
-                buffer.finish()
-                stopped = true
             }
+        case .unwatched(let paths):
+            unwatchedPaths.withLock { $0 += paths }
+        case .ended:
+            buffer.finish()
+            stopped = true
         }
     }
 }

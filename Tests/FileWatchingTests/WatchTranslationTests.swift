@@ -102,7 +102,8 @@ struct Watch {
     let disk: MemoryTree
 
     func deliver(_ delivery: InotifyDelivery) -> [String] {
-        translation.handle(delivery, system: disk).map { output in
+        translation.handle(delivery, system: disk)
+        return disk.takeOutputs().map { output in
             switch output {
             case .event(let event):
                 let name = event.relativePath.isEmpty ? "(root)" : event.relativePath.string
@@ -123,14 +124,18 @@ final class MemoryTree: WatchSystem {
     private(set) var items: [String: (isDirectory: Bool, inode: UInt64)] = [MemoryTree.root: (true, 1)]
     private(set) var watches: [Int32: UInt64] = [:]
     var limit = Int.max
+    var watchHeadroom = 64
+    private var outputs: [WatchOutput] = []
     private var nextInode: UInt64 = 2
     private var nextWD: Int32 = 1
 
     func start(headroom: Int = 64, file: String? = nil) -> Watch {
         let root = file.map { FilePath(Self.root + "/" + $0) } ?? FilePath(Self.root)
-        let translation = WatchTranslation(root: root, rootIsDirectory: file == nil, recursive: file == nil, headroom: headroom)
+        watchHeadroom = headroom
+        let translation = WatchTranslation(root: root, rootIsDirectory: file == nil, recursive: file == nil)
         let started = translation.start(system: self)
         #expect((try? started.get()) != nil)
+        #expect(takeOutputs().isEmpty, "a start reports nothing")
         return Watch(translation: translation, disk: self)
     }
 
@@ -192,4 +197,11 @@ final class MemoryTree: WatchSystem {
     }
 
     func inode(_ path: FilePath) -> UInt64 { items[path.string]?.inode ?? 0 }
+
+    func carryOut(_ output: WatchOutput) { outputs.append(output) }
+
+    func takeOutputs() -> [WatchOutput] {
+        defer { outputs = [] }
+        return outputs
+    }
 }
