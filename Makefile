@@ -136,12 +136,14 @@ bench: deps
 # libraries; docs/performance.md) and runs on a machine without the toolchain
 # (libinotifytools0 is still needed there). It is built in a directory of its own, so
 # that it and the dynamic builds (`make demo`, the manual's plugin) do not rebuild each
-# other. STATIC=0 installs the dynamic build instead.
+# other. STATIC=0 installs the dynamic build instead (also for a toolchain that lacks the
+# static Swift libraries).
 PREFIX ?= /usr/local
 CONFIG ?= release
 STATIC ?= 1
-INSTALL_BUILD := $(if $(filter 1,$(STATIC)),.build-static,.build)
-INSTALL_FLAGS := $(if $(filter 1,$(STATIC)),--static-swift-stdlib --scratch-path .build-static)
+IS_STATIC := $(filter-out 0 no false,$(STATIC))
+INSTALL_BUILD := $(if $(IS_STATIC),.build-static,.build)
+INSTALL_FLAGS := $(if $(IS_STATIC),--static-swift-stdlib --scratch-path .build-static)
 MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1
 install: deps
 	$(MAKE) --no-print-directory man
@@ -151,7 +153,8 @@ install: deps
 man: deps
 	$(SWIFT) package generate-manual --configuration $(CONFIG)
 
-# Copies what `install` built (from INSTALL_FROM, .build unless said); nothing is built here.
+# Copies a build into the prefix; nothing is built here. `install` names the build it made
+# (INSTALL_FROM); alone, this copies from .build (the dynamic build of CONFIG).
 INSTALL_FROM ?= .build
 install-files:
 	install -D -m 755 $(INSTALL_FROM)/$(CONFIG)/filecoord $(DESTDIR)$(PREFIX)/bin/filecoord
