@@ -144,7 +144,16 @@ final class MemoryLocks {
         }
 
         func check(_ offset: Int64, writerWaits: inout Bool?) throws -> SpaceLocks.Take {
-            writerWaits = true
+            if writerWaits == nil {
+                // As the waiting flag, once per try: another process's writer holds a queue
+                // byte (slot + 2; slots are multiples of 4). A flag raised by waiting writers
+                // only would be set less often; this one still lets the try skip its checks
+                // when no other writer is queued anywhere.
+                writerWaits = kernel.holders.contains { offset, owners in
+                    offset % 4 == 2 && owners.contains { $0.key != owner && $0.value.exclusive > 0 }
+                }
+            }
+            guard writerWaits == true else { return .taken }
             return othersExclusive(offset) ? .conflict : .taken
         }
 

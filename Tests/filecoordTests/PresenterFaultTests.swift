@@ -14,9 +14,6 @@ extension CrossProcessTests {
 }
 
 extension CrossProcessTests.PresenterFaultTests {
-}
-
-extension CrossProcessTests.PresenterFaultTests {
     @Test("a writer killed (wrapper and command) after the presenter relinquished: the presenter gets its reacquire and hears changes again",
           .timeLimit(.minutes(2)))
     func writerDeathLeavesNoDeafPresenter() async throws {
@@ -130,8 +127,8 @@ extension CrossProcessTests.PresenterFaultTests {
 }
 
 /// The other process of the tests that need the library's API in a process of its own
-/// (``CrossProcessTests/concurrentCoordinationsAskOncePerCoordination()``,
-/// ``CrossProcessTests/moveReachesPresenterInAnotherProcess()``): this test binary
+/// (``CrossProcessTests/PresenterFaultTests/concurrentCoordinationsAskOncePerCoordination()``,
+/// ``CrossProcessTests/PresenterFaultTests/moveReachesPresenterInAnotherProcess()``): this test binary
 /// again, filtered to this suite, with its orders in its environment.
 @Suite struct RemoteProxyChild {
     static let spaceVariable = "FILECOORD_CHILD_SPACE"

@@ -54,7 +54,7 @@ extension CrossProcessTests.StatusTests {
 }
 
 /// A process that holds a write claim through the library until it is killed, for
-/// ``CrossProcessTests/statusListsClaimsOfProcessThatDoesNotListen()`` (this test binary
+/// ``CrossProcessTests/StatusTests/statusListsClaimsOfProcessThatDoesNotListen()`` (this test binary
 /// again, filtered to it).
 @Suite struct ClaimHolderWorker {
     static let spaceVariable = "FILECOORD_HOLD_SPACE"

@@ -8,8 +8,8 @@ import SystemPackage
 /// yet learned of; after the grant, the wait for other processes' kernel locks. A request
 /// granted at once has no entry, so the uncontended path adds nothing to a dictionary.
 ///
-/// Each step returns the waiters to resume; the center takes the step under its lock and
-/// resumes them outside it. `Waiter` is the center's continuation (a value in tests).
+/// A step that can end waits returns the waiters to resume; the center takes each step
+/// under its lock and resumes them outside it. `Waiter` is the center's continuation (a value in tests).
 struct CenterRequests<Waiter> {
     typealias RequestID = CoordinationRules.RequestID
     typealias Claim = CoordinationRules.Claim
