@@ -20,6 +20,25 @@ struct WatchTranslationTests {
         #expect(disk.watches.count == 2)
     }
 
+    @Test("a subtree moved in is reported as it is scanned: each directory's entries go out before the next directory is listed")
+    func reportedAsScanned() {
+        let disk = MemoryTree()
+        let watch = disk.start()
+        disk.mkdir("big")
+        for index in 0 ..< 3 {
+            disk.mkdir("big/d\(index)")
+            disk.touch("big/d\(index)/f")
+        }
+        // The buffer (and its limit) sees events while the scan goes on, not at its end.
+        var pendingAtLastList: [String]?
+        disk.onList = { directory in
+            if directory.string.hasSuffix("/d2") { pendingAtLastList = disk.pending }
+        }
+        let reported = watch.deliver(disk.event("", IN_CREATE | IN_ISDIR, "big"))
+        #expect(reported.count == 7 && reported.first == "created big/")
+        #expect(pendingAtLastList?.contains("created big/d0/f") == true, "big/d0's entry still held back when d2 was listed")
+    }
+
     @Test("created and renamed before the event is read (mkdir a; mv a b): watched and listed under the new name")
     func createdThenRenamed() {
         let disk = MemoryTree()
@@ -103,17 +122,19 @@ struct Watch {
 
     func deliver(_ delivery: InotifyDelivery) -> [String] {
         translation.handle(delivery, system: disk)
-        return disk.takeOutputs().map { output in
-            switch output {
-            case .event(let event):
-                let name = event.relativePath.isEmpty ? "(root)" : event.relativePath.string
-                let destination = event.relativeDestination.map { " -> \($0)" } ?? ""
-                return "\(event.kind) \(name)\(destination)\(event.isDirectory ? "/" : "")"
-            case .cookieSeen(let name): return "cookie \(name)"
-            case .lost(let cause): return "lost \(cause)"
-            case .unwatched(let paths): return "unwatched " + paths.map { disk.relative($0) }.joined(separator: " ")
-            case .ended: return "ended"
-            }
+        return disk.takeOutputs().map(Self.line)
+    }
+
+    static func line(_ output: WatchOutput) -> String {
+        switch output {
+        case .event(let event):
+            let name = event.relativePath.isEmpty ? "(root)" : event.relativePath.string
+            let destination = event.relativeDestination.map { " -> \($0)" } ?? ""
+            return "\(event.kind) \(name)\(destination)\(event.isDirectory ? "/" : "")"
+        case .cookieSeen(let name): return "cookie \(name)"
+        case .lost(let cause): return "lost \(cause)"
+        case .unwatched(let paths): return "unwatched " + paths.map { MemoryTree.relative($0) }.joined(separator: " ")
+        case .ended: return "ended"
         }
     }
 }
@@ -140,7 +161,7 @@ final class MemoryTree: WatchSystem {
     }
 
     private func absolute(_ relative: String) -> String { relative.isEmpty ? Self.root : Self.root + "/" + relative }
-    func relative(_ path: FilePath) -> String { String(path.string.dropFirst(Self.root.count + 1)) }
+    static func relative(_ path: FilePath) -> String { String(path.string.dropFirst(root.count + 1)) }
 
     func mkdir(_ path: String) { items[absolute(path)] = (true, nextInode); nextInode += 1 }
     func touch(_ path: String) { items[absolute(path)] = (false, nextInode); nextInode += 1 }
@@ -190,6 +211,7 @@ final class MemoryTree: WatchSystem {
     func removeWatch(_ wd: Int32) { watches[wd] = nil }
 
     func list(_ directory: FilePath) -> [WatchEntry] {
+        onList?(directory)
         let prefix = directory.string + "/"
         return items.filter { $0.key.hasPrefix(prefix) && !$0.key.dropFirst(prefix.count).contains("/") }
             .sorted { $0.key < $1.key }
@@ -199,6 +221,11 @@ final class MemoryTree: WatchSystem {
     func inode(_ path: FilePath) -> UInt64 { items[path.string]?.inode ?? 0 }
 
     func carryOut(_ output: WatchOutput) { outputs.append(output) }
+
+    /// The outputs carried out so far and not yet taken, as lines.
+    var pending: [String] { outputs.map(Watch.line) }
+    /// Called at each listing (a test looks at what has gone out by then).
+    var onList: ((FilePath) -> Void)?
 
     func takeOutputs() -> [WatchOutput] {
         defer { outputs = [] }
