@@ -20,13 +20,12 @@ extension CoordinationCenter {
     /// Publishes a presenter in the coordination space, so other processes find it.
     func publish(_ presenter: any FilePresenter, at path: FilePath) async {
         do {
-            guard let space = try await space() else { return }
+            guard let transport = try await space() else { return }
             // Still registered (not removed meanwhile)?
             guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
-            let transport: any CoordinationTransport = space
             guard await transport.publish(presenter, at: path) else {
                 PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
-                                                  metadata: ["path": "\(path)", "space": "\(space.directory)"])
+                                                  metadata: ["path": "\(path)", "space": "\(transport.address)"])
                 return
             }
         } catch {

@@ -28,6 +28,13 @@ final class CoordinationCenter: Sendable {
     let state = Locked(State())
     /// Registered presenters, readable without the lock (the fast path's question).
     let presenterCount = Atomic<Int>(0)
+    /// A transport of this center's own, in place of the process's space (tests).
+    private let ownTransport: (any CoordinationTransport)?
+
+    /// A center; with `transport`, it reaches other processes through that one only.
+    init(transport: (any CoordinationTransport)? = nil) {
+        ownTransport = transport
+    }
 
     /// Whether any presenter is registered, in this process or (as last read) another.
     var hasPresenters: Bool {
@@ -63,7 +70,7 @@ final class CoordinationCenter: Sendable {
 
     /// How this process reaches the others, once it has joined them (no waiting). The
     /// center goes through this protocol only; `spaceSetting` chooses the transport.
-    var transport: (any CoordinationTransport)? { joinedSpace }
+    var transport: (any CoordinationTransport)? { ownTransport ?? joinedSpace }
 
     /// Returns once every message this process posted to other processes' presenters (a
     /// `reacquire` above all) is written.
@@ -73,7 +80,8 @@ final class CoordinationCenter: Sendable {
 
     /// The space to coordinate through: joins the default one on first use, unless the
     /// process chose to stay local.
-    func space(isolation: isolated (any Actor)? = #isolation) async throws -> CoordinationSpace? {
+    func space(isolation: isolated (any Actor)? = #isolation) async throws -> (any CoordinationTransport)? {
+        if let ownTransport { return ownTransport }
         enum Next { case ready(CoordinationSpace?), wait(Task<CoordinationSpace, any Error>) }
         let next: Next = Self.spaceSetting.withLock { setting in
             switch setting {
@@ -129,6 +137,10 @@ final class CoordinationCenter: Sendable {
 
     /// Before a coordination: the space joined and other processes' presenters current.
     func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
+        if let ownTransport {
+            if !ownTransport.otherPresentersAreCurrent { await ownTransport.refreshOtherPresenters() }
+            return
+        }
         // The usual answers without a suspension point: staying local, or joined with
         // the registry unchanged since it was last read.
         enum Now { case local, joined(any CoordinationTransport), undecided }
@@ -157,11 +169,15 @@ final class CoordinationCenter: Sendable {
 
     /// Waits until `claims` are granted together; returns the request to release.
     /// Throws `CancellationError` if the task is cancelled while waiting, or
-    /// `FileCoordinationError.Code.cancelled` if the owner's ``cancel(owner:)`` is called.
-    func acquire(_ claims: [CoordinationRules.Claim], purpose: String, owner: ObjectIdentifier,
+    /// `FileCoordinationError.Code.cancelled` if `coordinator`'s ``FileCoordinator/cancel()``
+    /// is called before the claims are held.
+    func acquire(_ claims: [CoordinationRules.Claim], purpose: String, coordinator: FileCoordinator,
                  intents: [(FilePath, FileAccessIntent)] = [],
                  isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
         try Task.checkCancellation()
+        let owner = ObjectIdentifier(coordinator)
+        // Read before the request exists: a cancel() from here on is one this request must heed.
+        let cancellations = coordinator.cancellations.load(ordering: .relaxed)
         // Fast path: free claims are granted under the lock, with no suspension.
         let (id, granted, watchers) = state.withLock { state in
             let (id, granted) = state.requests.submit(claims, purpose: purpose, owner: owner, intents: intents)
@@ -170,7 +186,7 @@ final class CoordinationCenter: Sendable {
         for watcher in watchers { watcher.resume() }
         if granted {
             if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
-                try await takeKernelClaims(id, claims, owner: owner)
+                try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
             }
             Self.trace("claim granted", id, claims)
             return (id, false)
@@ -189,7 +205,7 @@ final class CoordinationCenter: Sendable {
             withdraw(id, because: CancellationError())
         }
         if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
-            try await takeKernelClaims(id, claims, owner: owner)
+            try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
         }
         Self.trace("claim granted after waiting", id, claims)
         return (id, true)
@@ -223,9 +239,19 @@ final class CoordinationCenter: Sendable {
     /// After the in-process grant, the claims other processes see, when
     /// ``CoordinationTransport/takeClaimsNow(_:for:)`` could not take them: waiting for
     /// another process, or opening claim files first. On failure the grant is given back.
-    private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], owner: ObjectIdentifier) async throws {
+    /// `since`: the coordinator's cancellations when the request was submitted.
+    private func takeKernelClaims(_ id: RequestID, _ claims: [CoordinationRules.Claim], coordinator: FileCoordinator,
+                                  since cancellations: Int) async throws {
         guard let transport else { return }
-        state.withLock { $0.requests.beginTakingKernelClaims(id, claims, owner: owner) }
+        state.withLock { $0.requests.beginTakingKernelClaims(id, claims, owner: ObjectIdentifier(coordinator)) }
+        // A cancel() between the grant and the line above found no request of this
+        // coordinator waiting; it is seen here. (One after it finds this request taking
+        // its kernel claims, and ends that wait.)
+        if coordinator.cancellations.load(ordering: .relaxed) != cancellations {
+            state.withLock { $0.requests.endTakingKernelClaims(id) }
+            release(id)
+            throw FileCoordinationError.coordinatorCancelled()
+        }
         Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
         do {
             try await transport.takeClaims(claims, for: id.raw)

@@ -99,15 +99,15 @@ extension FileCoordinator {
     private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = [],
                          isolation: isolated (any Actor)? = #isolation
     ) async throws -> (id: CoordinationRules.RequestID, waited: Bool) {
-        let (center, purpose, owner) = (center, purposeIdentifier, ObjectIdentifier(self))
+        let (center, purpose) = (center, purposeIdentifier)
         guard let timeout = claimTimeout else {
-            return try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents)
+            return try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents)
         }
         let wait = ClaimWait()
         return try await withThrowingTaskGroup(of: (id: CoordinationRules.RequestID, waited: Bool)?.self) { group in
             group.addTask {
                 try await ClaimWait.$current.withValue(wait) {
-                    try await center.acquire(claims, purpose: purpose, owner: owner, intents: intents)
+                    try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents)
                 }
             }
             group.addTask {

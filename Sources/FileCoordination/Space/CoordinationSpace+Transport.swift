@@ -4,6 +4,8 @@ import SystemPackage
 /// The coordination space as the center's transport: claims are byte locks in the claim
 /// shards (``SpaceLocks``), presenters and messages go through ``SpaceMail``.
 extension CoordinationSpace: CoordinationTransport {
+    var address: String { directory.string }
+
     func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool {
         guard let held = locks.tryAcquireNow(locks.cachedPlan(for: claims)) else { return false }
         hold(held, for: id)

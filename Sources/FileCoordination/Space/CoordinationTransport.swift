@@ -11,6 +11,9 @@ import SystemPackage
 /// the rules of the process have granted them already, and the transport makes other
 /// processes see them.
 protocol CoordinationTransport: AnyObject, Sendable {
+    /// Where the space is, for messages (a directory, for ``CoordinationSpace``).
+    var address: String { get }
+
     // MARK: Claims
 
     /// Takes `claims` for request `id` when nothing in another process is in the way;
