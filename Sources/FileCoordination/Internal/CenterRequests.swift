@@ -9,7 +9,8 @@ import SystemPackage
 /// granted at once has no entry, so the uncontended path adds nothing to a dictionary.
 ///
 /// A step that can end waits returns the waiters to resume; the center takes each step
-/// under its lock and resumes them outside it. `Waiter` is the center's continuation (a value in tests).
+/// under its lock and resumes them outside it. `Waiter` is the center's continuation (a
+/// value in tests).
 struct CenterRequests<Waiter> {
     typealias RequestID = CoordinationRules.RequestID
     typealias Claim = CoordinationRules.Claim
