@@ -23,14 +23,14 @@ protocol WatchSystem {
 }
 
 /// One entry of a directory listing.
-struct WatchEntry: Equatable {
+struct WatchEntry {
     var name: [UInt8]
     var isDirectory: Bool
     var inode: UInt64
 }
 
 /// What the driver does, in order, as a delivery is translated.
-enum WatchOutput: Equatable {
+enum WatchOutput {
     /// Report this event (through the watcher's filter).
     case event(FileEvent)
     /// A sync's cookie appeared: the sync is complete.

@@ -103,10 +103,10 @@ extension CrossProcessFixture {
 
     /// The names in one of the space's folders, hidden ones left out.
     func entries(_ folder: String) -> Set<String> {
-        Set(((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") })
+        spaceEntries(folder).filter { !$0.hasPrefix(".") }
     }
 
-    /// How many writers ``manyProcessesUnderInstanceLimit()`` runs at once
+    /// How many writers ``CrossProcessTests/GuaranteeTests/manyProcessesUnderInstanceLimit()`` runs at once
     /// (`FILECOORD_MANY_WRITERS`; `make limits` runs 1,000).
     static var manyWriters: Int { Int(ProcessInfo.processInfo.environment["FILECOORD_MANY_WRITERS"] ?? "") ?? 150 }
 
@@ -115,6 +115,7 @@ extension CrossProcessFixture {
         try await run(filecoordBinary, arguments, stdin: stdin, environment: ["FILECOORD_FAULTS": faults])
     }
 
+    /// Every name in one of the space's folders, hidden ones included.
     func spaceEntries(_ folder: String) -> Set<String> {
         Set((try? FileManager.default.contentsOfDirectory(atPath: space + "/" + folder)) ?? [])
     }

@@ -138,8 +138,7 @@ struct CenterRequests<Waiter> {
 
     /// Parked waiters of requests just granted; their entries go (granted: none kept).
     private mutating func grant(_ ids: [RequestID]) -> [Waiter] {
-        if ids.isEmpty { return [] }
-        return ids.compactMap { id in
+        ids.compactMap { id in
             guard case .waiting(_, _, let parked) = phases.removeValue(forKey: id) else { return nil }
             return parked
         }

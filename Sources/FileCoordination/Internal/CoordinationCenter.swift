@@ -137,14 +137,10 @@ final class CoordinationCenter: Sendable {
 
     /// Before a coordination: the space joined and other processes' presenters current.
     func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
-        if let ownTransport {
-            if !ownTransport.otherPresentersAreCurrent { await ownTransport.refreshOtherPresenters() }
-            return
-        }
         // The usual answers without a suspension point: staying local, or joined with
         // the registry unchanged since it was last read.
         enum Now { case local, joined(any CoordinationTransport), undecided }
-        let now: Now = Self.spaceSetting.withLock { setting in
+        let now: Now = ownTransport.map { .joined($0) } ?? Self.spaceSetting.withLock { setting in
             switch setting {
             case .local: return .local
             case .joined(let space): return .joined(space)
@@ -244,16 +240,14 @@ final class CoordinationCenter: Sendable {
                                   since cancellations: Int) async throws {
         guard let transport else { return }
         state.withLock { $0.requests.beginTakingKernelClaims(id, claims, owner: ObjectIdentifier(coordinator)) }
-        // A cancel() between the grant and the line above found no request of this
-        // coordinator waiting; it is seen here. (One after it finds this request taking
-        // its kernel claims, and ends that wait.)
-        if coordinator.cancellations.load(ordering: .relaxed) != cancellations {
-            state.withLock { $0.requests.endTakingKernelClaims(id) }
-            release(id)
-            throw FileCoordinationError.coordinatorCancelled()
-        }
         Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
         do {
+            // A cancel() between the grant and the line above found no request of this
+            // coordinator waiting; it is seen here. (One after it finds this request
+            // taking its kernel claims, and ends that wait.)
+            if coordinator.cancellations.load(ordering: .relaxed) != cancellations {
+                throw FileCoordinationError.coordinatorCancelled()
+            }
             try await transport.takeClaims(claims, for: id.raw)
             state.withLock { $0.requests.endTakingKernelClaims(id) }
         } catch {
