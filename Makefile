@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files clean
+.PHONY: all deps deps-etcd build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files clean
 
 all: build
 
@@ -19,13 +19,22 @@ deps:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libinotifytools0-dev; \
 	fi
 
+# etcd (Debian: etcd-server), for the etcd space's tests and benchmarks: each test
+# starts its own servers on loopback ports.
+deps-etcd:
+	@if ! command -v etcd >/dev/null; then \
+		echo "make: installing etcd-server (the etcd space's tests start their own servers)"; \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; \
+	fi
+
 build: deps
 	$(SWIFT) build
 
 # Builds everything once (library, CLI, tests), fails on any warning from this
 # project's own sources, then runs the tests without rebuilding. The manual page is made
 # first (the installation test installs it) and `man` is installed to read it.
-test: deps
+test: deps deps-etcd
 	@mkdir -p .build
 	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
 	@if grep -E "^$(CURDIR)/(Sources|Tests)/.*: warning:" .build/build.log; then \

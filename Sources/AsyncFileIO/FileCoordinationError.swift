@@ -17,6 +17,7 @@ public struct FileCoordinationError: Error, Sendable, CustomStringConvertible {
             case notFileURL, fileExists, fileTooLarge, tooManyOpenFiles, noSpace
             case closed, invalidArgument, cancelled, timedOut, presenterFailed
             case watchLimitReached, insecureSpace, malformedMessage, io, unknown
+            case unreachable, claimLost
         }
         fileprivate let kind: Kind
 
@@ -54,6 +55,12 @@ public struct FileCoordinationError: Error, Sendable, CustomStringConvertible {
         public static let watchLimitReached = Code(kind: .watchLimitReached)
         /// The coordination space is not private to this user.
         public static let insecureSpace = Code(kind: .insecureSpace)
+        /// No server of the coordination space answered (an etcd space's endpoints).
+        public static let unreachable = Code(kind: .unreachable)
+        /// The process's claims stopped holding while it held them: its etcd lease was
+        /// lost (a partition, or a pause longer than the lease's TTL), so another process
+        /// may have been granted the same items.
+        public static let claimLost = Code(kind: .claimLost)
         /// A file in the coordination space could not be parsed.
         public static let malformedMessage = Code(kind: .malformedMessage)
         /// The device reported an input/output error, or another system call failed.

@@ -163,7 +163,19 @@ public final class FileCoordinator: Sendable {
     ///   being created or opened.
     @discardableResult
     public static func joinCoordinationSpace(at directory: FilePath? = nil) async throws -> CoordinationSpace {
-        try await CoordinationCenter.shared.join(directory ?? CoordinationSpace.defaultDirectory())
+        let directory = directory ?? CoordinationSpace.defaultDirectory()
+        return try await CoordinationCenter.shared.join { try await CoordinationSpace.join(directory) }
+    }
+
+    /// Joins a coordination space kept in etcd, shared by processes on several hosts
+    /// (leaving the current space). Presenters already registered are published in it.
+    ///
+    /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
+    ///   when no etcd member answers within the configuration's connect timeout, or
+    ///   `.invalidArgument` for a malformed endpoint or a relative root.
+    @discardableResult
+    public static func joinCoordinationSpace(_ configuration: EtcdCoordinationSpace.Configuration) async throws -> EtcdCoordinationSpace {
+        try await CoordinationCenter.shared.join { try await EtcdCoordinationSpace.join(configuration) }
     }
 
     /// Leaves the coordination space: from now on this process coordinates within itself
@@ -172,9 +184,20 @@ public final class FileCoordinator: Sendable {
         await CoordinationCenter.shared.leaveSpace()
     }
 
-    /// The coordination space this process has joined, if any.
+    /// The local coordination space this process has joined, if any.
     public static var coordinationSpace: CoordinationSpace? {
         CoordinationCenter.shared.joinedSpace
+    }
+
+    /// Inside an accessor in an etcd space, its claims' fencing token: the etcd revision
+    /// that created them, higher for every later grant. Storage that remembers the highest
+    /// token it accepted can refuse a write carrying a lower one (a process whose lease
+    /// was lost while it wrote). Nil outside an accessor, and in a local space.
+    public static var fencingToken: Int64? { FencingContext.token }
+
+    /// The etcd coordination space this process has joined, if any.
+    public static var etcdCoordinationSpace: EtcdCoordinationSpace? {
+        CoordinationCenter.shared.joinedTransport as? EtcdCoordinationSpace
     }
 
     /// The presenters registered in this process.

@@ -6,9 +6,18 @@ import Logging
 
 /// `--space DIR`, and joining that space (every subcommand that takes part in one).
 struct SpaceOption: ParsableArguments {
-    @Option(help: ArgumentHelp("The coordination space (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
-                               valueName: "DIR"), completion: .directory)
+    @Option(help: ArgumentHelp("The coordination space: a directory, or etcd://HOST:PORT[,HOST:PORT...]/PREFIX for one shared by hosts (default: $FILECOORD_SPACE, else $XDG_RUNTIME_DIR/filecoord, else /tmp/filecoord-<uid>).",
+                               valueName: "SPACE"), completion: .directory)
     var space: String?
+
+    @Option(help: ArgumentHelp("In an etcd space, this host's mount point of the shared volume: items are named relative to it (default: $FILECOORD_ROOT, else /).",
+                               valueName: "DIR"), completion: .directory)
+    var root: String?
+
+    @Option(name: .customLong("lease-ttl"), parsing: .unconditional,
+            help: ArgumentHelp("In an etcd space, how long this process's claims outlive it if it dies without leaving (default: $FILECOORD_LEASE_TTL, else 5s; whole seconds).",
+                               valueName: "DURATION"))
+    var leaseTTL: CommandDuration?
 
     @Option(name: .customLong("log-level"), help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
                                valueName: "LEVEL"), completion: .list(["error", "warning", "info", "debug", "trace"]))
@@ -16,6 +25,12 @@ struct SpaceOption: ParsableArguments {
 
     func validate() throws {
         try Self.validate(space)
+        if root != nil, !EtcdCoordinationSpace.Configuration.isAddress(namedSpace ?? "") {
+            throw ValidationError("--root applies to an etcd space only (--space etcd://...)")
+        }
+        if let leaseTTL {
+            guard leaseTTL.seconds > 0 else { throw ValidationError("--lease-ttl must be more than zero") }
+        }
         let environment = ProcessInfo.processInfo.environment["FILECOORD_LOG_LEVEL"].flatMap { $0.isEmpty ? nil : $0 }
         if let (source, name) = logLevel.map({ ("--log-level", $0) }) ?? environment.map({ ("FILECOORD_LOG_LEVEL", $0) }) {
             guard let level = Logs.level(named: name) else {
@@ -31,11 +46,30 @@ struct SpaceOption: ParsableArguments {
         if space?.isEmpty == true { throw ValidationError("--space names no directory") }
     }
 
+    /// `--space`, else `$FILECOORD_SPACE`.
+    var namedSpace: String? {
+        space ?? ProcessInfo.processInfo.environment["FILECOORD_SPACE"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
     /// Routes library warnings to stderr, then joins the space; a space that cannot be
-    /// joined is reported and exits 1.
+    /// joined is reported and exits 1. Returns the local space joined (nil for etcd).
     @discardableResult
-    func join() async throws -> CoordinationSpace {
+    func join() async throws -> CoordinationSpace? {
         Logs.bootstrap()
+        if let address = namedSpace, EtcdCoordinationSpace.Configuration.isAddress(address) {
+            do {
+                let root = root ?? ProcessInfo.processInfo.environment["FILECOORD_ROOT"].flatMap { $0.isEmpty ? nil : $0 } ?? "/"
+                var configuration = try EtcdCoordinationSpace.Configuration(address: address, root: RawArguments.path(root))
+                if let ttl = leaseTTL?.duration ?? ProcessInfo.processInfo.environment["FILECOORD_LEASE_TTL"].flatMap(Double.init).map({ Duration.seconds($0) }) {
+                    configuration.leaseTTL = ttl
+                }
+                Self.revokeLeaseOnFatalSignals(try await FileCoordinator.joinCoordinationSpace(configuration))
+            } catch let error as FileCoordinationError {
+                Output.report(error)
+                throw Status.failed
+            }
+            return nil
+        }
         let joined: CoordinationSpace
         do {
             joined = try await FileCoordinator.joinCoordinationSpace(at: space.map { RawArguments.path($0) })
@@ -52,6 +86,16 @@ struct SpaceOption: ParsableArguments {
     /// record and mailbox would stay until another process joined and cleaned up. Its claims
     /// end with it, in the kernel. (`present` ends cleanly on them instead; `exec` passes
     /// them on to its command while it runs.)
+    /// The same for an etcd space: the lease is revoked, so the claims go at once.
+    private static func revokeLeaseOnFatalSignals(_ space: EtcdCoordinationSpace) {
+        let numbers = [SIGHUP, SIGTERM, SIGINT].filter { fc_ignored_at_start($0) == 0 }
+        try? CaughtSignals.shared.catchSignals(numbers) { number in
+            space.revokeLeaseBeforeExit()
+            CaughtSignals.shared.release([number])
+            kill(getpid(), number)
+        }
+    }
+
     private static func removeFilesOnFatalSignals(_ space: CoordinationSpace) {
         let numbers = [SIGHUP, SIGTERM, SIGINT].filter { fc_ignored_at_start($0) == 0 }
         try? CaughtSignals.shared.catchSignals(numbers) { number in

@@ -74,7 +74,9 @@ struct Exec: AsyncParsableCommand {
                     let space = FileCoordinator.coordinationSpace
                     // `status` reads them there: a process that never waited does not listen.
                     await space?.describeClaimsInRecord()
-                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [])
+                    // In an etcd space, the claims' fencing token, for storage that checks one.
+                    let environment = FileCoordinator.fencingToken.map { ["FILECOORD_FENCING_TOKEN=\($0)"] } ?? []
+                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [], adding: environment)
                 }
             }
         } catch let exit as ExitCode where exit == Status.timedOut && conflictExitCode != nil {
@@ -94,8 +96,9 @@ struct Exec: AsyncParsableCommand {
 /// it, and the claims are held until it exits.
 enum Child {
     /// `kept`: descriptors of this process's own to pass on (the claims'), beside those it
-    /// was started with.
-    static func run(_ command: [String], keeping kept: [Int32] = []) async throws -> Int32 {
+    /// was started with; `adding`: `NAME=value` entries for its environment. If the task
+    /// is cancelled while it runs (its claims stopped holding), it gets SIGTERM.
+    static func run(_ command: [String], keeping kept: [Int32] = [], adding environment: [String] = []) async throws -> Int32 {
         let arguments = command.map { RawArguments.bytes($0) }
         let spawned: Result<pid_t, Errno> = try await runOnIOThread {
             var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { bytes in
@@ -108,7 +111,17 @@ enum Child {
             defer { for pointer in argv { pointer?.deallocate() } }
             var pid: pid_t = 0
             fc_forward_signals_begin()
-            let result = fc_spawn_command(&pid, argv[0]!, argv, environ, kept, Int32(kept.count))
+            let added: [UnsafeMutablePointer<CChar>?] = environment.map { strdup($0) }
+            defer { for pointer in added { free(pointer) } }
+            var entries = added
+            var inherited = environ
+            while let entry = inherited.pointee {
+                entries.append(entry)
+                inherited += 1
+            }
+            let envp = environment.isEmpty ? nil : entries + [nil]
+            let result = envp.map { fc_spawn_command(&pid, argv[0]!, argv, $0, kept, Int32(kept.count)) }
+                ?? fc_spawn_command(&pid, argv[0]!, argv, environ, kept, Int32(kept.count))
             guard result == 0 else {
                 fc_forward_signals_end()
                 return .failure(Errno(rawValue: result))
@@ -124,10 +137,14 @@ enum Child {
             Output.report(FileCoordinationError("exec", errno: errno, path: FilePath(platformBytes: arguments[0])))
             return errno == .noSuchFileOrDirectory ? 127 : 126
         }
-        return try await runOnIOThread {
-            let status = fc_wait_command(pid)
-            guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
-            return status
+        return try await withTaskCancellationHandler {
+            try await runOnIOThread {
+                let status = fc_wait_command(pid)
+                guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
+                return status
+            }
+        } onCancel: {
+            kill(pid, SIGTERM)
         }
     }
 }

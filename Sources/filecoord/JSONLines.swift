@@ -70,11 +70,15 @@ enum JSONLines {
             var pathBase64: String?
             var access: String
             var pid: Int32
+            /// The holder's host, in an etcd space.
+            var host: String?
         }
         struct Presenter: Encodable {
             var path: String
             var pathBase64: String?
             var pid: Int32
+            /// The registering process's host, in an etcd space.
+            var host: String?
         }
         var claims: [Claim]
         var waiting: [Claim]

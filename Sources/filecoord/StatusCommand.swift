@@ -26,7 +26,12 @@ struct StatusCommand: AsyncParsableCommand {
         let joined = try await space.join()
         let status: CoordinationSpace.Status
         do {
-            status = try await joined.status(timeout: .seconds(1))
+            if let joined {
+                status = try await joined.status(timeout: .seconds(1))
+            } else {
+                // Joined, and not a local space: an etcd one.
+                status = try await FileCoordinator.etcdCoordinationSpace!.status()
+            }
             await FileCoordinator.leaveCoordinationSpace()
         } catch let error as FileCoordinationError {
             Output.report(error)
@@ -35,11 +40,12 @@ struct StatusCommand: AsyncParsableCommand {
         if json {
             func claim(_ claim: CoordinationSpace.Status.Claim) -> JSONLines.Status.Claim {
                 let (path, base64) = JSONLines.text(claim.path)
-                return .init(path: path, pathBase64: base64, access: claim.isWrite ? "write" : "read", pid: claim.processIdentifier)
+                return .init(path: path, pathBase64: base64, access: claim.isWrite ? "write" : "read", pid: claim.processIdentifier,
+                             host: claim.host)
             }
             let presenters = status.presenters.map { presenter in
                 let (path, base64) = JSONLines.text(presenter.path)
-                return JSONLines.Status.Presenter(path: path, pathBase64: base64, pid: presenter.processIdentifier)
+                return JSONLines.Status.Presenter(path: path, pathBase64: base64, pid: presenter.processIdentifier, host: presenter.host)
             }
             let line = JSONLines.line(JSONLines.Status(claims: status.claims.map(claim), waiting: status.waiting.map(claim),
                                                        presenters: presenters, unanswered: status.unanswered, cleanedUp: status.cleanedUp))
@@ -48,13 +54,18 @@ struct StatusCommand: AsyncParsableCommand {
         }
         var lines: [String] = []
         lines.append(status.claims.isEmpty ? "no claims" : "claims:")
-        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (pid \(claim.processIdentifier))") }
+        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim.processIdentifier, claim.host)))") }
         if !status.waiting.isEmpty { lines.append("waiting:") }
-        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (pid \(claim.processIdentifier))") }
+        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim.processIdentifier, claim.host)))") }
         lines.append(status.presenters.isEmpty ? "no presenters" : "presenters:")
-        for presenter in status.presenters { lines.append("  \(Output.displayed(presenter.path))  (pid \(presenter.processIdentifier))") }
+        for presenter in status.presenters { lines.append("  \(Output.displayed(presenter.path))  (\(Self.who(presenter.processIdentifier, presenter.host)))") }
         if !status.unanswered.isEmpty { lines.append("not answering: " + status.unanswered.map { "pid \($0)" }.joined(separator: ", ")) }
         if !status.cleanedUp.isEmpty { lines.append("cleaned up after dead processes: " + status.cleanedUp.map { "pid \($0)" }.joined(separator: ", ")) }
         Output.writeStandardOutput(Array((lines.joined(separator: "\n") + "\n").utf8))
+    }
+
+    /// `pid N`, with ` on HOST` in a space shared by hosts.
+    static func who(_ pid: Int32, _ host: String?) -> String {
+        host.map { "pid \(pid) on \($0)" } ?? "pid \(pid)"
     }
 }

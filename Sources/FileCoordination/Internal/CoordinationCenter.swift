@@ -54,8 +54,8 @@ final class CoordinationCenter: Sendable {
 
     private enum SpaceSetting {
         case automatic
-        case joining(Task<CoordinationSpace, any Error>)
-        case joined(CoordinationSpace)
+        case joining(Task<any CoordinationTransport, any Error>)
+        case joined(any CoordinationTransport)
         case local
     }
 
@@ -64,13 +64,16 @@ final class CoordinationCenter: Sendable {
     private static let spaceSetting = Locked(SpaceSetting.automatic)
 
     /// The space joined, if any (no waiting).
-    var joinedSpace: CoordinationSpace? {
+    var joinedTransport: (any CoordinationTransport)? {
         Self.spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
     }
 
+    /// The local space joined, if any (no waiting).
+    var joinedSpace: CoordinationSpace? { joinedTransport as? CoordinationSpace }
+
     /// How this process reaches the others, once it has joined them (no waiting). The
     /// center goes through this protocol only; `spaceSetting` chooses the transport.
-    var transport: (any CoordinationTransport)? { ownTransport ?? joinedSpace }
+    var transport: (any CoordinationTransport)? { ownTransport ?? joinedTransport }
 
     /// Returns once every message this process posted to other processes' presenters (a
     /// `reacquire` above all) is written.
@@ -78,18 +81,28 @@ final class CoordinationCenter: Sendable {
         await transport?.messagesWritten()
     }
 
+    /// The space named by the environment: `FILECOORD_SPACE` as an etcd address (with
+    /// `FILECOORD_ROOT` as the root), else the local default.
+    static func joinDefault(environment: [String: String] = ProcessInfo.processInfo.environment) async throws -> any CoordinationTransport {
+        if let named = environment["FILECOORD_SPACE"], EtcdCoordinationSpace.Configuration.isAddress(named) {
+            let root = environment["FILECOORD_ROOT"].flatMap { $0.isEmpty ? nil : FilePath($0) } ?? "/"
+            return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, root: root))
+        }
+        return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory(environment: environment))
+    }
+
     /// The space to coordinate through: joins the default one on first use, unless the
     /// process chose to stay local.
     func space(isolation: isolated (any Actor)? = #isolation) async throws -> (any CoordinationTransport)? {
         if let ownTransport { return ownTransport }
-        enum Next { case ready(CoordinationSpace?), wait(Task<CoordinationSpace, any Error>) }
+        enum Next { case ready((any CoordinationTransport)?), wait(Task<any CoordinationTransport, any Error>) }
         let next: Next = Self.spaceSetting.withLock { setting in
             switch setting {
             case .joined(let space): return .ready(space)
             case .local: return .ready(nil)
             case .joining(let task): return .wait(task)
             case .automatic:
-                let task = Task { try await CoordinationSpace.join(CoordinationSpace.defaultDirectory()) }
+                let task = Task { try await Self.joinDefault() }
                 setting = .joining(task)
                 return .wait(task)
             }
@@ -112,10 +125,10 @@ final class CoordinationCenter: Sendable {
         }
     }
 
-    /// Joins the space at `directory` (leaving the current one).
-    func join(_ directory: FilePath) async throws -> CoordinationSpace {
-        let space = try await CoordinationSpace.join(directory)
-        let previous = Self.spaceSetting.withLock { setting -> CoordinationSpace? in
+    /// Joins the space that `join` makes (leaving the current one).
+    func join<Space: CoordinationTransport>(_ join: () async throws -> Space) async throws -> Space {
+        let space = try await join()
+        let previous = Self.spaceSetting.withLock { setting -> (any CoordinationTransport)? in
             defer { setting = .joined(space) }
             if case .joined(let old) = setting { return old }
             return nil
@@ -127,7 +140,7 @@ final class CoordinationCenter: Sendable {
 
     /// Coordinates within this process only from now on.
     func leaveSpace() async {
-        let previous = Self.spaceSetting.withLock { setting -> CoordinationSpace? in
+        let previous = Self.spaceSetting.withLock { setting -> (any CoordinationTransport)? in
             defer { setting = .local }
             if case .joined(let old) = setting { return old }
             return nil
@@ -140,7 +153,7 @@ final class CoordinationCenter: Sendable {
         // The usual answers without a suspension point: staying local, or joined with
         // the registry unchanged since it was last read.
         enum Now { case local, joined(any CoordinationTransport), undecided }
-        let now: Now = ownTransport.map { .joined($0) } ?? Self.spaceSetting.withLock { setting in
+        let now: Now = ownTransport.map { .joined($0) } ?? Self.spaceSetting.withLock { setting -> Now in
             switch setting {
             case .local: return .local
             case .joined(let space): return .joined(space)

@@ -30,7 +30,11 @@ extension FileCoordinator {
         let outcome: Result<T, any Error>
         do {
             // Only a writer can report moves; readers skip the task-local.
-            if session.items.contains(where: \.isWrite) {
+            if let transport = center.transport, transport.fencesClaims, let request = session.request {
+                outcome = .success(try await fenced(transport, request, path: session.items.first?.path) {
+                    try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) }
+                })
+            } else if session.items.contains(where: \.isWrite) {
                 outcome = .success(try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) })
             } else {
                 outcome = .success(try await body(session.urls))
@@ -92,7 +96,31 @@ extension FileCoordinator {
         }
         var url = request.url
         if waited, let current = center.claims(of: id).first?.path, current != path { url = current.fileURL }
+        if let transport = center.transport, transport.fencesClaims {
+            return try await fenced(transport, id, path: path) { try await body(url) }
+        }
         return try await body(url)
+    }
+
+    /// Runs an accessor whose claims can stop holding (an etcd space's, when the lease is
+    /// lost): its task is cancelled then, and once it returns the coordination throws
+    /// `claimLost`. ``fencingToken`` is the claims' token inside it.
+    func fenced<T>(_ transport: any CoordinationTransport, _ id: CoordinationRules.RequestID, path: FilePath?,
+                   isolation: isolated (any Actor)? = #isolation, _ body: () async throws -> T) async throws -> T {
+        withUnsafeCurrentTask { task in
+            if let task { transport.accessorStarts(id.raw, task: AccessorTask(task: task)) }
+        }
+        let outcome: Result<T, any Error>
+        do {
+            outcome = .success(try await FencingContext.$token.withValue(transport.fencingToken(of: id.raw)) { try await body() })
+        } catch {
+            outcome = .failure(error)
+        }
+        guard transport.accessorEnds(id.raw) else {
+            throw FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
+                                        message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
+        }
+        return try outcome.get()
     }
 
     /// Takes claims, within ``claimTimeout`` (of waiting) when one is set.
@@ -295,4 +323,9 @@ extension FileCoordinationError {
     static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
         FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
     }
+}
+
+/// The fencing token of the claims held by the accessor running in this task.
+enum FencingContext {
+    @TaskLocal static var token: Int64?
 }

@@ -242,6 +242,8 @@ public final class CoordinationSpace: Sendable {
             public var isWrite: Bool
             /// The holding process.
             public var processIdentifier: Int32
+            /// The holding process's host, in a space shared by hosts (nil in a local space).
+            public var host: String? = nil
         }
         /// A presenter registered by a live process.
         public struct Presenter: Sendable, Equatable {
@@ -249,6 +251,8 @@ public final class CoordinationSpace: Sendable {
             public var path: FilePath
             /// The registering process.
             public var processIdentifier: Int32
+            /// The registering process's host, in a space shared by hosts (nil in a local space).
+            public var host: String? = nil
         }
         /// Claims held by live processes, by path.
         public var claims: [Claim] = []

@@ -38,6 +38,23 @@ protocol CoordinationTransport: AnyObject, Sendable {
     /// Gives back what request `id` took (nothing when it took nothing).
     func releaseClaims(of id: UInt64)
 
+    // MARK: Fencing
+
+    /// Whether claims can stop holding while they are held (an etcd lease can be lost):
+    /// accessors then run through ``accessorStarts(_:task:)`` and ``accessorEnds(_:)``.
+    var fencesClaims: Bool { get }
+
+    /// An accessor of request `id` starts; if the claims stop holding, `task` is cancelled.
+    /// The task's reference is dropped by ``accessorEnds(_:)``, before the accessor's
+    /// task can end.
+    func accessorStarts(_ id: UInt64, task: AccessorTask)
+
+    /// The accessor of request `id` returned; whether its claims held throughout.
+    func accessorEnds(_ id: UInt64) -> Bool
+
+    /// The fencing token of request `id`'s claims (an etcd revision), when they have one.
+    func fencingToken(of id: UInt64) -> Int64?
+
     // MARK: Batches
 
     /// Before a batch's workers claim: false when they must open claim files themselves
@@ -73,4 +90,20 @@ protocol CoordinationTransport: AnyObject, Sendable {
     func messagesWritten() async
     /// Leaves: this process's claims, presenters and mailbox go.
     func leave() async
+}
+
+extension CoordinationTransport {
+    var fencesClaims: Bool { false }
+    func accessorStarts(_ id: UInt64, task: AccessorTask) {}
+    func accessorEnds(_ id: UInt64) -> Bool { true }
+    func fencingToken(of id: UInt64) -> Int64? { nil }
+}
+
+/// The task running an accessor, to cancel when its claims stop holding. Valid only
+/// between ``CoordinationTransport/accessorStarts(_:task:)`` and
+/// ``CoordinationTransport/accessorEnds(_:)``, while the task is suspended inside its
+/// accessor; cancelling a task is safe from any thread.
+struct AccessorTask: @unchecked Sendable {
+    let task: UnsafeCurrentTask
+    func cancel() { task.cancel() }
 }

@@ -19,16 +19,30 @@ enum RemoteDeadline {
 /// A request to another process was not answered within ``RemoteDeadline/timeout``.
 struct RemoteNoAnswer: Error {}
 
+/// How messages reach another process's presenters: ``SpaceMail`` (files and inotify in
+/// the space's directory) or ``EtcdMail`` (keys in etcd).
+protocol PresenterMailbox: Sendable {
+    /// Sends a request and waits for its reply; nil when the target process is gone.
+    /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
+    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body?
+    /// Posts a message that has no reply, in order behind those posted before it.
+    func tell(_ message: SpaceProtocol.Body, to target: String)
+    /// A number unique among this process's messages.
+    func nextID() -> UInt64
+}
+
+extension SpaceMail: PresenterMailbox {}
+
 /// A presenter registered by another process, as this process sees it: each callback is
 /// a request into that process's mailbox, answered through this process's mailbox.
 final class RemotePresenter: FilePresenter, CustomStringConvertible {
-    let mail: SpaceMail
+    let mail: any PresenterMailbox
     let process: String
     let number: UInt64
     let path: FilePath
     let pid: Int32
 
-    init(mail: SpaceMail, process: String, number: UInt64, path: FilePath, pid: Int32) {
+    init(mail: any PresenterMailbox, process: String, number: UInt64, path: FilePath, pid: Int32) {
         self.mail = mail
         self.process = process
         self.number = number

@@ -1,0 +1,314 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The space's keys.
+struct EtcdKeys: Sendable {
+    /// `<prefix>/`
+    let base: [UInt8]
+    /// This process's name in the space: its lease in 16 hex digits.
+    let memberName: String
+
+    init(prefix: String, member: Int64) {
+        base = Array(prefix.utf8) + [UInt8(ascii: "/")]
+        memberName = Self.hex(UInt64(bitPattern: member))
+    }
+
+    var members: [UInt8] { base + Array("members/".utf8) }
+    var member: [UInt8] { members + Array(memberName.utf8) }
+    var claims: [UInt8] { base + Array("claims/".utf8) }
+    func claim(_ id: UInt64) -> [UInt8] { claims + Array("\(memberName)/\(Self.hex(id))".utf8) }
+
+    /// The member that wrote a key under `claims/` (or another per-member folder).
+    func memberName(of key: [UInt8], under folder: [UInt8]) -> String? {
+        guard key.starts(with: folder) else { return nil }
+        return String(decoding: key.dropFirst(folder.count).prefix { $0 != UInt8(ascii: "/") }, as: UTF8.self)
+    }
+
+    static func hex(_ value: UInt64) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
+}
+
+/// A member key's value.
+struct EtcdMember: Codable, Sendable {
+    var host: String
+    var pid: Int32
+    /// The member's root, base64 of its bytes.
+    var root: String
+}
+
+/// A claim key's value: one request's items in the space (names relative to the root).
+struct EtcdClaimRecord: Codable, Sendable {
+    struct Item: Codable, Sendable {
+        /// base64 of the name's bytes (names need not be UTF-8).
+        var path: String
+        var write: Bool
+        var subtree: Bool
+    }
+    var host: String
+    var pid: Int32
+    var items: [Item]
+
+    var claims: [CoordinationRules.Claim] {
+        items.map { CoordinationRules.Claim(key: PathKey(EtcdJSON.bytes($0.path)), access: $0.write ? .writing : .reading,
+                                            scope: $0.subtree ? .subtree : .item) }
+    }
+}
+
+/// First come, first served across hosts, as a pure function: a request waits for every
+/// earlier request (by create revision) of another process that conflicts with it.
+/// Requests of the same process were already ordered by its own rules.
+enum EtcdClaimOrder {
+    struct Entry: Sendable {
+        var key: [UInt8]
+        var member: String
+        var revision: Int64
+        var claims: [CoordinationRules.Claim]
+    }
+
+    /// The keys of the entries that `claims` (created at `revision` by `member`) waits for.
+    static func blockers(of claims: [CoordinationRules.Claim], revision: Int64, member: String,
+                         among entries: [Entry]) -> Set<[UInt8]> {
+        var blockers: Set<[UInt8]> = []
+        for entry in entries where entry.revision < revision && entry.member != member {
+            if entry.claims.contains(where: { theirs in claims.contains { CoordinationRules.conflict($0, theirs) } }) {
+                blockers.insert(entry.key)
+            }
+        }
+        return blockers
+    }
+}
+
+extension EtcdCoordinationSpace {
+    /// The claims as named in the space. Throws for a path outside the root.
+    func shared(_ claims: [CoordinationRules.Claim]) throws -> [CoordinationRules.Claim] {
+        try claims.map { claim in
+            guard let name = sharedName(claim.key.bytes) else {
+                throw FileCoordinationError(code: .invalidArgument, path: claim.path, operation: "coordinate",
+                                            message: "outside the coordination space's root \(configuration.root)")
+            }
+            return CoordinationRules.Claim(key: PathKey(name), access: claim.access, scope: claim.scope)
+        }
+    }
+
+    /// The claim entries of a range over `claims/`.
+    func entries(_ kvs: [EtcdJSON.KeyValue]) -> [EtcdClaimOrder.Entry] {
+        kvs.compactMap { kv in
+            let key = kv.keyBytes
+            guard let member = keys.memberName(of: key, under: keys.claims),
+                  let record = try? EtcdJSON.decode(EtcdClaimRecord.self, kv.valueBytes) else { return nil }
+            return EtcdClaimOrder.Entry(key: key, member: member, revision: kv.createRevision, claims: record.claims)
+        }
+    }
+
+    /// Puts the request's key and reads every claim in one transaction, then waits
+    /// (watching deletions from the revision read on) for the earlier conflicting ones to go.
+    func take(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+        if let why = state.withLock({ $0.lostBecause }) { throw lostError(why, path: claims.first?.path) }
+        let named = try shared(claims)
+        let key = keys.claim(id)
+        let record = EtcdClaimRecord(host: host, pid: getpid(), items: named.map {
+            .init(path: EtcdJSON.base64($0.key.bytes), write: $0.access == .writing, subtree: $0.scope == .subtree)
+        })
+        var transaction = EtcdJSON.TxnRequest()
+        transaction.success = [
+            .init(request_put: EtcdJSON.PutRequest(key: key, value: try EtcdJSON.encode(record), lease: leaseID)),
+            .init(request_range: EtcdJSON.RangeRequest(key: keys.claims, prefix: true)),
+        ]
+        let answer: EtcdJSON.TxnResponse
+        do {
+            answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
+        } catch let failure as EtcdFailure {
+            throw Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)
+        }
+        let kvs = answer.responses?.last?.response_range?.kvs ?? []
+        let all = entries(kvs)
+        guard let mine = all.first(where: { $0.key == key }) else {
+            throw FileCoordinationError(code: .io, path: claims.first?.path, operation: "coordinate",
+                                        message: "etcd did not keep this process's claim (its lease may be gone)")
+        }
+        let blockers = EtcdClaimOrder.blockers(of: named, revision: mine.revision, member: keys.memberName, among: all)
+        if !blockers.isEmpty {
+            let from = (answer.header?.revision.flatMap(Int64.init) ?? mine.revision) + 1
+            do {
+                try await wait(for: blockers, id: id, from: from)
+            } catch {
+                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key))
+                throw error
+            }
+        }
+        state.withLock { $0.held[id] = (key, mine.revision) }
+    }
+
+    private func wait(for blockers: Set<[UInt8]>, id: UInt64, from revision: Int64) async throws {
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let early: (any Error)? = state.withLock { state in
+                    if let why = state.lostBecause { return lostError(why) }
+                    if state.cancelled.remove(id) != nil { return FileCoordinationError.coordinatorCancelled() }
+                    state.waiting[id] = Waiting(continuation: continuation, blockers: blockers)
+                    return nil
+                }
+                if let early { return continuation.resume(throwing: early) }
+                let watch = EtcdWatch(client: client, prefix: keys.claims, from: revision, events: .deletions) { [weak self] events in
+                    self?.deleted(events.compactMap { $0.type == "DELETE" ? $0.kv?.keyBytes : nil }, waiting: id)
+                } failed: { [weak self] failure in
+                    guard let self else { return }
+                    finishWait(id, .failure(Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)))
+                }
+                let stillWaiting = state.withLock { state -> Bool in
+                    guard state.waiting[id] != nil else { return false }
+                    state.waiting[id]!.watch = watch
+                    return true
+                }
+                if !stillWaiting { watch.cancel() }
+            }
+        } onCancel: {
+            finishWait(id, .failure(CancellationError()))
+        }
+    }
+
+    /// On a watch's thread: keys deleted; the wait ends when none of its blockers is left.
+    private func deleted(_ keys: [[UInt8]], waiting id: UInt64) {
+        let done = state.withLock { state -> Bool in
+            guard state.waiting[id] != nil else { return false }
+            for key in keys { state.waiting[id]!.blockers.remove(key) }
+            return state.waiting[id]!.blockers.isEmpty
+        }
+        if done { finishWait(id, .success(())) }
+    }
+
+    /// Ends request `id`'s wait, once, with `outcome`.
+    func finishWait(_ id: UInt64, _ outcome: Result<Void, any Error>) {
+        guard let waiting = state.withLock({ $0.waiting.removeValue(forKey: id) }) else { return }
+        waiting.watch?.cancel()
+        waiting.continuation?.resume(with: outcome)
+    }
+}
+
+/// The etcd space as the center's transport. Claims always take a round trip to etcd
+/// (``takeClaimsNow(_:for:)`` says no, so the center awaits ``takeClaims(_:for:)``).
+extension EtcdCoordinationSpace: CoordinationTransport {
+    func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool { false }
+
+    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+        defer { state.withLock { _ = $0.cancelled.remove(id) } }
+        try await take(claims, for: id)
+    }
+
+    func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }
+    func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool { false }
+
+    func cancelWaiting(for id: UInt64) {
+        let waiting = state.withLock { state -> Bool in
+            if state.waiting[id] != nil { return true }
+            state.cancelled.insert(id)
+            return false
+        }
+        if waiting { finishWait(id, .failure(FileCoordinationError.coordinatorCancelled())) }
+    }
+
+    func releaseClaims(of id: UInt64) {
+        guard let held = state.withLock({ $0.held.removeValue(forKey: id) }) else { return }
+        client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: held.key))
+    }
+
+    var fencesClaims: Bool { true }
+
+    func accessorStarts(_ id: UInt64, task: AccessorTask) {
+        let lost = state.withLock { state -> Bool in
+            state.running[id] = task
+            return state.lostBecause != nil
+        }
+        if lost { task.cancel() }
+    }
+
+    func accessorEnds(_ id: UInt64) -> Bool {
+        state.withLock { _ = $0.running.removeValue(forKey: id) }
+        return claimsHold
+    }
+
+    func fencingToken(of id: UInt64) -> Int64? { state.withLock { $0.held[id]?.revision } }
+
+    func prepareForBatch() async throws -> Bool { true }
+    func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? { nil }
+
+    var otherPresentersAreCurrent: Bool { mail.isCurrent }
+    func refreshOtherPresenters() async { await mail.refresh() }
+    var otherPresenterCount: Int { mail.remoteCount }
+    func otherPresentersConcern(_ key: PathKey) -> Bool { mail.concernsAny(key) }
+    func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
+        mail.presenters(for: path, subtree: subtree)
+    }
+    func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+        mail.move(from: source, to: destination)
+    }
+    func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool { await mail.register(presenter, at: path) }
+    func withdraw(_ presenter: any FilePresenter) async { await mail.unregister(presenter) }
+    func messagesWritten() async { await client.barrier() }
+    func leave() async { await leaveSpace() }
+}
+
+extension EtcdCoordinationSpace {
+    /// The claims and presenters of every host in the space, read in one transaction;
+    /// paths as this process's root names them. A claim is held when no earlier
+    /// conflicting request of another process stands before it, else waiting.
+    public func status() async throws -> CoordinationSpace.Status {
+        var transaction = EtcdJSON.TxnRequest()
+        transaction.success = [
+            .init(request_range: EtcdJSON.RangeRequest(key: keys.members, prefix: true)),
+            .init(request_range: EtcdJSON.RangeRequest(key: keys.claims, prefix: true)),
+            .init(request_range: EtcdJSON.RangeRequest(key: mail.presentersFolder, prefix: true)),
+        ]
+        let answer: EtcdJSON.TxnResponse
+        do {
+            answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
+        } catch let failure as EtcdFailure {
+            throw Self.error(failure, operation: "status", endpoints: configuration.endpoints)
+        }
+        let ranges = answer.responses ?? []
+        var members: [String: EtcdMember] = [:]
+        for kv in ranges.first?.response_range?.kvs ?? [] {
+            guard let name = keys.memberName(of: kv.keyBytes, under: keys.members),
+                  let member = try? EtcdJSON.decode(EtcdMember.self, kv.valueBytes) else { continue }
+            members[name] = member
+        }
+        let kvs = ranges.count > 1 ? ranges[1].response_range?.kvs ?? [] : []
+        let all = entries(kvs)
+        var status = CoordinationSpace.Status()
+        for entry in all {
+            let member = members[entry.member]
+            let waiting = !EtcdClaimOrder.blockers(of: entry.claims, revision: entry.revision, member: entry.member, among: all).isEmpty
+            for claim in entry.claims {
+                let shown = CoordinationSpace.Status.Claim(path: localPath(claim.key.bytes), isWrite: claim.access == .writing,
+                                                           processIdentifier: member?.pid ?? 0, host: member?.host)
+                if waiting { status.waiting.append(shown) } else { status.claims.append(shown) }
+            }
+        }
+        for kv in ranges.count > 2 ? ranges[2].response_range?.kvs ?? [] : [] {
+            guard let record = try? EtcdJSON.decode(EtcdMail.PresenterRecord.self, kv.valueBytes) else { continue }
+            status.presenters.append(.init(path: localPath(EtcdJSON.bytes(record.path)), processIdentifier: record.pid, host: record.host))
+        }
+        status.presenters.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.claims.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        status.waiting.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
+        return status
+    }
+
+    /// Revokes this process's lease at once, on the calling thread, with a connection of
+    /// its own: for a process about to die of a signal, so that its claims go now rather
+    /// than after the lease's TTL.
+    @_spi(FileCoordinationInternal)
+    public func revokeLeaseBeforeExit() {
+        keeper.stop()
+        var connection: EtcdConnection?
+        guard let body = try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(leaseID))) else { return }
+        _ = try? EtcdClient.perform("/v3/lease/revoke", body, on: &connection, endpoints: client.endpoints,
+                                    connectTimeout: .seconds(1), retryLimit: .seconds(1), token: client.token)
+    }
+}

@@ -1,0 +1,291 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+
+/// etcd's v3 API through its JSON gateway: the calls the etcd space makes, run in order on
+/// a thread of the client's own over one kept-open connection, failing over to the next
+/// member when one does not answer. Keys and values travel base64-encoded, 64-bit numbers
+/// as decimal strings (the gateway's JSON mapping of etcd's protobuf messages).
+///
+/// Calls run in the order they are made: a release (a delete) made before a claim (a put)
+/// reaches etcd before it.
+final class EtcdClient: Sendable {
+    let endpoints: [EtcdEndpoint]
+    let connectTimeout: Duration
+    /// How long a call keeps trying members (through a leader election, say) before it fails.
+    let retryLimit: Duration
+    /// An auth token (`/v3/auth/authenticate`), sent with every call.
+    let token: String?
+    private let worker: EtcdWorker
+
+    init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, token: String?) {
+        self.endpoints = endpoints
+        self.connectTimeout = connectTimeout
+        self.retryLimit = retryLimit
+        self.token = token
+        worker = EtcdWorker(name: "filecoord-etcd")
+    }
+
+    /// Calls `path` (`/v3/kv/txn`, ...) with `request`, and decodes the answer.
+    func call<Answer: Decodable & Sendable>(_ path: String, _ request: some Encodable, as answer: Answer.Type) async throws -> Answer {
+        let body = try EtcdJSON.encode(request)
+        let bytes: [UInt8] = try await withCheckedThrowingContinuation { continuation in
+            worker.enqueue { [self] in
+                continuation.resume(with: Result { () throws(EtcdFailure) in try perform(path, body) })
+            }
+        }
+        return try EtcdJSON.decode(Answer.self, bytes)
+    }
+
+    /// Calls `path` without waiting for the answer (a release); failures are logged: the
+    /// key goes with the lease in any case.
+    func send(_ path: String, _ request: some Encodable) {
+        guard let body = try? EtcdJSON.encode(request) else { return }
+        worker.enqueue { [self] in
+            do { _ = try perform(path, body) } catch {
+                PresenterMessenger.logger.warning("etcd call failed", metadata: ["call": "\(path)", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// Returns once every call made so far is done.
+    func barrier() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            worker.enqueue { continuation.resume() }
+        }
+    }
+
+    /// Ends the worker once the calls made so far are done.
+    func close() { worker.finish() }
+
+    /// On the worker thread: the call on the current member, then on the others, until
+    /// one answers or ``retryLimit`` passes.
+    private func perform(_ path: String, _ body: [UInt8]) throws(EtcdFailure) -> [UInt8] {
+        try Self.perform(path, body, on: &worker.connection, endpoints: endpoints, connectTimeout: connectTimeout,
+                         retryLimit: retryLimit, token: token)
+    }
+
+    /// A call on `connection` (made when nil), failing over among `endpoints`. Blocking.
+    static func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, endpoints: [EtcdEndpoint],
+                        connectTimeout: Duration, retryLimit: Duration, token: String?) throws(EtcdFailure) -> [UInt8] {
+        let deadline = ContinuousClock.now + retryLimit
+        var next = connection.flatMap { endpoints.firstIndex(of: $0.endpoint) } ?? 0
+        var lastFailure: EtcdFailure?
+        var tries = 0
+        while true {
+            do {
+                if connection == nil {
+                    connection = try EtcdConnection(endpoints[next % endpoints.count], timeout: connectTimeout,
+                                                    readTimeout: retryLimit)
+                }
+                return try connection!.post(path, body, token: token)
+            } catch {
+                tries += 1
+                switch error {
+                case .connection:
+                    connection = nil
+                    next += 1
+                case .answer(let status, let message):
+                    // A member without a leader (an election under way) answers 503 or
+                    // says so; another member, or the same one shortly, will do.
+                    guard status >= 500 || message.contains("leader") else { throw error }
+                    connection = nil
+                    next += 1
+                }
+                lastFailure = error
+                if ContinuousClock.now >= deadline && tries >= endpoints.count { throw lastFailure! }
+                if tries % endpoints.count == 0 { Thread.sleep(forTimeInterval: 0.05) }
+            }
+        }
+    }
+}
+
+/// A thread that runs the closures given to it one by one, in order, and owns the
+/// client's connection.
+final class EtcdWorker: @unchecked Sendable {
+    // Guarded by `condition`.
+    private var jobs: [@Sendable () -> Void] = []
+    private var finished = false
+    private let condition = NSCondition()
+    /// Used only by the worker thread.
+    var connection: EtcdConnection?
+
+    init(name: String) {
+        let thread = Thread { [self] in run() }
+        thread.name = name
+        thread.start()
+    }
+
+    func enqueue(_ job: @escaping @Sendable () -> Void) {
+        condition.lock()
+        jobs.append(job)
+        condition.signal()
+        condition.unlock()
+    }
+
+    func finish() {
+        condition.lock()
+        finished = true
+        condition.signal()
+        condition.unlock()
+    }
+
+    private func run() {
+        while true {
+            condition.lock()
+            while jobs.isEmpty && !finished { condition.wait() }
+            if jobs.isEmpty {
+                condition.unlock()
+                connection = nil
+                return
+            }
+            let batch = jobs
+            jobs.removeAll()
+            condition.unlock()
+            for job in batch { job() }
+        }
+    }
+}
+
+/// The gateway's JSON: base64 bytes, 64-bit numbers as strings, zero values left out.
+enum EtcdJSON {
+    static func encode(_ value: some Encodable) throws -> [UInt8] {
+        Array(try JSONEncoder().encode(value))
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, _ bytes: [UInt8]) throws -> T {
+        try JSONDecoder().decode(type, from: Data(bytes))
+    }
+
+    static func base64(_ bytes: some Collection<UInt8>) -> String { Data(bytes).base64EncodedString() }
+    static func bytes(_ base64: String?) -> [UInt8] { base64.flatMap { Data(base64Encoded: $0) }.map { Array($0) } ?? [] }
+
+    /// The key just past every key that starts with `prefix` (etcd's `range_end` for a prefix).
+    static func prefixEnd(_ prefix: [UInt8]) -> [UInt8] {
+        var end = prefix
+        while let last = end.last {
+            if last < 0xff {
+                end[end.count - 1] = last + 1
+                return end
+            }
+            end.removeLast()
+        }
+        return [0]
+    }
+
+    // MARK: Messages (the fields the space uses)
+
+    struct Header: Codable, Sendable { var revision: String? }
+
+    struct KeyValue: Codable, Sendable {
+        var key: String?
+        var value: String?
+        var create_revision: String?
+        var mod_revision: String?
+        var lease: String?
+        var keyBytes: [UInt8] { EtcdJSON.bytes(key) }
+        var valueBytes: [UInt8] { EtcdJSON.bytes(value) }
+        var createRevision: Int64 { Int64(create_revision ?? "") ?? 0 }
+    }
+
+    struct RangeRequest: Codable, Sendable {
+        var key: String
+        var range_end: String?
+        var max_create_revision: String?
+        var revision: String?
+        init(key: [UInt8], prefix: Bool = false) {
+            self.key = EtcdJSON.base64(key)
+            range_end = prefix ? EtcdJSON.base64(EtcdJSON.prefixEnd(key)) : nil
+        }
+    }
+
+    struct RangeResponse: Codable, Sendable {
+        var header: Header?
+        var kvs: [KeyValue]?
+    }
+
+    struct PutRequest: Codable, Sendable {
+        var key: String
+        var value: String
+        var lease: String?
+        init(key: [UInt8], value: [UInt8], lease: Int64?) {
+            self.key = EtcdJSON.base64(key)
+            self.value = EtcdJSON.base64(value)
+            self.lease = lease.map(String.init)
+        }
+    }
+
+    struct DeleteRangeRequest: Codable, Sendable {
+        var key: String
+        var range_end: String?
+        init(key: [UInt8], prefix: Bool = false) {
+            self.key = EtcdJSON.base64(key)
+            range_end = prefix ? EtcdJSON.base64(EtcdJSON.prefixEnd(key)) : nil
+        }
+    }
+
+    struct RequestOp: Codable, Sendable {
+        var request_range: RangeRequest?
+        var request_put: PutRequest?
+        var request_delete_range: DeleteRangeRequest?
+    }
+
+    struct ResponseOp: Codable, Sendable {
+        var response_range: RangeResponse?
+    }
+
+    struct Compare: Codable, Sendable {
+        var result: String
+        var target: String
+        var key: String
+        var create_revision: String?
+        var version: String?
+    }
+
+    struct TxnRequest: Codable, Sendable {
+        var compare: [Compare] = []
+        var success: [RequestOp] = []
+        var failure: [RequestOp] = []
+    }
+
+    struct TxnResponse: Codable, Sendable {
+        var header: Header?
+        var succeeded: Bool?
+        var responses: [ResponseOp]?
+    }
+
+    struct LeaseGrantRequest: Codable, Sendable { var TTL: String }
+    struct LeaseGrantResponse: Codable, Sendable { var header: Header?; var ID: String?; var TTL: String?; var error: String? }
+    struct LeaseRequest: Codable, Sendable { var ID: String }
+    struct LeaseKeepAliveResponse: Codable, Sendable {
+        struct Result: Codable, Sendable { var ID: String?; var TTL: String? }
+        var result: Result?
+    }
+    struct Empty: Codable, Sendable {}
+
+    struct WatchCreate: Codable, Sendable {
+        struct Create: Codable, Sendable {
+            var key: String
+            var range_end: String?
+            var start_revision: String?
+            var filters: [String]?
+        }
+        var create_request: Create
+    }
+
+    struct WatchResponse: Codable, Sendable {
+        struct Result: Codable, Sendable {
+            var header: Header?
+            var created: Bool?
+            var canceled: Bool?
+            var compact_revision: String?
+            var cancel_reason: String?
+            var events: [Event]?
+        }
+        struct Event: Codable, Sendable {
+            var type: String?
+            var kv: KeyValue?
+        }
+        var result: Result?
+        var error: Result?
+    }
+}

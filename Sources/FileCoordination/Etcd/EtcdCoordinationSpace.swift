@@ -1,0 +1,245 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import Synchronization
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A coordination space kept in etcd, for processes on several hosts that share a volume.
+///
+/// Each process holds one etcd lease, kept alive while it lives and revoked when it
+/// leaves; a process that dies loses it after the lease's TTL, and its claims with it.
+/// Items are named relative to the process's *root*, the local mount point of the shared
+/// volume (hosts may mount it at different paths), so one item has one name in etcd:
+///
+/// ```
+/// <prefix>/members/<lease>             the process: host, pid, root   (under its lease)
+/// <prefix>/claims/<lease>/<request>    one claim request: its items and access (under its lease)
+/// ```
+///
+/// A request is granted when no earlier request (by etcd's create revision) of another
+/// process conflicts with it; it waits through a watch for those to be deleted. The rules
+/// are the local ones (readers share, writers exclude, a subtree claim covers what is
+/// inside, a request's items all together or none), and grants are first come, first
+/// served. `docs/distributed.md` has the key layout, the lease and fencing rules, and what
+/// happens when a part fails.
+public final class EtcdCoordinationSpace: Sendable {
+    /// Where the space is and how this process takes part in it.
+    public struct Configuration: Sendable {
+        /// etcd's client endpoints, `HOST:PORT` each.
+        public var endpoints: [String]
+        /// The key prefix that holds the space (several spaces can share one etcd).
+        public var prefix: String
+        /// The local path of the shared volume's root: items are named relative to it,
+        /// and paths outside it cannot be coordinated in this space.
+        public var root: FilePath
+        /// How long the space keeps this process's claims after it stops answering.
+        public var leaseTTL: Duration
+        /// How long a call waits for an etcd member (joining, and through a failover).
+        public var connectTimeout: Duration
+        /// etcd credentials, when its authentication is on.
+        public var user: String?
+        /// The password for ``user``.
+        public var password: String?
+
+        /// A configuration; `leaseTTL` is rounded up to whole seconds (etcd's unit).
+        public init(endpoints: [String], prefix: String = "filecoord", root: FilePath = "/",
+                    leaseTTL: Duration = .seconds(5), connectTimeout: Duration = .seconds(5),
+                    user: String? = nil, password: String? = nil) {
+            self.endpoints = endpoints
+            self.prefix = prefix
+            self.root = root
+            self.leaseTTL = leaseTTL
+            self.connectTimeout = connectTimeout
+            self.user = user
+            self.password = password
+        }
+
+        /// Parses a space address `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`.
+        ///
+        /// - Throws: `FileCoordinationError` with code `.invalidArgument` naming what is wrong.
+        public init(address: String, root: FilePath = "/") throws {
+            func invalid(_ why: String) -> FileCoordinationError {
+                FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
+                                      message: "\(address): \(why); the form is etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+            }
+            guard address.hasPrefix("etcd://") else { throw invalid("not an etcd address") }
+            let rest = address.dropFirst("etcd://".count)
+            let slash = rest.firstIndex(of: "/") ?? rest.endIndex
+            let hosts = rest[..<slash].split(separator: ",")
+            guard !hosts.isEmpty else { throw invalid("no endpoint") }
+            for host in hosts where EtcdEndpoint(host) == nil { throw invalid("'\(host)' is not HOST:PORT") }
+            let prefix = slash < rest.endIndex ? rest[rest.index(after: slash)...] : ""
+            self.init(endpoints: hosts.map(String.init), prefix: prefix.isEmpty ? "filecoord" : String(prefix), root: root)
+        }
+
+        /// Whether `address` names an etcd space.
+        public static func isAddress(_ address: String) -> Bool { address.hasPrefix("etcd://") }
+    }
+
+    /// The configuration joined with (the root made canonical).
+    public let configuration: Configuration
+    /// This process's lease: its identity in the space.
+    public let leaseID: Int64
+    /// `etcd://endpoints/prefix`.
+    public let address: String
+
+    let client: EtcdClient
+    let keeper: EtcdLeaseKeeper
+    let keys: EtcdKeys
+    let names: EtcdNames
+    let mail: EtcdMail
+    let host: String
+
+    struct Waiting {
+        var continuation: CheckedContinuation<Void, any Error>?
+        var watch: EtcdWatch?
+        var blockers: Set<[UInt8]> = []
+        var outcome: Result<Void, any Error>?
+    }
+
+    struct State {
+        /// The key of each request's claims, with the revision that created it (its
+        /// fencing token).
+        var held: [UInt64: (key: [UInt8], revision: Int64)] = [:]
+        var waiting: [UInt64: Waiting] = [:]
+        var cancelled: Set<UInt64> = []
+        var lostBecause: String?
+        var left = false
+        /// The tasks of accessors running under this process's claims, cancelled if the
+        /// lease is lost.
+        var running: [UInt64: AccessorTask] = [:]
+    }
+    let state = Locked(State())
+
+    init(configuration: Configuration, client: EtcdClient, leaseID: Int64, host: String, grantSentAt: ContinuousClock.Instant) {
+        self.configuration = configuration
+        self.client = client
+        self.leaseID = leaseID
+        self.host = host
+        keys = EtcdKeys(prefix: configuration.prefix, member: leaseID)
+        names = EtcdNames(root: configuration.root.platformBytes)
+        mail = EtcdMail(client: client, keys: keys, names: names, leaseID: leaseID, host: host)
+        address = "etcd://" + configuration.endpoints.joined(separator: ",") + "/" + configuration.prefix
+        keeper = EtcdLeaseKeeper(client: client, id: leaseID, ttl: configuration.leaseTTL, grantSentAt: grantSentAt)
+    }
+
+    /// Joins: a lease, and this process's member key under it.
+    ///
+    /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
+    ///   when no member answers within the connect timeout.
+    static func join(_ given: Configuration) async throws -> EtcdCoordinationSpace {
+        var configuration = given
+        guard configuration.root.isAbsolute else {
+            throw FileCoordinationError(code: .invalidArgument, path: configuration.root, operation: "join",
+                                        message: "the space's root must be an absolute path")
+        }
+        configuration.root = CanonicalPaths.canonicalNow(configuration.root.lexicallyNormalized(), followingLast: true)
+        let endpoints = configuration.endpoints.compactMap { EtcdEndpoint(Substring($0)) }
+        guard !endpoints.isEmpty, endpoints.count == configuration.endpoints.count else {
+            throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
+                                        message: "etcd endpoints must be HOST:PORT: \(configuration.endpoints.joined(separator: ","))")
+        }
+        let ttlSeconds = max(1, configuration.leaseTTL.components.seconds + (configuration.leaseTTL.components.attoseconds > 0 ? 1 : 0))
+        configuration.leaseTTL = .seconds(ttlSeconds)
+        var client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
+                                retryLimit: configuration.connectTimeout, token: nil)
+        do {
+            if let user = configuration.user {
+                struct Authenticate: Codable { var name: String; var password: String }
+                struct Token: Codable, Sendable { var token: String? }
+                let answer = try await client.call("/v3/auth/authenticate",
+                                                   Authenticate(name: user, password: configuration.password ?? ""), as: Token.self)
+                client.close()
+                client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
+                                    retryLimit: configuration.connectTimeout, token: answer.token)
+            }
+            let grantSentAt = ContinuousClock.now
+            let lease = try await client.call("/v3/lease/grant", EtcdJSON.LeaseGrantRequest(TTL: String(ttlSeconds)),
+                                              as: EtcdJSON.LeaseGrantResponse.self)
+            guard let id = lease.ID.flatMap(Int64.init) else {
+                throw EtcdFailure.answer(500, lease.error ?? "no lease granted")
+            }
+            let host = ProcessInfo.processInfo.hostName
+            let space = EtcdCoordinationSpace(configuration: configuration, client: client, leaseID: id, host: host,
+                                              grantSentAt: grantSentAt)
+            space.keeper.start { [weak space] why in space?.leaseLost(why) }
+            let member = EtcdMember(host: host, pid: getpid(), root: EtcdJSON.base64(configuration.root.platformBytes))
+            _ = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: space.keys.member, value: try EtcdJSON.encode(member), lease: id),
+                                      as: EtcdJSON.Empty.self)
+            return space
+        } catch let failure as EtcdFailure {
+            client.close()
+            throw Self.error(failure, operation: "join", endpoints: configuration.endpoints)
+        } catch {
+            client.close()
+            throw error
+        }
+    }
+
+    /// `failure` as the library's error, naming the endpoints.
+    static func error(_ failure: EtcdFailure, operation: String, endpoints: [String]) -> FileCoordinationError {
+        switch failure {
+        case .connection:
+            FileCoordinationError(code: .unreachable, path: nil, operation: operation,
+                                  message: "no etcd member answered at \(endpoints.joined(separator: ",")) (\(failure))")
+        case .answer:
+            FileCoordinationError(code: .io, path: nil, operation: operation, message: "\(failure)")
+        }
+    }
+
+    // MARK: Names in the space
+
+    /// The name in the space of a local canonical path; nil outside the root.
+    func sharedName(_ path: [UInt8]) -> [UInt8]? { names.shared(path) }
+
+    /// The local path of a name in the space.
+    func localPath(_ name: [UInt8]) -> FilePath { names.local(name) }
+
+    // MARK: Leaving and losing the lease
+
+    /// Called once by the lease keeper: every claim made under the lease may be
+    /// another process's now. Waits end with ``FileCoordinationError/Code/claimLost``.
+    func leaseLost(_ why: String) {
+        PresenterMessenger.logger.error("the etcd lease of this process is lost; its claims no longer hold",
+                                        metadata: ["space": "\(address)", "why": "\(why)"])
+        let (waits, running) = state.withLock { state -> ([Waiting], [AccessorTask]) in
+            state.lostBecause = why
+            let waits = Array(state.waiting.values)
+            state.waiting.removeAll()
+            return (waits, Array(state.running.values))
+        }
+        // Under no lock of ours: a cancellation handler may call back in.
+        for task in running { task.cancel() }
+        for wait in waits {
+            wait.watch?.cancel()
+            wait.continuation?.resume(throwing: lostError(why))
+        }
+    }
+
+    func lostError(_ why: String, path: FilePath? = nil) -> FileCoordinationError {
+        FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
+                              message: "this process's etcd lease was lost (\(why)); its claims no longer hold")
+    }
+
+    /// Whether the claims of this process have held since they were taken: the lease
+    /// was never found lost, and it was renewed within its TTL (a process that was
+    /// paused past it cannot tell whether etcd has let its claims go).
+    var claimsHold: Bool {
+        state.withLock { $0.lostBecause == nil } && keeper.holdsNow
+    }
+
+    /// Leaves: the lease is revoked, and every key under it goes at once.
+    func leaveSpace() async {
+        let first = state.withLock { state -> Bool in
+            defer { state.left = true }
+            return !state.left
+        }
+        guard first else { return }
+        keeper.stop()
+        mail.stop()
+        _ = try? await client.call("/v3/lease/revoke", EtcdJSON.LeaseRequest(ID: String(leaseID)), as: EtcdJSON.Empty.self)
+        client.close()
+    }
+}

@@ -1,0 +1,468 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Presenters across hosts: each process publishes its presenters under its lease, keeps
+/// the others' current through a watch, and carries the presenter messages of the local
+/// space's protocol (``SpaceProtocol``, encoded as in a mailbox file) through keys:
+///
+/// ```
+/// <prefix>/presenters/<lease>/<n>        a presenter: host, pid, the item's name in the space
+/// <prefix>/mail/<lease>/<sender>-<id>    a message to the process of <lease> (under the sender's lease)
+/// ```
+///
+/// A process watches its own `mail/` folder: replies resume the tasks that wait for them
+/// at once, on the watch's thread; presenter requests are served one by one, in the
+/// order etcd committed them. Paths in messages are names in the space, translated from
+/// and to each host's root.
+final class EtcdMail: PresenterMailbox {
+    let client: EtcdClient
+    let keys: EtcdKeys
+    let names: EtcdNames
+    let leaseID: Int64
+    let host: String
+
+    struct Proxy {
+        let presenter: RemotePresenter
+        let member: String
+    }
+
+    struct State {
+        var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
+        var localNumbers: [ObjectIdentifier: UInt64] = [:]
+        var nextPresenter: UInt64 = 1
+        var nextMessage: UInt64 = 1
+        /// Other processes' presenters, by their key.
+        var remote = PresenterRegistry()
+        var proxies: [[UInt8]: Proxy] = [:]
+        var presenterWatch: EtcdWatch?
+        var current = false
+        var mailWatch: EtcdWatch?
+        var membersWatch: EtcdWatch?
+        var replies: [UInt64: Reply] = [:]
+        /// Relinquishes served for an asker that has not yet sent `reacquire`, by asker.
+        var kept: [String: [UInt64: SpaceMail.KeptRelinquish]] = [:]
+        var serving: AsyncStream<SpaceProtocol.Message>.Continuation?
+    }
+
+    enum Reply {
+        case registered(target: String)
+        case waiting(target: String, CheckedContinuation<SpaceProtocol.Body?, any Error>)
+        case arrived(Result<SpaceProtocol.Body?, any Error>)
+    }
+
+    let state = Locked(State())
+
+    init(client: EtcdClient, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String) {
+        self.client = client
+        self.keys = keys
+        self.names = names
+        self.leaseID = leaseID
+        self.host = host
+    }
+
+    var presentersFolder: [UInt8] { keys.base + Array("presenters/".utf8) }
+    var mailFolder: [UInt8] { keys.base + Array("mail/".utf8) }
+    func mailbox(of member: String) -> [UInt8] { mailFolder + Array("\(member)/".utf8) }
+
+    struct PresenterRecord: Codable, Sendable {
+        var host: String
+        var pid: Int32
+        /// base64 of the item's name in the space.
+        var path: String
+    }
+
+    // MARK: This process's presenters
+
+    /// Publishes a presenter: its key under the lease, once this process reads its mail.
+    func register(_ presenter: any FilePresenter, at path: FilePath) async -> Bool {
+        guard let name = names.shared(path.platformBytes) else {
+            PresenterMessenger.logger.warning("a presenter outside the etcd space's root is not published",
+                                              metadata: ["path": "\(path)", "root": "\(names.root)"])
+            return false
+        }
+        guard await startMail() else { return false }
+        let number = state.withLock { state -> UInt64 in
+            if let known = state.localNumbers[ObjectIdentifier(presenter)] {
+                state.local[known] = (presenter, path)
+                return known
+            }
+            defer { state.nextPresenter += 1 }
+            state.local[state.nextPresenter] = (presenter, path)
+            state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
+            return state.nextPresenter
+        }
+        let record = PresenterRecord(host: host, pid: getpid(), path: EtcdJSON.base64(name))
+        let key = presenterKey(number)
+        do {
+            _ = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: key, value: try EtcdJSON.encode(record), lease: leaseID),
+                                      as: EtcdJSON.Empty.self)
+            return true
+        } catch {
+            PresenterMessenger.logger.warning("a presenter could not be published in the etcd space",
+                                              metadata: ["path": "\(path)", "error": "\(error)"])
+            return false
+        }
+    }
+
+    func unregister(_ presenter: any FilePresenter) async {
+        guard let number = state.withLock({ state -> UInt64? in
+            guard let number = state.localNumbers.removeValue(forKey: ObjectIdentifier(presenter)) else { return nil }
+            state.local[number] = nil
+            return number
+        }) else { return }
+        _ = try? await client.call("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: presenterKey(number)), as: EtcdJSON.Empty.self)
+    }
+
+    private func presenterKey(_ number: UInt64) -> [UInt8] {
+        presentersFolder + Array("\(keys.memberName)/\(EtcdKeys.hex(number))".utf8)
+    }
+
+    // MARK: Other processes' presenters
+
+    var isCurrent: Bool { state.withLock { $0.current } }
+    var remoteCount: Int { state.withLock { $0.remote.count } }
+    func concernsAny(_ key: PathKey) -> Bool { state.withLock { $0.remote.concernsAny(key) } }
+    func presenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
+        state.withLock { $0.remote.concerned(by: path, subtree: subtree, excluding: nil) }
+    }
+    func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+        state.withLock { $0.remote.move(from: source, to: destination) }
+    }
+
+    /// Reads every presenter once, then follows them through a watch: current from then on.
+    func refresh() async {
+        guard !isCurrent else { return }
+        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: presentersFolder, prefix: true),
+                                                  as: EtcdJSON.RangeResponse.self) else { return }
+        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
+        let started = state.withLock { state -> Bool in
+            guard state.presenterWatch == nil else { return false }
+            for kv in answer.kvs ?? [] { Self.add(kv, to: &state, mail: self) }
+            return true
+        }
+        guard started else { return }
+        let watch = EtcdWatch(client: client, prefix: presentersFolder, from: revision + 1, events: .all) { [weak self] events in
+            guard let self else { return }
+            state.withLock { state in
+                for event in events {
+                    guard let kv = event.kv else { continue }
+                    if event.type == "DELETE" {
+                        if let proxy = state.proxies.removeValue(forKey: kv.keyBytes) {
+                            state.remote.remove(ObjectIdentifier(proxy.presenter))
+                        }
+                    } else {
+                        Self.add(kv, to: &state, mail: self)
+                    }
+                }
+            }
+        } failed: { [weak self] failure in
+            PresenterMessenger.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
+            self?.state.withLock { $0.current = false; $0.presenterWatch = nil }
+        }
+        state.withLock { state in
+            state.presenterWatch = watch
+            state.current = true
+        }
+    }
+
+    private static func add(_ kv: EtcdJSON.KeyValue, to state: inout State, mail: EtcdMail) {
+        let key = kv.keyBytes
+        guard let member = mail.keys.memberName(of: key, under: mail.presentersFolder), member != mail.keys.memberName,
+              let number = UInt64(String(decoding: key.split(separator: UInt8(ascii: "/")).last ?? [], as: UTF8.self), radix: 16),
+              let record = try? EtcdJSON.decode(PresenterRecord.self, kv.valueBytes),
+              state.proxies[key] == nil
+        else { return }
+        let path = mail.names.local(EtcdJSON.bytes(record.path))
+        let proxy = RemotePresenter(mail: mail, process: member, number: number, path: path, pid: record.pid)
+        state.proxies[key] = Proxy(presenter: proxy, member: member)
+        state.remote.add(proxy, at: path, endpoint: proxy)
+    }
+
+    // MARK: Sending
+
+    func nextID() -> UInt64 {
+        state.withLock { state in
+            defer { state.nextMessage += 1 }
+            return state.nextMessage
+        }
+    }
+
+    /// The message as it travels: paths named in the space, the header stamped.
+    private func wire(_ body: SpaceProtocol.Body, id: UInt64) -> [UInt8]? {
+        guard let shared = Self.mapPaths(body, names.shared) else { return nil }
+        var message = shared.encoded()
+        SpaceProtocol.Header(from: keys.memberName, id: id, pid: getpid()).stamp(&message)
+        return message.encoded()
+    }
+
+    private func put(_ bytes: [UInt8], to target: String, id: UInt64) {
+        let key = mailbox(of: target) + Array("\(keys.memberName)-\(EtcdKeys.hex(id))".utf8)
+        client.send("/v3/kv/put", EtcdJSON.PutRequest(key: key, value: bytes, lease: leaseID))
+    }
+
+    func tell(_ message: SpaceProtocol.Body, to target: String) {
+        let id = nextID()
+        guard let bytes = wire(message, id: id) else { return }
+        put(bytes, to: target, id: id)
+    }
+
+    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
+        guard await startMail() else { return nil }
+        let id = nextID()
+        guard let bytes = wire(message, id: id) else { return nil }
+        state.withLock { $0.replies[id] = .registered(target: target) }
+        var deadline: Task<Void, Never>?
+        if let timeout = RemoteDeadline.timeout {
+            deadline = Task { [weak self] in
+                try? await Task.sleep(for: timeout) // ok: the presenter's deadline
+                if !Task.isCancelled { self?.resolve(id, with: .failure(RemoteNoAnswer())) }
+            }
+        }
+        defer { deadline?.cancel() }
+        put(bytes, to: target, id: id)
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<SpaceProtocol.Body?, any Error>) in
+                let ready: Result<SpaceProtocol.Body?, any Error>? = state.withLock { state in
+                    switch state.replies[id] {
+                    case .arrived(let outcome):
+                        state.replies[id] = nil
+                        return outcome
+                    case .registered(let target):
+                        state.replies[id] = .waiting(target: target, continuation)
+                        return nil
+                    case .waiting, .none:
+                        return .failure(CancellationError())
+                    }
+                }
+                if let ready { continuation.resume(with: ready) }
+            }
+        } onCancel: {
+            resolve(id, with: .failure(CancellationError()))
+        }
+    }
+
+    func resolve(_ id: UInt64, with outcome: Result<SpaceProtocol.Body?, any Error>) {
+        let continuation = state.withLock { state -> CheckedContinuation<SpaceProtocol.Body?, any Error>? in
+            switch state.replies[id] {
+            case .waiting(_, let continuation):
+                state.replies[id] = nil
+                return continuation
+            case .registered:
+                state.replies[id] = .arrived(outcome)
+                return nil
+            default:
+                return nil
+            }
+        }
+        continuation?.resume(with: outcome)
+    }
+
+    /// A process left (its member key went): its requests' waits end (its presenters are
+    /// gone), and what its relinquishes kept is given back.
+    func memberGone(_ member: String) {
+        let (waits, kept) = state.withLock { state -> ([UInt64], [SpaceMail.KeptRelinquish]) in
+            let waits = state.replies.compactMap { id, reply -> UInt64? in
+                switch reply {
+                case .registered(let target), .waiting(let target, _): target == member ? id : nil
+                case .arrived: nil
+                }
+            }
+            return (waits, Array((state.kept.removeValue(forKey: member) ?? [:]).values))
+        }
+        for id in waits { resolve(id, with: .success(nil)) }
+        if !kept.isEmpty { Task { for relinquish in kept { await Self.undo(relinquish) } } }
+    }
+
+    // MARK: Receiving
+
+    /// Watches this process's mail (and the members, for those that go), once.
+    func startMail() async -> Bool {
+        if state.withLock({ $0.mailWatch != nil }) { return true }
+        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: keys.members, prefix: true),
+                                                  as: EtcdJSON.RangeResponse.self) else { return false }
+        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
+        let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
+        let first = state.withLock { state -> Bool in
+            guard state.serving == nil else { return false }
+            state.serving = continuation
+            return true
+        }
+        guard first else { return true }
+        // Served one by one, in order, on a task of their own: a presenter's callback may
+        // take long, and replies to this process's own requests must not wait behind it.
+        Task { [weak self] in
+            for await message in stream { await self?.serve(message) }
+        }
+        let mailbox = mailbox(of: keys.memberName)
+        let watch = EtcdWatch(client: client, prefix: mailbox, from: revision + 1, events: .puts) { [weak self] events in
+            guard let self else { return }
+            for event in events {
+                guard let kv = event.kv else { continue }
+                received(kv.valueBytes)
+                // Read: the key goes (it would go with the sender's lease in any case).
+                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: kv.keyBytes))
+            }
+        } failed: { failure in
+            PresenterMessenger.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
+        }
+        let members = EtcdWatch(client: client, prefix: keys.members, from: revision + 1, events: .deletions) { [weak self] events in
+            guard let self else { return }
+            for event in events {
+                if let key = event.kv?.keyBytes, let member = keys.memberName(of: key, under: keys.members) { memberGone(member) }
+            }
+        } failed: { failure in
+            PresenterMessenger.logger.error("the watch on the etcd space's members failed", metadata: ["error": "\(failure)"])
+        }
+        state.withLock { $0.membersWatch = members }
+        state.withLock { $0.mailWatch = watch }
+        return true
+    }
+
+    /// On the mail watch's thread.
+    private func received(_ bytes: [UInt8]) {
+        guard case .success(let decoded) = SpaceMessage.decode(bytes),
+              let message = try? SpaceProtocol.Message(decoding: decoded),
+              let body = Self.mapPaths(message.body, { [names] in names.local($0).platformBytes })
+        else {
+            PresenterMessenger.logger.warning("a malformed message in this process's etcd mail is ignored")
+            return
+        }
+        let local = SpaceProtocol.Message(header: message.header, body: body)
+        if case .reply(let reply) = body {
+            resolve(reply.re, with: .success(body))
+            return
+        }
+        _ = state.withLock { $0.serving }?.yield(local)
+    }
+
+    /// Serves one request for a presenter of this process, and replies when it asks for one.
+    private func serve(_ message: SpaceProtocol.Message) async {
+        guard case .presenter(let request) = message.body else { return }
+        let from = message.header.from
+        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
+        let url = request.path.fileURL
+        func replying(_ body: () async throws -> Void) async {
+            var reply = SpaceProtocol.Reply(re: message.header.id)
+            do { try await body() } catch { reply.failure = SpaceMail.describe(error) }
+            tell(.reply(reply), to: from)
+        }
+        switch request.call {
+        case .relinquish(let relinquish):
+            await replying {
+                guard let presenter else { return }
+                let writing = relinquish.access == .write
+                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
+                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
+                let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
+                    : try await presenter.relinquishPresentedItem(toReader: fileRequest)
+                var kept = SpaceMail.KeptRelinquish(reacquirer: reacquirer)
+                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
+                    kept.suppression = (watch, watch.beginSuppressing(request.path))
+                }
+                state.withLock { $0.kept[from, default: [:]][relinquish.re] = kept }
+                do {
+                    switch relinquish.then {
+                    case .save: try await presenter.savePresentedItemChanges()
+                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
+                    case nil: break
+                    }
+                    for subitem in relinquish.subitemDeletions {
+                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
+                    }
+                } catch {
+                    if let kept = state.withLock({ $0.kept[from]?.removeValue(forKey: relinquish.re) }) { await Self.undo(kept) }
+                    throw error
+                }
+            }
+        case .save:
+            await replying { try await presenter?.savePresentedItemChanges() }
+        case .accommodateDeletion:
+            await replying { try await presenter?.accommodatePresentedItemDeletion() }
+        case .accommodateSubitemDeletion:
+            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
+        case .reacquire(let re):
+            guard let kept = state.withLock({ $0.kept[from]?.removeValue(forKey: re) }) else { return }
+            await Self.undo(kept)
+        case .didChange:
+            await presenter?.presentedItemDidChange()
+        case .didMove(let to):
+            guard let presenter else { return }
+            await CoordinationCenter.shared.presenterMoved(presenter, from: request.path, to: to)
+            await presenter.presentedItemDidMove(to: to.fileURL)
+        case .subitemDidAppear:
+            await presenter?.presentedSubitemDidAppear(at: url)
+        case .subitemDidChange:
+            await presenter?.presentedSubitemDidChange(at: url)
+        case .subitemDidMove(let to):
+            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
+        }
+    }
+
+    private static func undo(_ kept: SpaceMail.KeptRelinquish) async {
+        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
+        await kept.reacquirer?()
+    }
+
+    /// Leaves: the watches end (the keys go with the lease).
+    func stop() {
+        let (watches, serving) = state.withLock { state in
+            defer {
+                (state.presenterWatch, state.mailWatch, state.membersWatch) = (nil, nil, nil)
+                state.serving = nil
+                state.current = false
+            }
+            return ([state.presenterWatch, state.mailWatch, state.membersWatch], state.serving)
+        }
+        for watch in watches { watch?.cancel() }
+        serving?.finish()
+    }
+
+    /// `body` with every path mapped by `map` (nil: a path with no name there).
+    static func mapPaths(_ body: SpaceProtocol.Body, _ map: ([UInt8]) -> [UInt8]?) -> SpaceProtocol.Body? {
+        func mapped(_ path: FilePath) -> FilePath? { map(path.platformBytes).map { FilePath(platformBytes: $0) } }
+        guard case .presenter(var message) = body else { return body }
+        guard let path = mapped(message.path) else { return nil }
+        message.path = path
+        switch message.call {
+        case .didMove(let to):
+            guard let to = mapped(to) else { return nil }
+            message.call = .didMove(to: to)
+        case .subitemDidMove(let to):
+            guard let to = mapped(to) else { return nil }
+            message.call = .subitemDidMove(to: to)
+        case .relinquish(var relinquish):
+            let deletions = relinquish.subitemDeletions.compactMap(mapped)
+            guard deletions.count == relinquish.subitemDeletions.count else { return nil }
+            relinquish.subitemDeletions = deletions
+            message.call = .relinquish(relinquish)
+        default:
+            break
+        }
+        return .presenter(message)
+    }
+}
+
+/// A space's names for local paths: relative to the process's root, written as absolute
+/// paths (`/` is the root itself), so that hosts mounting the volume at different paths
+/// name one item alike.
+struct EtcdNames: Sendable {
+    let root: [UInt8]
+
+    /// The name of a canonical local path; nil outside the root.
+    func shared(_ path: [UInt8]) -> [UInt8]? {
+        guard FilePath.isAtOrInside(path, root) else { return nil }
+        if root == [UInt8(ascii: "/")] { return path }
+        let rest = path.dropFirst(root.count)
+        return rest.isEmpty ? [UInt8(ascii: "/")] : Array(rest)
+    }
+
+    /// The local path of a name.
+    func local(_ name: [UInt8]) -> FilePath {
+        if root == [UInt8(ascii: "/")] { return FilePath(platformBytes: name) }
+        return FilePath(platformBytes: name == [UInt8(ascii: "/")] ? root : root + name)
+    }
+}

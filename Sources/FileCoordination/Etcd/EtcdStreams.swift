@@ -1,0 +1,187 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import Synchronization
+
+/// A watch on the keys under a prefix, from a revision on, on a thread and a connection
+/// of its own (the gateway streams one watch per HTTP request). When a member goes away
+/// the watch resumes on another from the revision after the last one it delivered, so no
+/// event is lost to a failover.
+final class EtcdWatch: Sendable {
+    private struct State {
+        var connection: EtcdConnection?
+        var cancelled = false
+    }
+    private let state = Locked(State())
+
+    /// Which events a watch delivers.
+    enum Events: Sendable { case all, deletions, puts }
+
+    /// Watches the keys under `prefix` from `revision`; `handle` gets each batch of events
+    /// on the watch's thread. `failed` is called once if the watch cannot go on (no member
+    /// answers within the client's retry limit, or the revision was compacted).
+    init(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
+         handle: @escaping @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void,
+         failed: @escaping @Sendable (EtcdFailure) -> Void) {
+        let thread = Thread { [self] in
+            run(client: client, prefix: prefix, from: revision, events: events, handle: handle, failed: failed)
+        }
+        thread.name = "filecoord-etcd-watch"
+        thread.start()
+    }
+
+    /// Ends the watch; no event is handled after it returns... on another thread, at most
+    /// the batch being handled now.
+    func cancel() {
+        let connection = state.withLock { state in
+            state.cancelled = true
+            return state.connection
+        }
+        connection?.shutdown()
+    }
+
+    private func run(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
+                     handle: @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void, failed: @Sendable (EtcdFailure) -> Void) {
+        var next = revision
+        var member = 0
+        var failingSince: ContinuousClock.Instant?
+        while !state.withLock({ $0.cancelled }) {
+            do {
+                let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count],
+                                                    timeout: client.connectTimeout, readTimeout: nil)
+                guard state.withLock({ state in
+                    state.connection = connection
+                    return !state.cancelled
+                }) else { return }
+                let request = EtcdJSON.WatchCreate(create_request: .init(
+                    key: EtcdJSON.base64(prefix), range_end: EtcdJSON.base64(EtcdJSON.prefixEnd(prefix)),
+                    start_revision: String(next), filters: events == .deletions ? ["NOPUT"] : events == .puts ? ["NODELETE"] : nil))
+                try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.token)
+                while let chunk = try connection.nextChunk() {
+                    failingSince = nil
+                    guard let answer = try? EtcdJSON.decode(EtcdJSON.WatchResponse.self, chunk) else { continue }
+                    if let error = answer.error {
+                        throw EtcdFailure.answer(500, error.cancel_reason ?? "the watch failed")
+                    }
+                    guard let result = answer.result else { continue }
+                    if result.canceled == true {
+                        // Compacted past `next`: what was missed cannot be had.
+                        failed(.answer(410, result.cancel_reason ?? "the watch was cancelled by etcd"))
+                        return
+                    }
+                    if let events = result.events, !events.isEmpty {
+                        if let last = events.last?.kv?.mod_revision.flatMap(Int64.init) { next = last + 1 }
+                        if state.withLock({ $0.cancelled }) { return }
+                        handle(events)
+                    }
+                }
+                throw EtcdFailure.connection(connection.endpoint, "the watch ended")
+            } catch {
+                if state.withLock({ $0.cancelled }) { return }
+                let now = ContinuousClock.now
+                if let since = failingSince, now - since > client.retryLimit {
+                    failed(error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)"))
+                    return
+                }
+                if failingSince == nil { failingSince = now }
+                member += 1
+                if member % client.endpoints.count == 0 { Thread.sleep(forTimeInterval: 0.05) }
+            }
+        }
+    }
+}
+
+/// Keeps a lease alive from a thread of its own (its own connection, so that a slow call
+/// of the client never delays a keep-alive): one keep-alive every third of the TTL. When
+/// etcd says the lease is gone, or no member has answered for a whole TTL, the lease is
+/// taken as lost (``lost`` is called once): every claim made under it may be another's
+/// by now.
+final class EtcdLeaseKeeper: Sendable {
+    let id: Int64
+    let ttl: Duration
+    private let condition = NSCondition()
+    private let stopped = Atomic<Bool>(false)
+    /// Set once the lease is lost.
+    let isLost = Atomic<Bool>(false)
+    /// When the last keep-alive that etcd answered was sent (nanoseconds on the
+    /// continuous clock's scale, from `epoch`): the lease holds until a TTL after it.
+    private let renewedAt = Atomic<Int64>(0)
+    private let epoch = ContinuousClock.now
+
+    /// Whether the lease surely holds now: not lost, and renewed within its TTL.
+    var holdsNow: Bool {
+        guard !isLost.load(ordering: .acquiring) else { return false }
+        let since = ContinuousClock.now - epoch - .nanoseconds(renewedAt.load(ordering: .acquiring))
+        return since < ttl
+    }
+
+    private func noteRenewal(sentAt instant: ContinuousClock.Instant) {
+        let (seconds, attoseconds) = (instant - epoch).components
+        renewedAt.store(seconds * 1_000_000_000 + attoseconds / 1_000_000_000, ordering: .releasing)
+    }
+
+    private let client: EtcdClient
+
+    /// A keeper for lease `id`, granted by a call sent at `grantSentAt`.
+    init(client: EtcdClient, id: Int64, ttl: Duration, grantSentAt: ContinuousClock.Instant) {
+        self.client = client
+        self.id = id
+        self.ttl = ttl
+        noteRenewal(sentAt: grantSentAt)
+    }
+
+    /// Starts the keep-alives; `lost` is called once if the lease is lost.
+    func start(lost: @escaping @Sendable (String) -> Void) {
+        let thread = Thread { [self] in run(client: client, lost: lost) }
+        thread.name = "filecoord-etcd-lease"
+        thread.start()
+    }
+
+    /// Stops the keep-alives (before the lease is revoked).
+    func stop() {
+        condition.lock()
+        stopped.store(true, ordering: .releasing)
+        condition.signal()
+        condition.unlock()
+    }
+
+    private func run(client: EtcdClient, lost: @Sendable (String) -> Void) {
+        var connection: EtcdConnection?
+        var lastRenewal = ContinuousClock.now
+        let interval = Double(ttl.components.seconds) / 3 + Double(ttl.components.attoseconds) / 3e18
+        let body = (try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(id)))) ?? []
+        while true {
+            condition.lock()
+            if !stopped.load(ordering: .acquiring) {
+                _ = condition.wait(until: Date(timeIntervalSinceNow: interval))
+            }
+            condition.unlock()
+            if stopped.load(ordering: .acquiring) { return }
+            let sent = ContinuousClock.now
+            do {
+                // Each keep-alive is its own streamed call: one request, one answer.
+                let answer = try EtcdClient.perform("/v3/lease/keepalive", body, on: &connection, endpoints: client.endpoints,
+                                                    connectTimeout: client.connectTimeout, retryLimit: ttl, token: client.token)
+                let result = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer)).result
+                guard let ttlLeft = result?.TTL.flatMap(Int64.init), ttlLeft > 0 else {
+                    isLost.store(true, ordering: .releasing)
+                    lost("etcd says the lease has expired")
+                    return
+                }
+                lastRenewal = .now
+                noteRenewal(sentAt: sent)
+            } catch {
+                connection = nil
+                if ContinuousClock.now - lastRenewal >= ttl {
+                    isLost.store(true, ordering: .releasing)
+                    lost("no etcd member renewed the lease within its TTL (\(error))")
+                    return
+                }
+            }
+        }
+    }
+
+    /// The keep-alive's answer is a stream of one message, newline-terminated.
+    private static func firstMessage(_ bytes: [UInt8]) -> [UInt8] {
+        Array(bytes.prefix { $0 != UInt8(ascii: "\n") })
+    }
+}

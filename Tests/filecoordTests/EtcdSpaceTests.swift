@@ -1,0 +1,186 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// Coordination across hosts through a real etcd: each "host" is a set of processes
+/// naming the shared volume by a root of its own (a bind mount), all in one etcd space.
+@Suite("etcd space across hosts", .serialized)
+struct EtcdSpaceTests {
+    /// `filecoord` in an etcd space: `--space` and `--root` before the subcommand's own arguments.
+    func filecoordIn(_ space: String, root: String?, _ arguments: [String], environment: [String: String] = [:]) async throws -> ProcessResult {
+        let subcommand = arguments.first!
+        var all = [subcommand, "--space", space]
+        if let root { all += ["--root", root] }
+        all += arguments.dropFirst()
+        return try await run(filecoordBinary, all, environment: environment)
+    }
+
+    @Test("3 hosts x 4 processes x 50 read-modify-write increments of one counter: none lost",
+          .timeLimit(.minutes(3)))
+    func counterAcrossHosts() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 3)
+        defer { volume.unmount() }
+        let space = server.address("counter")
+        try writeFixture(Data("0\n".utf8), toPath: volume.shared.path + "/counter")
+        let increments = 50
+        try await withThrowingTaskGroup(of: ProcessResult.self) { group in
+            for root in volume.roots {
+                for _ in 0..<4 {
+                    // Each process reads the counter through its own host's root.
+                    let script = """
+                        for i in $(seq \(increments)); do
+                          "$FILECOORD" exec --space "\(space)" --root "\(root)" --write "\(root)/counter" -- \
+                            sh -c 'n=$(cat "\(root)/counter"); echo $((n+1)) > "\(root)/counter"' || exit 1
+                        done
+                        """
+                    group.addTask { try await shell(script) }
+                }
+            }
+            for try await result in group {
+                #expect(result.status == 0, "\(result.errorText)")
+            }
+        }
+        let final = try String(contentsOfFile: volume.shared.path + "/counter", encoding: .utf8)
+        #expect(final == "\(3 * 4 * increments)\n")
+        await server.stop()
+    }
+
+    @Test("a claim holder killed with SIGKILL: a waiter on another host proceeds within the lease TTL plus 1 s",
+          .timeLimit(.minutes(2)))
+    func killedHolderLetsGoWithinTTL() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("killed")
+        try writeFixture(Data("x".utf8), toPath: volume.shared.path + "/item")
+        let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--lease-ttl", "2",
+                                      "--write", volume.roots[0] + "/item", "--", "sh", "-c", "echo $$; exec sleep 60"])
+        var lines = holder.lines.makeAsyncIterator()
+        let child = try #require(await lines.next().flatMap { Int32($0) }, "the holder's command did not start")
+        let killed = ContinuousClock.now
+        holder.signal(SIGKILL)
+        kill(child, SIGKILL)
+        _ = await holder.wait()
+        let waiter = try await filecoordIn(space, root: volume.roots[1], ["exec", "--write", volume.roots[1] + "/item", "--", "true"])
+        let waited = ContinuousClock.now - killed
+        #expect(waiter.status == 0, "\(waiter.errorText)")
+        #expect(waited <= .seconds(3), "the waiter proceeded \(waited) after the holder died (TTL 2 s)")
+        await server.stop()
+    }
+
+    @Test("etcd unreachable at start: one clear line naming the endpoints, exit 1, within the connect timeout",
+          .timeLimit(.minutes(1)))
+    func unreachableAtStart() async throws {
+        let port = try freePort()
+        let scratch = Scratch()
+        let item = scratch.write("item", "x")
+        let started = ContinuousClock.now
+        let result = try await filecoordIn("etcd://127.0.0.1:\(port)/x", root: nil, ["exec", "--write", item, "--", "true"])
+        let took = ContinuousClock.now - started
+        #expect(result.status == 1)
+        let lines = result.errorText.split(separator: "\n")
+        #expect(lines.count == 1, "\(result.errorText)")
+        #expect(result.errorText.contains("127.0.0.1:\(port)"), "\(result.errorText)")
+        // The connect timeout is 5 s; the process's own start and exit on top.
+        #expect(took < .seconds(7), "it took \(took)")
+    }
+
+    @Test("a path outside the root is refused with a clear error", .timeLimit(.minutes(1)))
+    func outsideRootIsRefused() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 1)
+        defer { volume.unmount() }
+        let elsewhere = Scratch().write("elsewhere", "x")
+        let result = try await filecoordIn(server.address("outside"), root: volume.roots[0], ["exec", "--write", elsewhere, "--", "true"])
+        #expect(result.status == 1)
+        #expect(result.errorText.contains(elsewhere) && result.errorText.contains("outside the coordination space's root"),
+                "\(result.errorText)")
+        await server.stop()
+    }
+
+    @Test("status lists the claims of every host, by this host's paths, with host and pid", .timeLimit(.minutes(1)))
+    func statusListsEveryHost() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("status")
+        try writeFixture(Data("x".utf8), toPath: volume.shared.path + "/item")
+        let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--write", volume.roots[0] + "/item",
+                                      "--", "sh", "-c", "echo held; exec sleep 60"])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let status = try await filecoordIn(space, root: volume.roots[1], ["status", "--json"])
+        #expect(status.status == 0, "\(status.errorText)")
+        let host = ProcessInfo.processInfo.hostName
+        #expect(status.outputText.contains("\"path\":\"\(volume.roots[1])/item\""), "\(status.outputText)")
+        #expect(status.outputText.contains("\"pid\":\(holder.pid)") && status.outputText.contains("\"host\":\"\(host)\""),
+                "\(status.outputText)")
+        holder.signal(SIGTERM)
+        _ = await holder.wait()
+        await server.stop()
+    }
+
+    @Test("a writer on host B waits for a presenter on host A that takes 300 ms to acknowledge; the events come in Apple's order",
+          .timeLimit(.minutes(1)))
+    func presenterOnAnotherHost() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("presenters")
+        try writeFixture(Data("v0".utf8), toPath: volume.shared.path + "/doc")
+        let presenter = try LineProcess(["present", "--space", space, "--root", volume.roots[0], "--ack-delay", "300ms",
+                                         "--count", "4", volume.roots[0] + "/doc"])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready \(volume.roots[0])/doc")
+        let started = ContinuousClock.now
+        let writer = try await run(filecoordBinary, ["write", "--space", space, "--root", volume.roots[1], volume.roots[1] + "/doc"],
+                                   stdin: Data("v1".utf8))
+        let took = ContinuousClock.now - started
+        #expect(writer.status == 0, "\(writer.errorText)")
+        #expect(took >= .milliseconds(300), "the write did not wait for the acknowledgement: \(took)")
+        var events: [String] = []
+        while let line = await lines.next() { events.append(line) }
+        let doc = volume.roots[0] + "/doc"
+        #expect(events == ["relinquishToWriter \(doc)", "save \(doc)", "didChange \(doc)", "reacquire \(doc)"])
+        #expect(await presenter.wait().status == 0)
+        await server.stop()
+    }
+
+    @Test("a holder stopped past its lease TTL: another host proceeds; resumed, its coordination fails with the fencing error, and its late write carries the lower token",
+          .timeLimit(.minutes(1)))
+    func stoppedHolderIsFenced() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("fenced")
+        let log = volume.shared.path + "/log"
+        try writeFixture(Data(), toPath: log)
+        // The command ignores SIGTERM (what exec passes on when its claims are lost), so
+        // that its write comes late, as a process's that is not told would.
+        let a = volume.roots[0] + "/log"
+        let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--lease-ttl", "2", "--write", a, "--",
+                                      "sh", "-c", "trap '' TERM; echo token $FILECOORD_FENCING_TOKEN; sleep 5; echo \"late $FILECOORD_FENCING_TOKEN\" >> \(a)"])
+        var lines = holder.lines.makeAsyncIterator()
+        let first = try #require(await lines.next())
+        #expect(first.hasPrefix("token "), "\(first)")
+        holder.signal(SIGSTOP)
+        let stopped = ContinuousClock.now
+        let b = volume.roots[1] + "/log"
+        let fresh = try await run(filecoordBinary, ["exec", "--space", space, "--root", volume.roots[1], "--write", b, "--",
+                                                    "sh", "-c", "echo \"fresh $FILECOORD_FENCING_TOKEN\" >> \(b)"])
+        let waited = ContinuousClock.now - stopped
+        #expect(fresh.status == 0, "\(fresh.errorText)")
+        #expect(waited <= .seconds(3), "the other host proceeded \(waited) after the holder stopped (TTL 2 s)")
+        holder.signal(SIGCONT)
+        let (status, errors) = await holder.wait()
+        #expect(status == 1, "\(errors)")
+        #expect(errors.contains("lease was lost") || errors.contains("stopped holding"), "\(errors)")
+        // A store that keeps the highest token it accepted refuses the late write.
+        let entries = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map { $0.split(separator: " ") }
+        #expect(entries.map { $0.first.map(String.init) ?? "" } == ["fresh", "late"], "\(entries)")
+        let tokens = entries.compactMap { $0.last.flatMap { Int64($0) } }
+        #expect(tokens.count == 2 && tokens[1] < tokens[0], "\(entries)")
+        await server.stop()
+    }
+}
