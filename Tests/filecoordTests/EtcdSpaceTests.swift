@@ -183,4 +183,97 @@ struct EtcdSpaceTests {
         #expect(tokens.count == 2 && tokens[1] < tokens[0], "\(entries)")
         await server.stop()
     }
+
+    @Test("a 3-member etcd cluster whose leader is killed during the increments: the run finishes after the election, nothing lost",
+          .timeLimit(.minutes(3)))
+    func leaderKilledDuringIncrements() async throws {
+        let names = ["m0", "m1", "m2"]
+        let peers = try names.map { _ in try freePort() }
+        let clients = try names.map { _ in try freePort() }
+        let cluster = zip(names, peers).map { "\($0)=http://127.0.0.1:\($1)" }.joined(separator: ",")
+        // A member serves clients once the cluster has a quorum: all three start together.
+        let members = try await withThrowingTaskGroup(of: EtcdServer.self) { group in
+            for index in names.indices {
+                group.addTask {
+                    try await EtcdServer(name: names[index], clientPort: clients[index], peerPort: peers[index], cluster: cluster)
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        let volume = try SharedVolume(hosts: 3)
+        defer { volume.unmount() }
+        let space = "etcd://" + clients.map { "127.0.0.1:\($0)" }.joined(separator: ",") + "/election"
+        try writeFixture(Data("0\n".utf8), toPath: volume.shared.path + "/counter")
+        let increments = 25
+        func script(_ root: String, signalAt mark: Int?) -> String {
+            """
+            i=0; while [ $i -lt \(increments) ]; do
+              "$FILECOORD" exec --space "\(space)" --root "\(root)" --write "\(root)/counter" -- \
+                sh -c 'n=$(cat "\(root)/counter"); echo $((n+1)) > "\(root)/counter"' || exit 1
+              i=$((i+1)); \(mark.map { "if [ $i -eq \($0) ]; then echo marked; fi" } ?? "true")
+            done
+            """
+        }
+        // One process says when it is under way; the leader dies then.
+        let marked = try LineProcess(["-c", script(volume.roots[0], signalAt: 5)], executable: "/bin/sh",
+                                     environment: ["FILECOORD": filecoordBinary])
+        let others = Task {
+            try await withThrowingTaskGroup(of: ProcessResult.self) { group in
+                for (index, root) in volume.roots.enumerated() {
+                    for _ in 0..<(index == 0 ? 1 : 2) { group.addTask { try await shell(script(root, signalAt: nil)) } }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+        }
+        var lines = marked.lines.makeAsyncIterator()
+        #expect(await lines.next() == "marked")
+        let leader = try #require(await Self.leader(of: members), "no member says it leads")
+        leader.process.signal(SIGKILL)
+        let (status, errors) = await marked.wait()
+        #expect(status == 0, "\(errors)")
+        for result in try await others.value { #expect(result.status == 0, "\(result.errorText)") }
+        let final = try String(contentsOfFile: volume.shared.path + "/counter", encoding: .utf8)
+        #expect(final == "\(6 * increments)\n")
+        for member in members { await member.stop() }
+    }
+
+    /// The member that leads, as the members' status says.
+    static func leader(of members: [EtcdServer]) async -> EtcdServer? {
+        for member in members {
+            struct Status: Decodable { struct Header: Decodable { var member_id: String }; var header: Header; var leader: String }
+            guard let status = try? JSONDecoder().decode(Status.self, from: await post(member, "/v3/maintenance/status", "{}")) else { continue }
+            if status.leader == status.header.member_id { return member }
+        }
+        return nil
+    }
+}
+
+/// One POST to a member's JSON gateway, on a thread of its own: the body of the answer.
+func post(_ member: EtcdServer, _ path: String, _ body: String) async -> Data {
+    let request = "POST \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)"
+    return await withCheckedContinuation { continuation in
+        Thread {
+            let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(socket) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = UInt16(member.clientPort).bigEndian
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            }
+            guard connected else { return continuation.resume(returning: Data()) }
+            _ = request.withCString { send(socket, $0, strlen($0), 0) }
+            var answer = Data()
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while true {
+                let count = recv(socket, &buffer, buffer.count, 0)
+                if count <= 0 { break }
+                answer.append(contentsOf: buffer[..<count])
+            }
+            // The body follows the blank line (the gateway answers with Content-Length).
+            if let end = answer.range(of: Data("\r\n\r\n".utf8)) { answer = answer[end.upperBound...] }
+            continuation.resume(returning: Data(answer))
+        }.start()
+    }
 }

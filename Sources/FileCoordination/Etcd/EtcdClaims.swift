@@ -228,9 +228,14 @@ extension EtcdCoordinationSpace: CoordinationTransport {
         if lost { task.cancel() }
     }
 
-    func accessorEnds(_ id: UInt64) -> Bool {
-        state.withLock { _ = $0.running.removeValue(forKey: id) }
-        return claimsHold
+    func accessorEnds(_ id: UInt64) async -> Bool {
+        let lost = state.withLock { state -> Bool in
+            state.running[id] = nil
+            return state.lostBecause != nil
+        }
+        if lost { return false }
+        // Renewed within the TTL: surely held. Else (a slow election, a pause) etcd says.
+        return keeper.holdsNow ? true : await keeper.confirm()
     }
 
     func fencingToken(of id: UInt64) -> Int64? { state.withLock { $0.held[id]?.revision } }

@@ -65,8 +65,10 @@ final class EtcdClient: Sendable {
     }
 
     /// A call on `connection` (made when nil), failing over among `endpoints`. Blocking.
+    /// `readTimeout`: how long one member may take to answer (default: `retryLimit`).
     static func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, endpoints: [EtcdEndpoint],
-                        connectTimeout: Duration, retryLimit: Duration, token: String?) throws(EtcdFailure) -> [UInt8] {
+                        connectTimeout: Duration, retryLimit: Duration, readTimeout: Duration? = nil,
+                        token: String?) throws(EtcdFailure) -> [UInt8] {
         let deadline = ContinuousClock.now + retryLimit
         var next = connection.flatMap { endpoints.firstIndex(of: $0.endpoint) } ?? 0
         var lastFailure: EtcdFailure?
@@ -75,7 +77,7 @@ final class EtcdClient: Sendable {
             do {
                 if connection == nil {
                     connection = try EtcdConnection(endpoints[next % endpoints.count], timeout: connectTimeout,
-                                                    readTimeout: retryLimit)
+                                                    readTimeout: readTimeout ?? retryLimit)
                 }
                 return try connection!.post(path, body, token: token)
             } catch {
@@ -258,7 +260,9 @@ enum EtcdJSON {
     struct LeaseRequest: Codable, Sendable { var ID: String }
     struct LeaseKeepAliveResponse: Codable, Sendable {
         struct Result: Codable, Sendable { var ID: String?; var TTL: String? }
+        struct Failure: Codable, Sendable { var message: String? }
         var result: Result?
+        var error: Failure?
     }
     struct Empty: Codable, Sendable {}
 

@@ -223,13 +223,6 @@ public final class EtcdCoordinationSpace: Sendable {
                               message: "this process's etcd lease was lost (\(why)); its claims no longer hold")
     }
 
-    /// Whether the claims of this process have held since they were taken: the lease
-    /// was never found lost, and it was renewed within its TTL (a process that was
-    /// paused past it cannot tell whether etcd has let its claims go).
-    var claimsHold: Bool {
-        state.withLock { $0.lostBecause == nil } && keeper.holdsNow
-    }
-
     /// Leaves: the lease is revoked, and every key under it goes at once.
     func leaveSpace() async {
         let first = state.withLock { state -> Bool in

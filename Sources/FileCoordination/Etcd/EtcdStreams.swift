@@ -114,6 +114,22 @@ final class EtcdLeaseKeeper: Sendable {
         return since < ttl
     }
 
+    /// Whether the lease lives, asked of etcd now (when ``holdsNow`` cannot say: no
+    /// renewal answered for a whole TTL, as through a slow leader election). A lease that
+    /// etcd still knows was never revoked, so the keys under it held throughout; one it
+    /// no longer knows is lost. Retries members for the client's retry limit.
+    func confirm() async -> Bool {
+        if isLost.load(ordering: .acquiring) { return false }
+        let sent = ContinuousClock.now
+        // The answer is a stream of one message: one JSON object and a newline.
+        guard let answer = try? await client.call("/v3/lease/keepalive", EtcdJSON.LeaseRequest(ID: String(id)),
+                                                  as: EtcdJSON.LeaseKeepAliveResponse.self),
+              let result = answer.result else { return false }
+        guard let ttlLeft = result.TTL.flatMap(Int64.init), ttlLeft > 0 else { return false }
+        noteRenewal(sentAt: sent)
+        return true
+    }
+
     private func noteRenewal(sentAt instant: ContinuousClock.Instant) {
         let (seconds, attoseconds) = (instant - epoch).components
         renewedAt.store(seconds * 1_000_000_000 + attoseconds / 1_000_000_000, ordering: .releasing)
@@ -147,30 +163,43 @@ final class EtcdLeaseKeeper: Sendable {
     private func run(client: EtcdClient, lost: @Sendable (String) -> Void) {
         var connection: EtcdConnection?
         var lastRenewal = ContinuousClock.now
+        var failing = false
         let interval = Double(ttl.components.seconds) / 3 + Double(ttl.components.attoseconds) / 3e18
+        let attempt = Duration.seconds(max(0.5, interval))
         let body = (try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(id)))) ?? []
         while true {
             condition.lock()
             if !stopped.load(ordering: .acquiring) {
-                _ = condition.wait(until: Date(timeIntervalSinceNow: interval))
+                // After a failed try, the next comes soon: the lease's time is running out.
+                _ = condition.wait(until: Date(timeIntervalSinceNow: failing ? 0.1 : interval))
             }
             condition.unlock()
             if stopped.load(ordering: .acquiring) { return }
             let sent = ContinuousClock.now
             do {
-                // Each keep-alive is its own streamed call: one request, one answer.
+                // Each keep-alive is its own streamed call: one request, one answer. A member
+                // that holds it (a follower whose leader just died) is given a third of the
+                // TTL, then the next one is tried.
                 let answer = try EtcdClient.perform("/v3/lease/keepalive", body, on: &connection, endpoints: client.endpoints,
-                                                    connectTimeout: client.connectTimeout, retryLimit: ttl, token: client.token)
-                let result = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer)).result
-                guard let ttlLeft = result?.TTL.flatMap(Int64.init), ttlLeft > 0 else {
+                                                    connectTimeout: attempt, retryLimit: attempt, readTimeout: attempt,
+                                                    token: client.token)
+                let message = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer))
+                // An error (no leader during an election, say) is not an answer about the
+                // lease: tried again until the TTL runs out.
+                guard let result = message.result else {
+                    throw EtcdFailure.answer(503, message.error?.message ?? "no answer about the lease")
+                }
+                guard let ttlLeft = result.TTL.flatMap(Int64.init), ttlLeft > 0 else {
                     isLost.store(true, ordering: .releasing)
                     lost("etcd says the lease has expired")
                     return
                 }
-                lastRenewal = .now
+                lastRenewal = sent
+                failing = false
                 noteRenewal(sentAt: sent)
             } catch {
                 connection = nil
+                failing = true
                 if ContinuousClock.now - lastRenewal >= ttl {
                     isLost.store(true, ordering: .releasing)
                     lost("no etcd member renewed the lease within its TTL (\(error))")

@@ -116,7 +116,7 @@ extension FileCoordinator {
         } catch {
             outcome = .failure(error)
         }
-        guard transport.accessorEnds(id.raw) else {
+        guard await transport.accessorEnds(id.raw) else {
             throw FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
                                         message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
         }

@@ -50,7 +50,7 @@ protocol CoordinationTransport: AnyObject, Sendable {
     func accessorStarts(_ id: UInt64, task: AccessorTask)
 
     /// The accessor of request `id` returned; whether its claims held throughout.
-    func accessorEnds(_ id: UInt64) -> Bool
+    func accessorEnds(_ id: UInt64) async -> Bool
 
     /// The fencing token of request `id`'s claims (an etcd revision), when they have one.
     func fencingToken(of id: UInt64) -> Int64?
@@ -95,7 +95,7 @@ protocol CoordinationTransport: AnyObject, Sendable {
 extension CoordinationTransport {
     var fencesClaims: Bool { false }
     func accessorStarts(_ id: UInt64, task: AccessorTask) {}
-    func accessorEnds(_ id: UInt64) -> Bool { true }
+    func accessorEnds(_ id: UInt64) async -> Bool { true }
     func fencingToken(of id: UInt64) -> Int64? { nil }
 }
 
