@@ -130,7 +130,7 @@ demo: deps
 	.build/release/filecoord demo
 
 # The benchmark is its own package (it builds swift-nio for the peer comparison).
-bench: deps
+bench: deps deps-etcd
 	@command -v inotifywait >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench

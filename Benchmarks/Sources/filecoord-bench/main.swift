@@ -53,7 +53,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "callers", "cli", "watch", "space"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "callers", "cli", "watch", "space", "etcd"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -655,6 +655,7 @@ func residentKiB() -> Int {
 }
 
 if CommandLine.arguments.dropFirst().first == "--child" { try await runChild(Array(CommandLine.arguments.dropFirst(2))) }
+if let first = CommandLine.arguments.dropFirst().first, first.hasPrefix("--etcd-") { try await runEtcdChild(Array(CommandLine.arguments.dropFirst())) }
 let dataset = try makeDataset()
 print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
 for workload in workloads {
@@ -695,6 +696,8 @@ for workload in workloads {
         try await runWatchDeletion()
     case "space":
         try await runSpace(dataset.small)
+    case "etcd":
+        try await runEtcd()
     default:
         print("unknown workload \(workload)")
     }

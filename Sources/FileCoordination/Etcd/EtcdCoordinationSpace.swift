@@ -96,7 +96,6 @@ public final class EtcdCoordinationSpace: Sendable {
         var continuation: CheckedContinuation<Void, any Error>?
         var watch: EtcdWatch?
         var blockers: Set<[UInt8]> = []
-        var outcome: Result<Void, any Error>?
     }
 
     struct State {

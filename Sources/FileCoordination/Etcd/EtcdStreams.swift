@@ -29,8 +29,8 @@ final class EtcdWatch: Sendable {
         thread.start()
     }
 
-    /// Ends the watch; no event is handled after it returns... on another thread, at most
-    /// the batch being handled now.
+    /// Ends the watch. A batch of events being handled on the watch's thread at that
+    /// moment may still finish; none comes after it.
     func cancel() {
         let connection = state.withLock { state in
             state.cancelled = true
