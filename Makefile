@@ -27,6 +27,9 @@ deps-etcd:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; \
 	fi
+	@# The partition test puts a host in a network namespace of its own (ip, iproute2).
+	@command -v ip >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; }
 
 build: deps
 	$(SWIFT) build

@@ -16,14 +16,16 @@ final class EtcdServer: Sendable {
 
     /// Starts a single-member server, or member `name` of `cluster` (`NAME=http://127.0.0.1:PEER,...`),
     /// and returns once it serves clients (its log says so).
-    init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil) async throws {
+    init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil,
+         alsoListeningOn extra: String? = nil) async throws {
         self.name = name
         self.clientPort = try clientPort ?? freePort()
         self.peerPort = try peerPort ?? freePort()
         scratch = Scratch()
+        let port = self.clientPort
         let arguments = [
             "--name", name, "--data-dir", scratch.path + "/data",
-            "--listen-client-urls", "http://127.0.0.1:\(self.clientPort)",
+            "--listen-client-urls", "http://127.0.0.1:\(self.clientPort)" + (extra.map { ",http://\($0):\(port)" } ?? ""),
             "--advertise-client-urls", "http://127.0.0.1:\(self.clientPort)",
             "--listen-peer-urls", "http://127.0.0.1:\(self.peerPort)",
             "--initial-advertise-peer-urls", "http://127.0.0.1:\(self.peerPort)",
@@ -94,5 +96,55 @@ final class SharedVolume: Sendable {
             let process = try? Process.run(URL(fileURLWithPath: "/bin/umount"), arguments: ["-l", root])
             process?.waitUntilExit()
         }
+    }
+}
+
+/// A host with a network of its own: a network namespace joined to this one by a veth
+/// link (`ip`, from iproute2), with addresses on a /30 of its own. Made and removed by the
+/// test; ``cut()`` takes the link down, a partition.
+final class NetworkHost: Sendable {
+    let name: String
+    /// This side's address (where a server for the host listens), and the host's.
+    let outside: String
+    let inside: String
+    private let link: String
+
+    init() async throws {
+        let tag = String(UInt32.random(in: 0 ..< .max), radix: 16)
+        name = "fc-\(tag)"
+        link = "fch\(tag.prefix(8))"
+        let subnet = Int.random(in: 1 ..< 250)
+        outside = "10.213.\(subnet).1"
+        inside = "10.213.\(subnet).2"
+        let peer = "fcn\(tag.prefix(8))"
+        let script = """
+            set -e
+            ip netns add \(name)
+            ip link add \(link) type veth peer name \(peer)
+            ip link set \(peer) netns \(name)
+            ip addr add \(outside)/30 dev \(link)
+            ip link set \(link) up
+            ip netns exec \(name) ip addr add \(inside)/30 dev \(peer)
+            ip netns exec \(name) ip link set \(peer) up
+            ip netns exec \(name) ip link set lo up
+            """
+        let made = try await run("/bin/sh", ["-c", script])
+        guard made.status == 0 else { throw NetworkHostFailed(description: "cannot make a network namespace: \(made.errorText)") }
+    }
+
+    struct NetworkHostFailed: Error, CustomStringConvertible { var description: String }
+
+    /// `arguments` as a command run in the host's network.
+    func command(_ arguments: [String]) -> [String] { ["netns", "exec", name] + arguments }
+
+    /// Takes the link down: the host can no longer reach this side.
+    func cut() async throws {
+        _ = try await run("/usr/sbin/ip", ["link", "set", link, "down"])
+    }
+
+    /// Removes the namespace (and with it the link).
+    func remove() async {
+        _ = try? await run("/usr/sbin/ip", ["netns", "del", name])
+        _ = try? await run("/usr/sbin/ip", ["link", "del", link])
     }
 }

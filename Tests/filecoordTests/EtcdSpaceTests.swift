@@ -184,6 +184,44 @@ struct EtcdSpaceTests {
         await server.stop()
     }
 
+    @Test("a host cut off from etcd (its veth link down) while it holds a claim: the other host proceeds within the TTL plus 1 s; the cut-off holder's command is told and its coordination fails with the fencing error",
+          .timeLimit(.minutes(1)))
+    func partitionedHolderIsFenced() async throws {
+        let network = try await NetworkHost()
+        let server: EtcdServer
+        do {
+            server = try await EtcdServer(alsoListeningOn: network.outside)
+        } catch {
+            await network.remove()
+            throw error
+        }
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        try writeFixture(Data(), toPath: volume.shared.path + "/log")
+        let a = volume.roots[0] + "/log"
+        // The holder, in the other network, reaches etcd through the link only.
+        let holder = try LineProcess(network.command([filecoordBinary, "exec", "--space", "etcd://\(network.outside):\(server.clientPort)/cut",
+                                                      "--root", volume.roots[0], "--lease-ttl", "2", "--write", a, "--",
+                                                      "sh", "-c", "trap 'echo told' TERM; echo held; sleep 5; echo late >> \(a)"]),
+                                     executable: "/usr/sbin/ip")
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        try await network.cut()
+        let cut = ContinuousClock.now
+        let b = volume.roots[1] + "/log"
+        let fresh = try await run(filecoordBinary, ["exec", "--space", server.address("cut"), "--root", volume.roots[1], "--write", b, "--",
+                                                    "sh", "-c", "echo fresh >> \(b)"])
+        let waited = ContinuousClock.now - cut
+        #expect(fresh.status == 0, "\(fresh.errorText)")
+        #expect(waited <= .seconds(3), "the other host proceeded \(waited) after the cut (TTL 2 s)")
+        #expect(await lines.next() == "told", "the cut-off holder's command was not sent SIGTERM")
+        let (status, errors) = await holder.wait()
+        #expect(status == 1, "\(errors)")
+        #expect(errors.contains("lease was lost") || errors.contains("stopped holding"), "\(errors)")
+        await network.remove()
+        await server.stop()
+    }
+
     @Test("a 3-member etcd cluster whose leader is killed during the increments: the run finishes after the election, nothing lost",
           .timeLimit(.minutes(3)))
     func leaderKilledDuringIncrements() async throws {

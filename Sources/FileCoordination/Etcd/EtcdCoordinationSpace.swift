@@ -224,14 +224,17 @@ public final class EtcdCoordinationSpace: Sendable {
 
     /// Leaves: the lease is revoked, and every key under it goes at once.
     func leaveSpace() async {
-        let first = state.withLock { state -> Bool in
+        let (first, lost) = state.withLock { state -> (Bool, Bool) in
             defer { state.left = true }
-            return !state.left
+            return (!state.left, state.lostBecause != nil)
         }
         guard first else { return }
         keeper.stop()
         mail.stop()
-        _ = try? await client.call("/v3/lease/revoke", EtcdJSON.LeaseRequest(ID: String(leaseID)), as: EtcdJSON.Empty.self)
+        // A lost lease has nothing left to revoke (and etcd may be out of reach).
+        if !lost {
+            _ = try? await client.call("/v3/lease/revoke", EtcdJSON.LeaseRequest(ID: String(leaseID)), as: EtcdJSON.Empty.self)
+        }
         client.close()
     }
 }

@@ -1,0 +1,64 @@
+import Foundation
+import SystemPackage
+import Testing
+@testable import FileCoordination
+
+/// The etcd space's pure parts: addresses, names relative to a root, the order of claims.
+@Suite("etcd space: addresses, names, claim order")
+struct EtcdSpaceUnitTests {
+    @Test("an address gives endpoints and a prefix; a malformed one says what is wrong")
+    func addresses() throws {
+        let configuration = try EtcdCoordinationSpace.Configuration(address: "etcd://10.0.0.1:2379,[::1]:2380,db/builds/x")
+        #expect(configuration.endpoints == ["10.0.0.1:2379", "[::1]:2380", "db"])
+        #expect(configuration.prefix == "builds/x")
+        #expect(try EtcdCoordinationSpace.Configuration(address: "etcd://h:1").prefix == "filecoord")
+        #expect(EtcdEndpoint("[::1]:2380")?.host == "::1")
+        #expect(EtcdEndpoint("db")?.port == 2379)
+        for bad in ["etcd://", "etcd:///p", "etcd://h:0/p", "etcd://h:x/p", "etcd://:1/p", "http://h:1/p"] {
+            #expect(throws: FileCoordinationError.self, "\(bad)") { try EtcdCoordinationSpace.Configuration(address: bad) }
+        }
+        let error = try #require(throws: FileCoordinationError.self) { try EtcdCoordinationSpace.Configuration(address: "etcd://h:x/p") }
+        #expect(error.code == .invalidArgument && error.message.contains("'h:x' is not HOST:PORT"))
+    }
+
+    @Test("names are relative to the root, written absolute; paths outside it have none")
+    func names() {
+        let names = EtcdNames(root: Array("/mnt/share".utf8))
+        #expect(names.shared(Array("/mnt/share/a/b".utf8)) == Array("/a/b".utf8))
+        #expect(names.shared(Array("/mnt/share".utf8)) == Array("/".utf8))
+        #expect(names.shared(Array("/mnt/shared/a".utf8)) == nil)
+        #expect(names.shared(Array("/etc/passwd".utf8)) == nil)
+        #expect(names.local(Array("/a/b".utf8)) == FilePath("/mnt/share/a/b"))
+        #expect(names.local(Array("/".utf8)) == FilePath("/mnt/share"))
+        let identity = EtcdNames(root: Array("/".utf8))
+        #expect(identity.shared(Array("/x".utf8)) == Array("/x".utf8))
+        #expect(identity.local(Array("/x".utf8)) == FilePath("/x"))
+    }
+
+    @Test("a request waits for every earlier conflicting request of another process, and only those")
+    func claimOrder() {
+        func claim(_ path: String, _ access: CoordinationRules.Access, _ scope: CoordinationRules.Scope = .item) -> CoordinationRules.Claim {
+            CoordinationRules.Claim(path: FilePath(path), access: access, scope: scope)
+        }
+        func entry(_ name: String, _ member: String, _ revision: Int64, _ claims: [CoordinationRules.Claim]) -> EtcdClaimOrder.Entry {
+            EtcdClaimOrder.Entry(key: Array(name.utf8), member: member, revision: revision, claims: claims)
+        }
+        let entries = [
+            entry("r1", "A", 10, [claim("/a", .reading)]),
+            entry("w2", "B", 11, [claim("/a", .writing)]),
+            entry("d3", "A", 12, [claim("/dir", .writing, .subtree)]),
+            entry("r4", "C", 13, [claim("/b", .reading)]),
+            entry("w5", "C", 20, [claim("/a", .writing)]),
+        ]
+        // A reader at 14 waits for the writer queued before it (first come, first served),
+        // not for the reader: readers share.
+        #expect(EtcdClaimOrder.blockers(of: [claim("/a", .reading)], revision: 14, member: "D", among: entries) == [Array("w2".utf8)])
+        // Its own process's earlier requests never count: its own rules ordered them.
+        #expect(EtcdClaimOrder.blockers(of: [claim("/a", .reading)], revision: 14, member: "B", among: entries).isEmpty)
+        // A later request never blocks an earlier one.
+        #expect(EtcdClaimOrder.blockers(of: [claim("/a", .writing)], revision: 10, member: "D", among: entries).isEmpty)
+        // A subtree claim covers what is inside; all of a request's items count together.
+        #expect(EtcdClaimOrder.blockers(of: [claim("/dir/f", .reading), claim("/b", .writing)], revision: 14, member: "D",
+                                        among: entries) == [Array("d3".utf8), Array("r4".utf8)])
+    }
+}
