@@ -19,14 +19,29 @@ struct SpaceOption: ParsableArguments {
                                valueName: "DURATION"))
     var leaseTTL: CommandDuration?
 
+    @Option(name: .customLong("etcd-cacert"), help: ArgumentHelp("In an etcd space, TLS: the CA that signed the members' certificates (default: $FILECOORD_ETCD_CACERT; etcds:// trusts the system's CAs).",
+                               valueName: "FILE"), completion: .file())
+    var etcdCA: String?
+
+    @Option(name: .customLong("etcd-cert"), help: ArgumentHelp("In an etcd space, TLS: this client's certificate, when etcd checks clients (default: $FILECOORD_ETCD_CERT).",
+                               valueName: "FILE"), completion: .file())
+    var etcdCertificate: String?
+
+    @Option(name: .customLong("etcd-key"), help: ArgumentHelp("In an etcd space, TLS: the client certificate's key (default: $FILECOORD_ETCD_KEY).",
+                               valueName: "FILE"), completion: .file())
+    var etcdKey: String?
+
     @Option(name: .customLong("log-level"), help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
                                valueName: "LEVEL"), completion: .list(["error", "warning", "info", "debug", "trace"]))
     var logLevel: String?
 
     func validate() throws {
         try Self.validate(space)
-        if root != nil, !EtcdCoordinationSpace.Configuration.isAddress(namedSpace ?? "") {
-            throw ValidationError("--root applies to an etcd space only (--space etcd://...)")
+        if !EtcdCoordinationSpace.Configuration.isAddress(namedSpace ?? "") {
+            for (option, value) in [("--root", root), ("--lease-ttl", leaseTTL?.description), ("--etcd-cacert", etcdCA),
+                                    ("--etcd-cert", etcdCertificate), ("--etcd-key", etcdKey)] where value != nil {
+                throw ValidationError("\(option) applies to an etcd space only (--space etcd://...)")
+            }
         }
         if let leaseTTL {
             guard leaseTTL.seconds > 0 else { throw ValidationError("--lease-ttl must be more than zero") }
@@ -58,10 +73,16 @@ struct SpaceOption: ParsableArguments {
         Logs.bootstrap()
         if let address = namedSpace, EtcdCoordinationSpace.Configuration.isAddress(address) {
             do {
-                let root = root ?? ProcessInfo.processInfo.environment["FILECOORD_ROOT"].flatMap { $0.isEmpty ? nil : $0 } ?? "/"
-                var configuration = try EtcdCoordinationSpace.Configuration(address: address, root: RawArguments.path(root))
-                if let ttl = leaseTTL?.duration ?? ProcessInfo.processInfo.environment["FILECOORD_LEASE_TTL"].flatMap(Double.init).map({ Duration.seconds($0) }) {
-                    configuration.leaseTTL = ttl
+                // The environment's settings, then the options over them.
+                var configuration = try EtcdCoordinationSpace.Configuration(address: address, environment: ProcessInfo.processInfo.environment)
+                if let root { configuration.root = RawArguments.path(root) }
+                if let ttl = leaseTTL?.duration { configuration.leaseTTL = ttl }
+                if etcdCA != nil || etcdCertificate != nil || etcdKey != nil {
+                    var tls = configuration.tls ?? .init()
+                    if let etcdCA { tls.caFile = RawArguments.path(etcdCA) }
+                    if let etcdCertificate { tls.certificateFile = RawArguments.path(etcdCertificate) }
+                    if let etcdKey { tls.keyFile = RawArguments.path(etcdKey) }
+                    configuration.tls = tls
                 }
                 Self.revokeLeaseOnFatalSignals(try await FileCoordinator.joinCoordinationSpace(configuration))
             } catch let error as FileCoordinationError {

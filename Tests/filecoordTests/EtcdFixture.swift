@@ -17,22 +17,27 @@ final class EtcdServer: Sendable {
     /// Starts a single-member server, or member `name` of `cluster` (`NAME=http://127.0.0.1:PEER,...`),
     /// and returns once it serves clients (its log says so).
     init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil,
-         alsoListeningOn extra: String? = nil) async throws {
+         alsoListeningOn extra: String? = nil, tls: TestCertificates? = nil) async throws {
         self.name = name
         self.clientPort = try clientPort ?? freePort()
         self.peerPort = try peerPort ?? freePort()
         scratch = Scratch()
         let port = self.clientPort
-        let arguments = [
+        let scheme = tls == nil ? "http" : "https"
+        var arguments = [
             "--name", name, "--data-dir", scratch.path + "/data",
-            "--listen-client-urls", "http://127.0.0.1:\(self.clientPort)" + (extra.map { ",http://\($0):\(port)" } ?? ""),
-            "--advertise-client-urls", "http://127.0.0.1:\(self.clientPort)",
+            "--listen-client-urls", "\(scheme)://127.0.0.1:\(self.clientPort)" + (extra.map { ",\(scheme)://\($0):\(port)" } ?? ""),
+            "--advertise-client-urls", "\(scheme)://127.0.0.1:\(self.clientPort)",
             "--listen-peer-urls", "http://127.0.0.1:\(self.peerPort)",
             "--initial-advertise-peer-urls", "http://127.0.0.1:\(self.peerPort)",
             "--initial-cluster", cluster ?? "\(name)=http://127.0.0.1:\(self.peerPort)",
             "--initial-cluster-state", "new", "--initial-cluster-token", "filecoord-test",
             "--logger", "zap", "--log-outputs", "stdout",
         ]
+        if let tls {
+            arguments += ["--cert-file", tls.serverCertificate, "--key-file", tls.serverKey,
+                          "--trusted-ca-file", tls.ca, "--client-cert-auth"]
+        }
         process = try LineProcess(arguments, executable: Self.binary)
         // Its log's line once the client port serves (zap's wording in etcd 3.4).
         for await line in process.lines where line.contains("serving client traffic") { return }
@@ -147,4 +152,41 @@ final class NetworkHost: Sendable {
         _ = try? await run("/usr/sbin/ip", ["netns", "del", name])
         _ = try? await run("/usr/sbin/ip", ["link", "del", link])
     }
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made by `openssl`
+/// in a scratch directory for one test.
+struct TestCertificates: Sendable {
+    let directory: Scratch
+    var ca: String { directory.path + "/ca.crt" }
+    var serverCertificate: String { directory.path + "/server.crt" }
+    var serverKey: String { directory.path + "/server.key" }
+    var clientCertificate: String { directory.path + "/client.crt" }
+    var clientKey: String { directory.path + "/client.key" }
+
+    init() async throws {
+        directory = Scratch()
+        let script = """
+            set -e
+            cd '\(directory.path)'
+            key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+            key ca.key
+            openssl req -x509 -new -key ca.key -out ca.crt -subj /CN=filecoord-test-ca -days 1
+            for who in server client; do
+              key $who.key
+              openssl req -new -key $who.key -out $who.csr -subj /CN=$who
+            done
+            # etcd's gateway calls its own gRPC server with the server's certificate, which
+            # --client-cert-auth then checks as a client's.
+            printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
+            printf 'extendedKeyUsage=clientAuth\n' > client.ext
+            for who in server client; do
+              openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out $who.crt -days 1 -extfile $who.ext 2>/dev/null
+            done
+            """
+        let made = try await run("/bin/sh", ["-c", script])
+        guard made.status == 0 else { throw CertificatesFailed(description: "openssl: \(made.errorText)") }
+    }
+
+    struct CertificatesFailed: Error, CustomStringConvertible { var description: String }
 }

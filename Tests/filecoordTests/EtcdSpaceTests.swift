@@ -222,6 +222,55 @@ struct EtcdSpaceTests {
         await server.stop()
     }
 
+    @Test("TLS with client certificates: a claim and status work; without the client certificate, or trusting another CA, one line naming the endpoint and the cause, exit 1",
+          .timeLimit(.minutes(1)))
+    func tlsWithClientCertificates() async throws {
+        let certificates = try await TestCertificates()
+        let server = try await EtcdServer(tls: certificates)
+        let scratch = Scratch()
+        let item = scratch.write("item", "x")
+        let space = "etcds://\(server.endpoint)/tls"
+        let tls = ["--etcd-cacert", certificates.ca, "--etcd-cert", certificates.clientCertificate, "--etcd-key", certificates.clientKey]
+        let claimed = try await run(filecoordBinary, ["exec", "--space", space] + tls + ["--write", item, "--", "true"])
+        #expect(claimed.status == 0, "\(claimed.errorText)")
+        let listed = try await run(filecoordBinary, ["status", "--space", space] + tls)
+        #expect(listed.status == 0 && listed.outputText.contains("no claims"), "\(listed.errorText)")
+        // etcd checks clients: without a certificate it refuses the handshake.
+        let anonymous = try await run(filecoordBinary, ["exec", "--space", space, "--etcd-cacert", certificates.ca, "--write", item, "--", "true"])
+        #expect(anonymous.status == 1)
+        #expect(anonymous.errorText.split(separator: "\n").count == 1 && anonymous.errorText.contains(server.endpoint), "\(anonymous.errorText)")
+        // The system's CAs do not know this one.
+        let untrusted = try await run(filecoordBinary, ["exec", "--space", space, "--etcd-cert", certificates.clientCertificate,
+                                                        "--etcd-key", certificates.clientKey, "--write", item, "--", "true"])
+        #expect(untrusted.status == 1)
+        #expect(untrusted.errorText.contains("certificate"), "\(untrusted.errorText)")
+        await server.stop()
+    }
+
+    @Test("etcd with authentication on: the credentials from the environment work; a wrong password is one line, exit 1",
+          .timeLimit(.minutes(1)))
+    func authentication() async throws {
+        let server = try await EtcdServer()
+        for (path, body) in [("/v3/auth/user/add", #"{"name":"root","password":"secret"}"#),
+                             ("/v3/auth/user/grant", #"{"user":"root","role":"root"}"#),
+                             ("/v3/auth/enable", "{}")] {
+            let answer = String(decoding: await post(server, path, body), as: UTF8.self)
+            #expect(answer.contains("header"), "\(path): \(answer)")
+        }
+        let scratch = Scratch()
+        let item = scratch.write("item", "x")
+        let arguments = ["exec", "--space", server.address("auth"), "--write", item, "--", "true"]
+        let anonymous = try await run(filecoordBinary, arguments)
+        #expect(anonymous.status == 1, "\(anonymous.errorText)")
+        let allowed = try await run(filecoordBinary, arguments, environment: ["FILECOORD_ETCD_USER": "root", "FILECOORD_ETCD_PASSWORD": "secret"])
+        #expect(allowed.status == 0, "\(allowed.errorText)")
+        let refused = try await run(filecoordBinary, arguments, environment: ["FILECOORD_ETCD_USER": "root", "FILECOORD_ETCD_PASSWORD": "wrong"])
+        #expect(refused.status == 1)
+        #expect(refused.errorText.split(separator: "\n").count == 1 && refused.errorText.contains("authentication failed"),
+                "\(refused.errorText)")
+        await server.stop()
+    }
+
     @Test("a 3-member etcd cluster whose leader is killed during the increments: the run finishes after the election, nothing lost",
           .timeLimit(.minutes(3)))
     func leaderKilledDuringIncrements() async throws {

@@ -56,4 +56,23 @@ extern const short fc_F_UNLCK;
 void fc_tsan_acquire(void *address);
 void fc_tsan_release(void *address);
 
+/// TLS for the etcd space, through the system's OpenSSL (libssl.so.3), loaded with
+/// dlopen the first time a TLS connection is made: a process that never asks for TLS
+/// (every local space, every `exec`) loads none of it at start-up. On failure each call
+/// returns NULL or -1 and writes one line of explanation into `error`.
+///
+/// A context: the CA bundle to trust (NULL: the system's), and a client certificate and
+/// key (both NULL: none).
+void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key_file, char *error, size_t size);
+/// A TLS session over the connected socket `fd`, the handshake done, the peer's
+/// certificate verified against `host` (a name or an IP address).
+void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_t size);
+/// As read(2) and write(2): bytes moved, 0 at the end, -1 on failure (errno EAGAIN when
+/// the socket's timeout expired).
+long fc_tls_read(void *session, void *buffer, size_t count);
+long fc_tls_write(void *session, const void *buffer, size_t count);
+/// Frees a session (the socket stays open) or a context.
+void fc_tls_free(void *session);
+void fc_tls_free_context(void *context);
+
 #endif

@@ -11,7 +11,7 @@ public final class EtcdBareClient: Sendable {
     /// A client of the members at `endpoints` (`HOST:PORT`).
     public init(endpoints: [String]) {
         client = EtcdClient(endpoints: endpoints.compactMap { EtcdEndpoint(Substring($0)) }, connectTimeout: .seconds(5),
-                            retryLimit: .seconds(5), token: nil)
+                            retryLimit: .seconds(5))
     }
 
     deinit { client.close() }

@@ -314,6 +314,6 @@ extension EtcdCoordinationSpace {
         var connection: EtcdConnection?
         guard let body = try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(leaseID))) else { return }
         _ = try? EtcdClient.perform("/v3/lease/revoke", body, on: &connection, endpoints: client.endpoints,
-                                    connectTimeout: .seconds(1), retryLimit: .seconds(1), token: client.token)
+                                    connectTimeout: .seconds(1), retryLimit: .seconds(1), auth: client.auth, tls: client.tls)
     }
 }

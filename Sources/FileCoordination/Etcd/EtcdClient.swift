@@ -13,15 +13,18 @@ final class EtcdClient: Sendable {
     let connectTimeout: Duration
     /// How long a call keeps trying members (through a leader election, say) before it fails.
     let retryLimit: Duration
-    /// An auth token (`/v3/auth/authenticate`), sent with every call.
-    let token: String?
+    /// The credentials and their current token, when etcd's authentication is on.
+    let auth: EtcdAuth?
+    /// TLS for every connection, when the space uses it.
+    let tls: EtcdTLS?
     private let worker: EtcdWorker
 
-    init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, token: String?) {
+    init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, auth: EtcdAuth? = nil, tls: EtcdTLS? = nil) {
         self.endpoints = endpoints
         self.connectTimeout = connectTimeout
         self.retryLimit = retryLimit
-        self.token = token
+        self.auth = auth
+        self.tls = tls
         worker = EtcdWorker(name: "filecoord-etcd")
     }
 
@@ -61,14 +64,14 @@ final class EtcdClient: Sendable {
     /// one answers or ``retryLimit`` passes.
     private func perform(_ path: String, _ body: [UInt8]) throws(EtcdFailure) -> [UInt8] {
         try Self.perform(path, body, on: &worker.connection, endpoints: endpoints, connectTimeout: connectTimeout,
-                         retryLimit: retryLimit, token: token)
+                         retryLimit: retryLimit, auth: auth, tls: tls)
     }
 
     /// A call on `connection` (made when nil), failing over among `endpoints`. Blocking.
     /// `readTimeout`: how long one member may take to answer (default: `retryLimit`).
     static func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, endpoints: [EtcdEndpoint],
                         connectTimeout: Duration, retryLimit: Duration, readTimeout: Duration? = nil,
-                        token: String?) throws(EtcdFailure) -> [UInt8] {
+                        auth: EtcdAuth?, tls: EtcdTLS?) throws(EtcdFailure) -> [UInt8] {
         let deadline = ContinuousClock.now + retryLimit
         var next = connection.flatMap { endpoints.firstIndex(of: $0.endpoint) } ?? 0
         var lastFailure: EtcdFailure?
@@ -77,15 +80,18 @@ final class EtcdClient: Sendable {
             do {
                 if connection == nil {
                     connection = try EtcdConnection(endpoints[next % endpoints.count], timeout: connectTimeout,
-                                                    readTimeout: readTimeout ?? retryLimit)
+                                                    readTimeout: readTimeout ?? retryLimit, tls: tls)
                 }
-                return try connection!.post(path, body, token: token)
+                return try connection!.post(path, body, token: auth?.token(on: connection!))
             } catch {
                 tries += 1
                 switch error {
                 case .connection:
                     connection = nil
                     next += 1
+                case .answer(_, let message) where auth != nil && EtcdAuth.isExpired(message):
+                    // Tokens expire (5 min by default): a new one, and the call again.
+                    auth?.invalidate()
                 case .answer(let status, let message):
                     // A member without a leader (an election under way) answers 503 or
                     // says so; another member, or the same one shortly, will do.
@@ -99,6 +105,38 @@ final class EtcdClient: Sendable {
             }
         }
     }
+}
+
+/// etcd credentials and the token they last got (`/v3/auth/authenticate`), sent with every
+/// call; a new one is asked for when etcd says the old one expired.
+final class EtcdAuth: Sendable {
+    let user: String
+    let password: String
+    private let current = Locked<String?>(nil)
+
+    init(user: String, password: String) {
+        self.user = user
+        self.password = password
+    }
+
+    /// The token, authenticating on `connection` first when there is none.
+    func token(on connection: EtcdConnection) throws(EtcdFailure) -> String {
+        if let token = current.withLock({ $0 }) { return token }
+        struct Authenticate: Codable { var name: String; var password: String }
+        struct Answer: Codable { var token: String? }
+        let body = (try? EtcdJSON.encode(Authenticate(name: user, password: password))) ?? []
+        let answer = try connection.post("/v3/auth/authenticate", body, token: nil)
+        guard let token = (try? EtcdJSON.decode(Answer.self, answer))?.token else {
+            throw .answer(401, "etcd gave no token to user \(user)")
+        }
+        current.withLock { $0 = token }
+        return token
+    }
+
+    func invalidate() { current.withLock { $0 = nil } }
+
+    /// Whether etcd's error says the token is no longer valid.
+    static func isExpired(_ message: String) -> Bool { message.contains("invalid auth token") }
 }
 
 /// A thread that runs the closures given to it one by one, in order, and owns the

@@ -1,3 +1,4 @@
+import CFileCoordinationShims
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -61,12 +62,14 @@ enum EtcdFailure: Error, Sendable, CustomStringConvertible {
 final class EtcdConnection: @unchecked Sendable {
     let endpoint: EtcdEndpoint
     private let fd: Int32
+    /// The TLS session over `fd`, when the space uses TLS.
+    private var session: UnsafeMutableRawPointer?
     private var buffer: [UInt8] = []
     private var start = 0
 
-    /// Connects within `timeout`; reads then wait at most `readTimeout` (nil: for ever,
-    /// for a watch, which ``shutdown()`` ends).
-    init(_ endpoint: EtcdEndpoint, timeout: Duration, readTimeout: Duration?) throws(EtcdFailure) {
+    /// Connects within `timeout` (and, with `tls`, does the handshake); reads then wait
+    /// at most `readTimeout` (nil: for ever, for a watch, which ``shutdown()`` ends).
+    init(_ endpoint: EtcdEndpoint, timeout: Duration, readTimeout: Duration?, tls: EtcdTLS? = nil) throws(EtcdFailure) {
         self.endpoint = endpoint
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
@@ -95,13 +98,31 @@ final class EtcdConnection: @unchecked Sendable {
                 setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
                 setsockopt(socket, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
             }
+            if let tls {
+                // The handshake within the connect timeout too.
+                var limit = Self.timeval(timeout)
+                setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+                var error = [CChar](repeating: 0, count: 256)
+                guard let session = fc_tls_connect(tls.context, socket, endpoint.host, &error, error.count) else {
+                    close(socket)
+                    throw .connection(endpoint, Self.text(error))
+                }
+                self.session = session
+                if readTimeout == nil {
+                    var none = Glibc.timeval()
+                    setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &none, socklen_t(MemoryLayout<timeval>.size))
+                }
+            }
             fd = socket
             return
         }
         throw .connection(endpoint, lastError)
     }
 
-    deinit { close(fd) }
+    deinit {
+        fc_tls_free(session)
+        close(fd)
+    }
 
     /// Ends any read in progress on another thread (a watch's).
     func shutdown() { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
@@ -145,7 +166,10 @@ final class EtcdConnection: @unchecked Sendable {
         let bytes = Array(request.utf8) + body
         var sent = 0
         while sent < bytes.count {
-            let count = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            let count = bytes.withUnsafeBytes { raw in
+                session.map { fc_tls_write($0, raw.baseAddress! + sent, raw.count - sent) }
+                    ?? Glibc.send(fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
+            }
             if count < 0 {
                 if errno == EINTR { continue }
                 throw .connection(endpoint, "send failed: \(String(cString: strerror(errno)))")
@@ -222,7 +246,9 @@ final class EtcdConnection: @unchecked Sendable {
         }
         var chunk = [UInt8](repeating: 0, count: 16_384)
         while true {
-            let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            let count = chunk.withUnsafeMutableBytes { raw in
+                session.map { fc_tls_read($0, raw.baseAddress, raw.count) } ?? recv(fd, raw.baseAddress, raw.count, 0)
+            }
             if count > 0 {
                 buffer += chunk[..<count]
                 return
@@ -230,11 +256,20 @@ final class EtcdConnection: @unchecked Sendable {
             if count == 0 { throw .connection(endpoint, "the connection was closed") }
             if errno == EINTR { continue }
             if errno == EAGAIN || errno == EWOULDBLOCK { throw .connection(endpoint, "no answer in time") }
+            if session != nil, errno == EPROTO {
+                // With TLS 1.3 a server that refuses the client learns it only now.
+                throw .connection(endpoint, "the server ended the TLS session (does it require a client certificate?)")
+            }
             throw .connection(endpoint, "receive failed: \(String(cString: strerror(errno)))")
         }
     }
 
     // MARK: Helpers
+
+    /// A C string written into `buffer`.
+    static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
 
     /// etcd's `{"error": ..., "message": ...}`, or the body as text.
     private static func message(_ body: [UInt8]) -> String {
@@ -266,4 +301,24 @@ final class EtcdConnection: @unchecked Sendable {
         getsockopt(socket, SOL_SOCKET, SO_ERROR, &failure, &size)
         return failure == 0 ? nil : String(cString: strerror(failure))
     }
+}
+
+/// A TLS context for the etcd space's connections: the CA to trust, and the client's
+/// certificate and key when etcd asks for one. OpenSSL is loaded when the first is made.
+final class EtcdTLS: @unchecked Sendable {
+    /// The OpenSSL context; used from several threads, which OpenSSL allows once it is set up.
+    let context: UnsafeMutableRawPointer
+
+    /// Why TLS cannot be set up (OpenSSL missing, a file that is not what it should be).
+    struct Failure: Error { let message: String }
+
+    init(caFile: String?, certificateFile: String?, keyFile: String?) throws(Failure) {
+        var error = [CChar](repeating: 0, count: 256)
+        guard let context = fc_tls_context(caFile, certificateFile, keyFile, &error, error.count) else {
+            throw Failure(message: EtcdConnection.text(error))
+        }
+        self.context = context
+    }
+
+    deinit { fc_tls_free_context(context) }
 }

@@ -42,11 +42,33 @@ public final class EtcdCoordinationSpace: Sendable {
         public var user: String?
         /// The password for ``user``.
         public var password: String?
+        /// TLS to etcd, when its client port serves TLS; nil for plain HTTP.
+        public var tls: TLS?
+
+        /// TLS settings: the CA that signed the members' certificates (nil: the system's
+        /// CAs), and this client's certificate and key when etcd checks clients
+        /// (`--client-cert-auth`). PEM files. OpenSSL (`libssl3`) is loaded when the space
+        /// is joined, not before.
+        public struct TLS: Sendable {
+            /// The CA bundle to trust; nil for the system's.
+            public var caFile: FilePath?
+            /// This client's certificate (chain), when etcd asks for one.
+            public var certificateFile: FilePath?
+            /// The certificate's private key.
+            public var keyFile: FilePath?
+
+            /// TLS settings.
+            public init(caFile: FilePath? = nil, certificateFile: FilePath? = nil, keyFile: FilePath? = nil) {
+                self.caFile = caFile
+                self.certificateFile = certificateFile
+                self.keyFile = keyFile
+            }
+        }
 
         /// A configuration; `leaseTTL` is rounded up to whole seconds (etcd's unit).
         public init(endpoints: [String], prefix: String = "filecoord", root: FilePath = "/",
                     leaseTTL: Duration = .seconds(5), connectTimeout: Duration = .seconds(5),
-                    user: String? = nil, password: String? = nil) {
+                    user: String? = nil, password: String? = nil, tls: TLS? = nil) {
             self.endpoints = endpoints
             self.prefix = prefix
             self.root = root
@@ -54,28 +76,47 @@ public final class EtcdCoordinationSpace: Sendable {
             self.connectTimeout = connectTimeout
             self.user = user
             self.password = password
+            self.tls = tls
         }
 
-        /// Parses a space address `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`.
+        /// Parses a space address `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`; `etcds://` is
+        /// the same over TLS, trusting the system's CAs (``tls`` chooses others).
         ///
         /// - Throws: `FileCoordinationError` with code `.invalidArgument` naming what is wrong.
         public init(address: String, root: FilePath = "/") throws {
             func invalid(_ why: String) -> FileCoordinationError {
                 FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
-                                      message: "\(address): \(why); the form is etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+                                      message: "\(address): \(why); the form is etcd://HOST:PORT[,HOST:PORT...]/PREFIX (etcds:// for TLS)")
             }
-            guard address.hasPrefix("etcd://") else { throw invalid("not an etcd address") }
-            let rest = address.dropFirst("etcd://".count)
+            let secure = address.hasPrefix("etcds://")
+            guard address.hasPrefix("etcd://") || secure else { throw invalid("not an etcd address") }
+            let rest = address.dropFirst(secure ? "etcds://".count : "etcd://".count)
             let slash = rest.firstIndex(of: "/") ?? rest.endIndex
             let hosts = rest[..<slash].split(separator: ",")
             guard !hosts.isEmpty else { throw invalid("no endpoint") }
             for host in hosts where EtcdEndpoint(host) == nil { throw invalid("'\(host)' is not HOST:PORT") }
             let prefix = slash < rest.endIndex ? rest[rest.index(after: slash)...] : ""
-            self.init(endpoints: hosts.map(String.init), prefix: prefix.isEmpty ? "filecoord" : String(prefix), root: root)
+            self.init(endpoints: hosts.map(String.init), prefix: prefix.isEmpty ? "filecoord" : String(prefix), root: root,
+                      tls: secure ? TLS() : nil)
         }
 
-        /// Whether `address` names an etcd space.
-        public static func isAddress(_ address: String) -> Bool { address.hasPrefix("etcd://") }
+        /// `address` with what the environment sets: `FILECOORD_ROOT`, `FILECOORD_LEASE_TTL`
+        /// (seconds), `FILECOORD_ETCD_CACERT`, `FILECOORD_ETCD_CERT` and `FILECOORD_ETCD_KEY`
+        /// (any of them means TLS), `FILECOORD_ETCD_USER` and `FILECOORD_ETCD_PASSWORD`.
+        public init(address: String, environment: [String: String]) throws {
+            func value(_ name: String) -> String? { environment[name].flatMap { $0.isEmpty ? nil : $0 } }
+            try self.init(address: address, root: value("FILECOORD_ROOT").map { FilePath($0) } ?? "/")
+            if let seconds = value("FILECOORD_LEASE_TTL").flatMap(Double.init), seconds > 0 { leaseTTL = .seconds(seconds) }
+            let (ca, certificate, key) = (value("FILECOORD_ETCD_CACERT"), value("FILECOORD_ETCD_CERT"), value("FILECOORD_ETCD_KEY"))
+            if ca != nil || certificate != nil || key != nil {
+                tls = TLS(caFile: ca.map { FilePath($0) }, certificateFile: certificate.map { FilePath($0) }, keyFile: key.map { FilePath($0) })
+            }
+            user = value("FILECOORD_ETCD_USER")
+            password = value("FILECOORD_ETCD_PASSWORD")
+        }
+
+        /// Whether `address` names an etcd space (`etcd://` or `etcds://`).
+        public static func isAddress(_ address: String) -> Bool { address.hasPrefix("etcd://") || address.hasPrefix("etcds://") }
     }
 
     /// The configuration joined with (the root made canonical).
@@ -120,7 +161,7 @@ public final class EtcdCoordinationSpace: Sendable {
         keys = EtcdKeys(prefix: configuration.prefix, member: leaseID)
         names = EtcdNames(root: configuration.root.platformBytes)
         mail = EtcdMail(client: client, keys: keys, names: names, leaseID: leaseID, host: host)
-        address = "etcd://" + configuration.endpoints.joined(separator: ",") + "/" + configuration.prefix
+        address = (configuration.tls == nil ? "etcd://" : "etcds://") + configuration.endpoints.joined(separator: ",") + "/" + configuration.prefix
         keeper = EtcdLeaseKeeper(client: client, id: leaseID, ttl: configuration.leaseTTL, grantSentAt: grantSentAt)
     }
 
@@ -142,18 +183,20 @@ public final class EtcdCoordinationSpace: Sendable {
         }
         let ttlSeconds = max(1, configuration.leaseTTL.components.seconds + (configuration.leaseTTL.components.attoseconds > 0 ? 1 : 0))
         configuration.leaseTTL = .seconds(ttlSeconds)
-        var client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
-                                retryLimit: configuration.connectTimeout, token: nil)
+        let tls: EtcdTLS?
         do {
-            if let user = configuration.user {
-                struct Authenticate: Codable { var name: String; var password: String }
-                struct Token: Codable, Sendable { var token: String? }
-                let answer = try await client.call("/v3/auth/authenticate",
-                                                   Authenticate(name: user, password: configuration.password ?? ""), as: Token.self)
-                client.close()
-                client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
-                                    retryLimit: configuration.connectTimeout, token: answer.token)
+            tls = try configuration.tls.map { settings throws(EtcdTLS.Failure) in
+                try EtcdTLS(caFile: settings.caFile?.string, certificateFile: settings.certificateFile?.string,
+                            keyFile: settings.keyFile?.string)
             }
+        } catch {
+            throw FileCoordinationError(code: .invalidArgument, path: configuration.tls?.caFile, operation: "join",
+                                        message: "TLS to etcd cannot be set up: \(error.message)")
+        }
+        let auth = configuration.user.map { EtcdAuth(user: $0, password: configuration.password ?? "") }
+        let client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
+                                retryLimit: configuration.connectTimeout, auth: auth, tls: tls)
+        do {
             let grantSentAt = ContinuousClock.now
             let lease = try await client.call("/v3/lease/grant", EtcdJSON.LeaseGrantRequest(TTL: String(ttlSeconds)),
                                               as: EtcdJSON.LeaseGrantResponse.self)
@@ -183,6 +226,11 @@ public final class EtcdCoordinationSpace: Sendable {
         case .connection:
             FileCoordinationError(code: .unreachable, path: nil, operation: operation,
                                   message: "no etcd member answered at \(endpoints.joined(separator: ",")) (\(failure))")
+        case .answer(_, let message) where message.contains("user name is empty"):
+            FileCoordinationError(code: .permissionDenied, path: nil, operation: operation,
+                                  message: "\(failure) (etcd's authentication is on: name a user, in the CLI with FILECOORD_ETCD_USER and FILECOORD_ETCD_PASSWORD)")
+        case .answer(_, let message) where message.contains("authentication failed") || message.contains("permission denied"):
+            FileCoordinationError(code: .permissionDenied, path: nil, operation: operation, message: "\(failure)")
         case .answer:
             FileCoordinationError(code: .io, path: nil, operation: operation, message: "\(failure)")
         }

@@ -47,7 +47,7 @@ final class EtcdWatch: Sendable {
         while !state.withLock({ $0.cancelled }) {
             do {
                 let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count],
-                                                    timeout: client.connectTimeout, readTimeout: nil)
+                                                    timeout: client.connectTimeout, readTimeout: nil, tls: client.tls)
                 guard state.withLock({ state in
                     state.connection = connection
                     return !state.cancelled
@@ -55,7 +55,7 @@ final class EtcdWatch: Sendable {
                 let request = EtcdJSON.WatchCreate(create_request: .init(
                     key: EtcdJSON.base64(prefix), range_end: EtcdJSON.base64(EtcdJSON.prefixEnd(prefix)),
                     start_revision: String(next), filters: events == .deletions ? ["NOPUT"] : events == .puts ? ["NODELETE"] : nil))
-                try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.token)
+                try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.auth?.token(on: connection))
                 while let chunk = try connection.nextChunk() {
                     failingSince = nil
                     guard let answer = try? EtcdJSON.decode(EtcdJSON.WatchResponse.self, chunk) else { continue }
@@ -77,6 +77,7 @@ final class EtcdWatch: Sendable {
                 throw EtcdFailure.connection(connection.endpoint, "the watch ended")
             } catch {
                 if state.withLock({ $0.cancelled }) { return }
+                if case .answer(_, let message) = error as? EtcdFailure, EtcdAuth.isExpired(message) { client.auth?.invalidate() }
                 let now = ContinuousClock.now
                 if let since = failingSince, now - since > client.retryLimit {
                     failed(error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)"))
@@ -182,7 +183,7 @@ final class EtcdLeaseKeeper: Sendable {
                 // TTL, then the next one is tried.
                 let answer = try EtcdClient.perform("/v3/lease/keepalive", body, on: &connection, endpoints: client.endpoints,
                                                     connectTimeout: attempt, retryLimit: attempt, readTimeout: attempt,
-                                                    token: client.token)
+                                                    auth: client.auth, tls: client.tls)
                 let message = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer))
                 // An error (no leader during an election, say) is not an answer about the
                 // lease: tried again until the TTL runs out.

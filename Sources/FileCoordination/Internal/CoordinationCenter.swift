@@ -81,12 +81,12 @@ final class CoordinationCenter: Sendable {
         await transport?.messagesWritten()
     }
 
-    /// The space named by the environment: `FILECOORD_SPACE` as an etcd address (with
-    /// `FILECOORD_ROOT` as the root), else the local default.
+    /// The space named by the environment: `FILECOORD_SPACE` as an etcd address (with the
+    /// settings of ``EtcdCoordinationSpace/Configuration/init(address:environment:)``),
+    /// else the local default.
     static func joinDefault(environment: [String: String] = ProcessInfo.processInfo.environment) async throws -> any CoordinationTransport {
         if let named = environment["FILECOORD_SPACE"], EtcdCoordinationSpace.Configuration.isAddress(named) {
-            let root = environment["FILECOORD_ROOT"].flatMap { $0.isEmpty ? nil : FilePath($0) } ?? "/"
-            return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, root: root))
+            return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, environment: environment))
         }
         return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory(environment: environment))
     }
