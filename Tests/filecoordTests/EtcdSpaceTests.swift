@@ -147,6 +147,28 @@ struct EtcdSpaceTests {
         await server.stop()
     }
 
+    @Test("a presenter on host A refuses writers: the write on host B fails with the presenter's refusal, exit 1, and the file is unchanged",
+          .timeLimit(.minutes(1)))
+    func refusalAcrossHosts() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("refusal")
+        try writeFixture(Data("v0".utf8), toPath: volume.shared.path + "/doc")
+        let presenter = try LineProcess(["present", "--space", space, "--root", volume.roots[0], "--refuse-writers",
+                                         volume.roots[0] + "/doc"])
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next() == "ready \(volume.roots[0])/doc")
+        let writer = try await run(filecoordBinary, ["write", "--space", space, "--root", volume.roots[1], volume.roots[1] + "/doc"],
+                                   stdin: Data("v1".utf8))
+        #expect(writer.status == 1)
+        #expect(writer.errorText.contains("refused"), "\(writer.errorText)")
+        #expect(try String(contentsOfFile: volume.shared.path + "/doc", encoding: .utf8) == "v0")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+        await server.stop()
+    }
+
     @Test("a holder stopped past its lease TTL: another host proceeds; resumed, its coordination fails with the fencing error, and its late write carries the lower token",
           .timeLimit(.minutes(1)))
     func stoppedHolderIsFenced() async throws {
