@@ -56,9 +56,12 @@ final class EtcdServer: Sendable {
     }
 }
 
-/// A TCP port on loopback that nothing listens on now (the kernel's choice).
+/// A TCP port on loopback that nothing listens on now (the kernel's choice). The socket
+/// is close-on-exec, as every descriptor a test opens must be: the suites run in
+/// parallel, and a descriptor open when another test starts a process would be
+/// inherited by it (the descriptor-exhaustion tests count every one).
 func freePort() throws -> Int {
-    let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     defer { close(socket) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)

@@ -362,7 +362,7 @@ func post(_ member: EtcdServer, _ path: String, _ body: String) async -> Data {
     let request = "POST \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)"
     return await withCheckedContinuation { continuation in
         Thread {
-            let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
             defer { close(socket) }
             var address = sockaddr_in()
             address.sin_family = sa_family_t(AF_INET)
