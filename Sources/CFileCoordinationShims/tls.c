@@ -40,6 +40,7 @@ static struct {
     int (*get_error)(const void *, int);
     long (*verify_result)(const void *);
     unsigned long (*err_get)(void);
+    void (*err_clear)(void);
     void (*err_string)(unsigned long, char *, size_t);
     const char *(*verify_string)(long);
 } ssl;
@@ -81,10 +82,13 @@ static void load(void) {
     FIND(verify_result, "SSL_get_verify_result")
     FIND(err_get, "ERR_get_error")
     FIND(err_string, "ERR_error_string_n")
+    FIND(err_clear, "ERR_clear_error")
     FIND(verify_string, "X509_verify_cert_error_string")
     FIND(client_method, "TLS_client_method")
 #undef FIND
 }
+
+static void consume_sigpipe(const sigset_t *pipe_signal);
 
 /// OpenSSL's last error (or `fallback`) into `error`.
 static void describe(const char *what, const char *fallback, char *error, size_t size) {
@@ -131,6 +135,7 @@ void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_
         describe("TLS session", "cannot be made", error, size);
         return NULL;
     }
+    ssl.err_clear();
     ssl.set_fd(session, fd);
     // An IP address is checked against the certificate's IP entries, a name against its
     // DNS names (and sent as SNI).
@@ -138,7 +143,17 @@ void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_
         ssl.ctrl(session, FC_SSL_CTRL_SET_TLSEXT_HOSTNAME, FC_TLSEXT_NAMETYPE_host_name, (void *)host);
         ssl.set1_host(session, host);
     }
-    if (ssl.do_connect(session) != 1) {
+    // The calls above may leave errors on the queue (an IP address check on a name):
+    // the handshake's own are the ones to report.
+    ssl.err_clear();
+    sigset_t pipe_signal, previous;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, &previous);
+    int connected = ssl.do_connect(session);
+    consume_sigpipe(&pipe_signal);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (connected != 1) {
         long verified = ssl.verify_result(session);
         if (verified != 0) snprintf(error, size, "TLS handshake: the server's certificate: %s", ssl.verify_string(verified));
         else describe("TLS handshake", errno ? strerror(errno) : "refused", error, size);
@@ -146,6 +161,16 @@ void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_
         return NULL;
     }
     return session;
+}
+
+/// A SIGPIPE the call raised on this thread (blocked meanwhile), whatever the call ended
+/// with: an alert OpenSSL sends on a failed read writes too.
+static void consume_sigpipe(const sigset_t *pipe_signal) {
+    sigset_t pending;
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+        struct timespec none = {0, 0};
+        sigtimedwait(pipe_signal, NULL, &none);
+    }
 }
 
 static long finish(void *session, int result) {
@@ -168,15 +193,11 @@ static long without_sigpipe(void *session, void *buffer, size_t count, int writi
     sigaddset(&pipe_signal, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_signal, &previous);
     errno = 0;
+    ssl.err_clear();
     int size = count > 1 << 30 ? 1 << 30 : (int)count;
     long result = finish(session, writing ? ssl.write(session, buffer, size) : ssl.read(session, buffer, size));
     int saved = errno;
-    // Whatever the call ended with (an alert OpenSSL sends on a failed read writes too).
-    sigset_t pending;
-    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
-        struct timespec none = {0, 0};
-        sigtimedwait(&pipe_signal, NULL, &none);
-    }
+    consume_sigpipe(&pipe_signal);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     errno = saved;
     return result;

@@ -53,6 +53,12 @@ extension FileCoordinator {
         let session = try Self.wait { try await self.begin(requests) }
         var failure: (any Error)?
         do { try body(session.urls) } catch { failure = error }
+        // Claims that can stop holding (an etcd space's): checked after the accessor, as
+        // the async forms do (with no task to cancel while it runs).
+        if failure == nil, let transport = center.transport, transport.fencesClaims, let request = session.request,
+           try Self.wait({ await transport.accessorEnds(request.raw) }) == false {
+            failure = FileCoordinationError.claimsLost(path: session.items.first?.path)
+        }
         let succeeded = failure == nil
         _ = try? Self.wait { await self.finish(session, accessorSucceeded: succeeded) }
         if let failure { throw failure }

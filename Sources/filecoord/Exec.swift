@@ -137,14 +137,16 @@ enum Child {
             Output.report(FileCoordinationError("exec", errno: errno, path: FilePath(platformBytes: arguments[0])))
             return errno == .noSuchFileOrDirectory ? 127 : 126
         }
-        return try await withTaskCancellationHandler {
-            try await runOnIOThread {
-                let status = fc_wait_command(pid)
-                guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
-                return status
+        // Waited for whatever happens to the task: a cancellation tells the command
+        // (SIGTERM), and the claims last until it has ended.
+        let status = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+                submitToIOThread { continuation.resume(returning: fc_wait_command(pid)) }
             }
         } onCancel: {
             kill(pid, SIGTERM)
         }
+        guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
+        return status
     }
 }

@@ -69,6 +69,30 @@ struct EtcdSpaceTests {
         await server.stop()
     }
 
+    @Test("a claim held on another host: -n fails at once and --timeout 1 after a second, exit 3, as locally",
+          .timeLimit(.minutes(1)))
+    func claimTimeoutAcrossHosts() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("timeout")
+        try writeFixture(Data("x".utf8), toPath: volume.shared.path + "/item")
+        let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--write", volume.roots[0] + "/item",
+                                      "--", "sh", "-c", "echo held; exec sleep 10"])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        for (option, bound) in [(["-n"], Duration.seconds(2)), (["--timeout", "1"], Duration.seconds(3))] {
+            let started = ContinuousClock.now
+            let waiter = try await filecoordIn(space, root: volume.roots[1], ["exec"] + option + ["--write", volume.roots[1] + "/item", "--", "true"])
+            let took = ContinuousClock.now - started
+            #expect(waiter.status == 3, "\(option): \(waiter.errorText)")
+            #expect(took < bound, "\(option) took \(took)")
+        }
+        holder.signal(SIGTERM)
+        _ = await holder.wait()
+        await server.stop()
+    }
+
     @Test("etcd unreachable at start: one clear line naming the endpoints, exit 1, within the connect timeout",
           .timeLimit(.minutes(1)))
     func unreachableAtStart() async throws {

@@ -123,7 +123,10 @@ extension EtcdCoordinationSpace {
         let answer: EtcdJSON.TxnResponse
         do {
             answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
-        } catch let failure as EtcdFailure {
+        } catch {
+            // It may have reached etcd before the connection failed: the key must not stay.
+            release(key)
+            guard let failure = error as? EtcdFailure else { throw error }
             throw Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)
         }
         let kvs = answer.responses?.last?.response_range?.kvs ?? []
@@ -135,10 +138,12 @@ extension EtcdCoordinationSpace {
         let blockers = EtcdClaimOrder.blockers(of: named, revision: mine.revision, member: keys.memberName, among: all)
         if !blockers.isEmpty {
             let from = (answer.header?.revision.flatMap(Int64.init) ?? mine.revision) + 1
+            // The claim timeout counts from here (`FileCoordinator.setClaimTimeout`).
+            ClaimWait.noteWaiting()
             do {
                 try await wait(for: blockers, id: id, from: from)
             } catch {
-                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key))
+                release(key)
                 throw error
             }
         }
@@ -151,6 +156,8 @@ extension EtcdCoordinationSpace {
                 let early: (any Error)? = state.withLock { state in
                     if let why = state.lostBecause { return lostError(why) }
                     if state.cancelled.remove(id) != nil { return FileCoordinationError.coordinatorCancelled() }
+                    // Cancelled before it got here (during the transaction, say).
+                    if state.cancelledTasks.remove(id) != nil || Task.isCancelled { return CancellationError() }
                     state.waiting[id] = Waiting(continuation: continuation, blockers: blockers)
                     return nil
                 }
@@ -169,7 +176,23 @@ extension EtcdCoordinationSpace {
                 if !stillWaiting { watch.cancel() }
             }
         } onCancel: {
-            finishWait(id, .failure(CancellationError()))
+            let registered = state.withLock { state -> Bool in
+                if state.waiting[id] != nil { return true }
+                state.cancelledTasks.insert(id)
+                return false
+            }
+            if registered { finishWait(id, .failure(CancellationError())) }
+        }
+        state.withLock { _ = $0.cancelledTasks.remove(id) }
+    }
+
+    /// Deletes a claim's key, trying again (every half second, on the client's thread)
+    /// while etcd cannot be reached and the lease lives: a key left behind would keep
+    /// other hosts' conflicting requests waiting until the lease ends.
+    func release(_ key: [UInt8]) {
+        client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key)) { [weak self] in
+            guard let self, state.withLock({ $0.lostBecause == nil }) else { return false }
+            return true
         }
     }
 
@@ -215,23 +238,23 @@ extension EtcdCoordinationSpace: CoordinationTransport {
 
     func releaseClaims(of id: UInt64) {
         guard let held = state.withLock({ $0.held.removeValue(forKey: id) }) else { return }
-        client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: held.key))
+        release(held.key)
     }
 
     var fencesClaims: Bool { true }
 
     func accessorStarts(_ id: UInt64, task: AccessorTask) {
-        let lost = state.withLock { state -> Bool in
-            state.running[id] = task
-            return state.lostBecause != nil
+        running.withLock { running in
+            if running.lost { task.cancel() }
+            running.tasks[id] = task
         }
-        if lost { task.cancel() }
     }
 
     func accessorEnds(_ id: UInt64) async -> Bool {
-        let lost = state.withLock { state -> Bool in
-            state.running[id] = nil
-            return state.lostBecause != nil
+        // Once this returns, the task may end: it is not cancelled after.
+        let lost = running.withLock { running -> Bool in
+            running.tasks[id] = nil
+            return running.lost
         }
         if lost { return false }
         // Renewed within the TTL: surely held. Else (a slow election, a pause) etcd says.

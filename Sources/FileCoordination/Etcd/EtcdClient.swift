@@ -32,19 +32,30 @@ final class EtcdClient: Sendable {
     func call<Answer: Decodable & Sendable>(_ path: String, _ request: some Encodable, as answer: Answer.Type) async throws -> Answer {
         let body = try EtcdJSON.encode(request)
         let bytes: [UInt8] = try await withCheckedThrowingContinuation { continuation in
-            worker.enqueue { [self] in
+            let queued = worker.enqueue { [self] in
                 continuation.resume(with: Result { () throws(EtcdFailure) in try perform(path, body) })
             }
+            if !queued { continuation.resume(throwing: EtcdFailure.connection(endpoints[0], "the client is closed")) }
         }
         return try EtcdJSON.decode(Answer.self, bytes)
     }
 
-    /// Calls `path` without waiting for the answer (a release); failures are logged: the
-    /// key goes with the lease in any case.
-    func send(_ path: String, _ request: some Encodable) {
+    /// Calls `path` without waiting for the answer. When no member answers, the call is
+    /// made again after half a second for as long as `again` says so (a release, while
+    /// the lease lives); else the failure is logged.
+    func send(_ path: String, _ request: some Encodable, again: (@Sendable () -> Bool)? = nil) {
         guard let body = try? EtcdJSON.encode(request) else { return }
+        send(path, body, again: again)
+    }
+
+    private func send(_ path: String, _ body: [UInt8], again: (@Sendable () -> Bool)?) {
         worker.enqueue { [self] in
             do { _ = try perform(path, body) } catch {
+                if let failure = error as? EtcdFailure, case .connection = failure, let again, again() {
+                    Thread.sleep(forTimeInterval: 0.5)
+                    send(path, body, again: again)
+                    return
+                }
                 PresenterMessenger.logger.warning("etcd call failed", metadata: ["call": "\(path)", "error": "\(error)"])
             }
         }
@@ -53,7 +64,7 @@ final class EtcdClient: Sendable {
     /// Returns once every call made so far is done.
     func barrier() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            worker.enqueue { continuation.resume() }
+            if !worker.enqueue({ continuation.resume() }) { continuation.resume() }
         }
     }
 
@@ -155,11 +166,15 @@ final class EtcdWorker: @unchecked Sendable {
         thread.start()
     }
 
-    func enqueue(_ job: @escaping @Sendable () -> Void) {
+    /// Queues `job`; false (and `job` dropped) once the worker was told to finish.
+    @discardableResult
+    func enqueue(_ job: @escaping @Sendable () -> Void) -> Bool {
         condition.lock()
+        defer { condition.unlock() }
+        guard !finished else { return false }
         jobs.append(job)
         condition.signal()
-        condition.unlock()
+        return true
     }
 
     func finish() {

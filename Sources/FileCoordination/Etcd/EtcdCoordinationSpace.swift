@@ -147,11 +147,20 @@ public final class EtcdCoordinationSpace: Sendable {
         var cancelled: Set<UInt64> = []
         var lostBecause: String?
         var left = false
-        /// The tasks of accessors running under this process's claims, cancelled if the
-        /// lease is lost.
-        var running: [UInt64: AccessorTask] = [:]
+        /// Requests whose task was cancelled before their wait was recorded.
+        var cancelledTasks: Set<UInt64> = []
     }
     let state = Locked(State())
+
+    /// The tasks of accessors running under this process's claims, cancelled when the
+    /// lease is lost, under a lock of their own: a task is cancelled under it, so that it
+    /// cannot end meanwhile (``accessorEnds(_:)`` takes the lock before its task goes
+    /// on), and no cancellation handler of an accessor takes it.
+    struct Running {
+        var tasks: [UInt64: AccessorTask] = [:]
+        var lost = false
+    }
+    let running = Locked(Running())
 
     init(configuration: Configuration, client: EtcdClient, leaseID: Int64, host: String, grantSentAt: ContinuousClock.Instant) {
         self.configuration = configuration
@@ -175,7 +184,6 @@ public final class EtcdCoordinationSpace: Sendable {
             throw FileCoordinationError(code: .invalidArgument, path: configuration.root, operation: "join",
                                         message: "the space's root must be an absolute path")
         }
-        configuration.root = CanonicalPaths.canonicalNow(configuration.root.lexicallyNormalized(), followingLast: true)
         let endpoints = configuration.endpoints.compactMap { EtcdEndpoint(Substring($0)) }
         guard !endpoints.isEmpty, endpoints.count == configuration.endpoints.count else {
             throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
@@ -183,13 +191,24 @@ public final class EtcdCoordinationSpace: Sendable {
         }
         let ttlSeconds = max(1, configuration.leaseTTL.components.seconds + (configuration.leaseTTL.components.attoseconds > 0 ? 1 : 0))
         configuration.leaseTTL = .seconds(ttlSeconds)
-        let tls: EtcdTLS?
-        do {
-            tls = try configuration.tls.map { settings throws(EtcdTLS.Failure) in
-                try EtcdTLS(caFile: settings.caFile?.string, certificateFile: settings.certificateFile?.string,
-                            keyFile: settings.keyFile?.string)
+        // What may block (the root on a hung mount, loading OpenSSL and reading its files,
+        // the host's name) is done on an I/O thread.
+        let given = configuration
+        let (root, loaded, host) = try await runOnIOThread { () -> (FilePath, Result<EtcdTLS?, EtcdTLS.Failure>, String) in
+            let root = CanonicalPaths.canonicalNow(given.root.lexicallyNormalized(), followingLast: true)
+            let tls = Result { () throws(EtcdTLS.Failure) in
+                try given.tls.map { settings throws(EtcdTLS.Failure) in
+                    try EtcdTLS(caFile: settings.caFile?.string, certificateFile: settings.certificateFile?.string,
+                                keyFile: settings.keyFile?.string)
+                }
             }
-        } catch {
+            return (root, tls, ProcessInfo.processInfo.hostName)
+        }
+        configuration.root = root
+        let tls: EtcdTLS?
+        switch loaded {
+        case .success(let made): tls = made
+        case .failure(let error):
             throw FileCoordinationError(code: .invalidArgument, path: configuration.tls?.caFile, operation: "join",
                                         message: "TLS to etcd cannot be set up: \(error.message)")
         }
@@ -203,13 +222,19 @@ public final class EtcdCoordinationSpace: Sendable {
             guard let id = lease.ID.flatMap(Int64.init) else {
                 throw EtcdFailure.answer(500, lease.error ?? "no lease granted")
             }
-            let host = ProcessInfo.processInfo.hostName
             let space = EtcdCoordinationSpace(configuration: configuration, client: client, leaseID: id, host: host,
                                               grantSentAt: grantSentAt)
             space.keeper.start { [weak space] why in space?.leaseLost(why) }
             let member = EtcdMember(host: host, pid: getpid(), root: EtcdJSON.base64(configuration.root.platformBytes))
-            _ = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: space.keys.member, value: try EtcdJSON.encode(member), lease: id),
-                                      as: EtcdJSON.Empty.self)
+            do {
+                _ = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: space.keys.member, value: try EtcdJSON.encode(member), lease: id),
+                                          as: EtcdJSON.Empty.self)
+            } catch {
+                // Not joined: the lease is not kept alive, and goes.
+                space.keeper.stop()
+                _ = try? await client.call("/v3/lease/revoke", EtcdJSON.LeaseRequest(ID: String(id)), as: EtcdJSON.Empty.self)
+                throw error
+            }
             return space
         } catch let failure as EtcdFailure {
             client.close()
@@ -251,14 +276,22 @@ public final class EtcdCoordinationSpace: Sendable {
     func leaseLost(_ why: String) {
         PresenterMessenger.logger.error("the etcd lease of this process is lost; its claims no longer hold",
                                         metadata: ["space": "\(address)", "why": "\(why)"])
-        let (waits, running) = state.withLock { state -> ([Waiting], [AccessorTask]) in
-            state.lostBecause = why
+        endClaims(because: why)
+    }
+
+    /// From now on no claim of this process holds: running accessors are cancelled, and
+    /// waits fail.
+    func endClaims(because why: String) {
+        let waits = state.withLock { state -> [Waiting] in
+            if state.lostBecause == nil { state.lostBecause = why }
             let waits = Array(state.waiting.values)
             state.waiting.removeAll()
-            return (waits, Array(state.running.values))
+            return waits
         }
-        // Under no lock of ours: a cancellation handler may call back in.
-        for task in running { task.cancel() }
+        running.withLock { running in
+            running.lost = true
+            for task in running.tasks.values { task.cancel() }
+        }
         for wait in waits {
             wait.watch?.cancel()
             wait.continuation?.resume(throwing: lostError(why))
@@ -277,6 +310,8 @@ public final class EtcdCoordinationSpace: Sendable {
             return (!state.left, state.lostBecause != nil)
         }
         guard first else { return }
+        // Claims still held or awaited go with the lease: their tasks are told.
+        endClaims(because: "this process left the space")
         keeper.stop()
         mail.stop()
         // A lost lease has nothing left to revoke (and etcd may be out of reach).

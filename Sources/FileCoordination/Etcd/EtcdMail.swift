@@ -40,6 +40,10 @@ final class EtcdMail: PresenterMailbox {
         var proxies: [[UInt8]: Proxy] = [:]
         var presenterWatch: EtcdWatch?
         var current = false
+        var refreshing = false
+        var startingMail = false
+        /// Mail keys already served (a put retried after a lost answer arrives twice).
+        var seen: Set<[UInt8]> = []
         var mailWatch: EtcdWatch?
         var membersWatch: EtcdWatch?
         var replies: [UInt64: Reply] = [:]
@@ -135,16 +139,21 @@ final class EtcdMail: PresenterMailbox {
 
     /// Reads every presenter once, then follows them through a watch: current from then on.
     func refresh() async {
-        guard !isCurrent else { return }
-        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: presentersFolder, prefix: true),
-                                                  as: EtcdJSON.RangeResponse.self) else { return }
-        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
-        let started = state.withLock { state -> Bool in
-            guard state.presenterWatch == nil else { return false }
-            for kv in answer.kvs ?? [] { Self.add(kv, to: &state, mail: self) }
+        // One refresh at a time; the others find the view current, or stale until it is.
+        guard state.withLock({ state in
+            guard !state.current, !state.refreshing else { return false }
+            state.refreshing = true
             return true
+        }) else { return }
+        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: presentersFolder, prefix: true),
+                                                  as: EtcdJSON.RangeResponse.self) else {
+            state.withLock { $0.refreshing = false }
+            return
         }
-        guard started else { return }
+        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
+        state.withLock { state in
+            for kv in answer.kvs ?? [] { Self.add(kv, to: &state, mail: self) }
+        }
         let watch = EtcdWatch(client: client, prefix: presentersFolder, from: revision + 1, events: .all) { [weak self] events in
             guard let self else { return }
             state.withLock { state in
@@ -161,11 +170,18 @@ final class EtcdMail: PresenterMailbox {
             }
         } failed: { [weak self] failure in
             PresenterMessenger.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
-            self?.state.withLock { $0.current = false; $0.presenterWatch = nil }
+            // Read whole again by the next coordination.
+            self?.state.withLock { state in
+                state.current = false
+                state.presenterWatch = nil
+                state.remote = PresenterRegistry()
+                state.proxies = [:]
+            }
         }
         state.withLock { state in
             state.presenterWatch = watch
             state.current = true
+            state.refreshing = false
         }
     }
 
@@ -173,10 +189,14 @@ final class EtcdMail: PresenterMailbox {
         let key = kv.keyBytes
         guard let member = mail.keys.memberName(of: key, under: mail.presentersFolder), member != mail.keys.memberName,
               let number = UInt64(String(decoding: key.split(separator: UInt8(ascii: "/")).last ?? [], as: UTF8.self), radix: 16),
-              let record = try? EtcdJSON.decode(PresenterRecord.self, kv.valueBytes),
-              state.proxies[key] == nil
+              let record = try? EtcdJSON.decode(PresenterRecord.self, kv.valueBytes)
         else { return }
         let path = mail.names.local(EtcdJSON.bytes(record.path))
+        if let known = state.proxies[key] {
+            // Published again: where its item moved to, or the same.
+            guard known.presenter.path != path else { return }
+            state.remote.remove(ObjectIdentifier(known.presenter))
+        }
         let proxy = RemotePresenter(mail: mail, process: member, number: number, path: path, pid: record.pid)
         state.proxies[key] = Proxy(presenter: proxy, member: member)
         state.remote.add(proxy, at: path, endpoint: proxy)
@@ -285,41 +305,66 @@ final class EtcdMail: PresenterMailbox {
         guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: keys.members, prefix: true),
                                                   as: EtcdJSON.RangeResponse.self) else { return false }
         let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
-        let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
-        let first = state.withLock { state -> Bool in
-            guard state.serving == nil else { return false }
+        // One caller starts the watches; another returns at once: whatever it sends next
+        // is answered after `revision`, which the watches start from.
+        let serving = state.withLock { state -> AsyncStream<SpaceProtocol.Message>? in
+            guard state.mailWatch == nil, !state.startingMail else { return nil }
+            state.startingMail = true
+            guard state.serving == nil else { return AsyncStream { $0.finish() } }
+            let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
             state.serving = continuation
-            return true
+            return stream
         }
-        guard first else { return true }
+        guard let serving else { return true }
         // Served one by one, in order, on a task of their own: a presenter's callback may
         // take long, and replies to this process's own requests must not wait behind it.
         Task { [weak self] in
-            for await message in stream { await self?.serve(message) }
+            for await message in serving { await self?.serve(message) }
         }
         let mailbox = mailbox(of: keys.memberName)
         let watch = EtcdWatch(client: client, prefix: mailbox, from: revision + 1, events: .puts) { [weak self] events in
             guard let self else { return }
             for event in events {
                 guard let kv = event.kv else { continue }
-                received(kv.valueBytes)
+                let key = kv.keyBytes
+                let fresh = state.withLock { state -> Bool in
+                    if state.seen.count > 10_000 { state.seen.removeAll() }
+                    return state.seen.insert(key).inserted
+                }
+                if fresh { received(kv.valueBytes) }
                 // Read: the key goes (it would go with the sender's lease in any case).
-                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: kv.keyBytes))
+                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key))
             }
-        } failed: { failure in
+        } failed: { [weak self] failure in
             PresenterMessenger.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
+            self?.mailWatchFailed()
         }
         let members = EtcdWatch(client: client, prefix: keys.members, from: revision + 1, events: .deletions) { [weak self] events in
             guard let self else { return }
             for event in events {
                 if let key = event.kv?.keyBytes, let member = keys.memberName(of: key, under: keys.members) { memberGone(member) }
             }
-        } failed: { failure in
+        } failed: { [weak self] failure in
             PresenterMessenger.logger.error("the watch on the etcd space's members failed", metadata: ["error": "\(failure)"])
+            self?.mailWatchFailed()
         }
-        state.withLock { $0.membersWatch = members }
-        state.withLock { $0.mailWatch = watch }
+        state.withLock { state in
+            state.mailWatch = watch
+            state.membersWatch = members
+            state.startingMail = false
+        }
         return true
+    }
+
+    /// A watch of the mail gave up (etcd out of reach longer than the connect timeout):
+    /// both go, and the next request or registration starts them again. Requests waiting
+    /// for a reply meanwhile end by their deadline.
+    private func mailWatchFailed() {
+        let watches = state.withLock { state in
+            defer { (state.mailWatch, state.membersWatch) = (nil, nil) }
+            return [state.mailWatch, state.membersWatch]
+        }
+        for watch in watches { watch?.cancel() }
     }
 
     /// On the mail watch's thread.

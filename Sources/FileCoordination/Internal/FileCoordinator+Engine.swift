@@ -116,10 +116,7 @@ extension FileCoordinator {
         } catch {
             outcome = .failure(error)
         }
-        guard await transport.accessorEnds(id.raw) else {
-            throw FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
-                                        message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
-        }
+        guard await transport.accessorEnds(id.raw) else { throw FileCoordinationError.claimsLost(path: path) }
         return try outcome.get()
     }
 
@@ -319,6 +316,12 @@ extension FileCoordinator {
 }
 
 extension FileCoordinationError {
+    /// An accessor's claims stopped holding while it ran.
+    static func claimsLost(path: FilePath?) -> FileCoordinationError {
+        FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
+                              message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
+    }
+
     /// A coordination ended by ``FileCoordinator/cancel()``.
     static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
         FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
