@@ -423,27 +423,12 @@ final class EtcdMail: PresenterMailbox {
                     throw error
                 }
             }
-        case .save:
-            await replying { try await presenter?.savePresentedItemChanges() }
-        case .accommodateDeletion:
-            await replying { try await presenter?.accommodatePresentedItemDeletion() }
-        case .accommodateSubitemDeletion:
-            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
         case .reacquire(let re):
             guard let kept = state.withLock({ $0.kept[from]?.removeValue(forKey: re) }) else { return }
             await Self.undo(kept)
-        case .didChange:
-            await presenter?.presentedItemDidChange()
-        case .didMove(let to):
-            guard let presenter else { return }
-            await CoordinationCenter.shared.presenterMoved(presenter, from: request.path, to: to)
-            await presenter.presentedItemDidMove(to: to.fileURL)
-        case .subitemDidAppear:
-            await presenter?.presentedSubitemDidAppear(at: url)
-        case .subitemDidChange:
-            await presenter?.presentedSubitemDidChange(at: url)
-        case .subitemDidMove(let to):
-            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
+        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
+             .subitemDidChange, .subitemDidMove:
+            await request.deliver(to: presenter, replying: replying)
         }
     }
 

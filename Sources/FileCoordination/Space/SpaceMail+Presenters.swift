@@ -202,12 +202,6 @@ extension SpaceMail {
                     throw error
                 }
             }
-        case .save:
-            await replying { try await presenter?.savePresentedItemChanges() }
-        case .accommodateDeletion:
-            await replying { try await presenter?.accommodatePresentedItemDeletion() }
-        case .accommodateSubitemDeletion:
-            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
         case .reacquire(let re):
             let key = ServingLedger<KeptRelinquish>.Key(process: from, request: re)
             guard let kept = state.withLock({ $0.ledger.reacquire(key) }) else { return }
@@ -216,18 +210,9 @@ extension SpaceMail {
             // wait behind it.
             if let (watch, token) = kept.suppression { Task { await watch.endSuppressing(token) } }
             await kept.reacquirer?()
-        case .didChange:
-            await presenter?.presentedItemDidChange()
-        case .didMove(let to):
-            guard let presenter else { return }
-            await CoordinationCenter.shared.presenterMoved(presenter, from: request.path, to: to)
-            await presenter.presentedItemDidMove(to: to.fileURL)
-        case .subitemDidAppear:
-            await presenter?.presentedSubitemDidAppear(at: url)
-        case .subitemDidChange:
-            await presenter?.presentedSubitemDidChange(at: url)
-        case .subitemDidMove(let to):
-            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
+        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
+             .subitemDidChange, .subitemDidMove:
+            await request.deliver(to: presenter, replying: replying)
         }
     }
 
@@ -247,5 +232,36 @@ extension SpaceMail {
         if let error = error as? FileCoordinationError { return error.message }
         if let error = error as? any LocalizedError, let text = error.errorDescription { return text }
         return String(describing: error)
+    }
+}
+
+extension SpaceProtocol.PresenterMessage {
+    /// Delivers a call that no ledger keeps (every call but a relinquish and a reacquire)
+    /// to `presenter` (nil: it was unregistered); a request's answer goes through
+    /// `replying`. For the mailbox of either space.
+    func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
+        var url: URL { path.fileURL }
+        switch call {
+        case .save:
+            await replying { try await presenter?.savePresentedItemChanges() }
+        case .accommodateDeletion:
+            await replying { try await presenter?.accommodatePresentedItemDeletion() }
+        case .accommodateSubitemDeletion:
+            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
+        case .didChange:
+            await presenter?.presentedItemDidChange()
+        case .didMove(let to):
+            guard let presenter else { return }
+            await CoordinationCenter.shared.presenterMoved(presenter, from: path, to: to)
+            await presenter.presentedItemDidMove(to: to.fileURL)
+        case .subitemDidAppear:
+            await presenter?.presentedSubitemDidAppear(at: url)
+        case .subitemDidChange:
+            await presenter?.presentedSubitemDidChange(at: url)
+        case .subitemDidMove(let to):
+            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
+        case .relinquish, .reacquire:
+            break
+        }
     }
 }
