@@ -21,10 +21,9 @@ final class EtcdServer: Sendable {
         self.name = name
         self.clientPort = try clientPort ?? freePort()
         self.peerPort = try peerPort ?? freePort()
-        // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters'
-        // thousands of writes would stall the disk that the suites running beside this one
-        // wait on (a claim timeout of 0.2 s did not fire for 30 s, a watcher's marker did
-        // not arrive). What it keeps is thrown away after the test in any case.
+        // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters make
+        // thousands of writes while other suites use the same disk. What it keeps is thrown
+        // away after the test in any case.
         scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
         let port = self.clientPort
         let scheme = tls == nil ? "http" : "https"
