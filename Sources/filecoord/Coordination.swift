@@ -63,7 +63,8 @@ struct SpaceOption: ParsableArguments {
 
     /// `--space`, else `$FILECOORD_SPACE`.
     var namedSpace: String? {
-        space ?? ProcessInfo.processInfo.environment["FILECOORD_SPACE"].flatMap { $0.isEmpty ? nil : $0 }
+        // getenv, not ProcessInfo's dictionary of every variable: every command asks.
+        space ?? getenv("FILECOORD_SPACE").flatMap { String(validatingCString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
     }
 
     /// Routes library warnings to stderr, then joins the space; a space that cannot be

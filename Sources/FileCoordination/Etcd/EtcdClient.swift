@@ -133,8 +133,8 @@ final class EtcdAuth: Sendable {
     /// The token, authenticating on `connection` first when there is none.
     func token(on connection: EtcdConnection) throws(EtcdFailure) -> String {
         if let token = current.withLock({ $0 }) { return token }
-        struct Authenticate: Codable { var name: String; var password: String }
-        struct Answer: Codable { var token: String? }
+        struct Authenticate: Encodable { var name: String; var password: String }
+        struct Answer: Decodable { var token: String? }
         let body = (try? EtcdJSON.encode(Authenticate(name: user, password: password))) ?? []
         let answer = try connection.post("/v3/auth/authenticate", body, token: nil)
         guard let token = (try? EtcdJSON.decode(Answer.self, answer))?.token else {
@@ -229,9 +229,9 @@ enum EtcdJSON {
 
     // MARK: Messages (the fields the space uses)
 
-    struct Header: Codable, Sendable { var revision: String? }
+    struct Header: Decodable, Sendable { var revision: String? }
 
-    struct KeyValue: Codable, Sendable {
+    struct KeyValue: Decodable, Sendable {
         var key: String?
         var value: String?
         var create_revision: String?
@@ -242,7 +242,7 @@ enum EtcdJSON {
         var createRevision: Int64 { Int64(create_revision ?? "") ?? 0 }
     }
 
-    struct RangeRequest: Codable, Sendable {
+    struct RangeRequest: Encodable, Sendable {
         var key: String
         var range_end: String?
         var max_create_revision: String?
@@ -253,12 +253,12 @@ enum EtcdJSON {
         }
     }
 
-    struct RangeResponse: Codable, Sendable {
+    struct RangeResponse: Decodable, Sendable {
         var header: Header?
         var kvs: [KeyValue]?
     }
 
-    struct PutRequest: Codable, Sendable {
+    struct PutRequest: Encodable, Sendable {
         var key: String
         var value: String
         var lease: String?
@@ -269,7 +269,7 @@ enum EtcdJSON {
         }
     }
 
-    struct DeleteRangeRequest: Codable, Sendable {
+    struct DeleteRangeRequest: Encodable, Sendable {
         var key: String
         var range_end: String?
         init(key: [UInt8], prefix: Bool = false) {
@@ -278,17 +278,17 @@ enum EtcdJSON {
         }
     }
 
-    struct RequestOp: Codable, Sendable {
+    struct RequestOp: Encodable, Sendable {
         var request_range: RangeRequest?
         var request_put: PutRequest?
         var request_delete_range: DeleteRangeRequest?
     }
 
-    struct ResponseOp: Codable, Sendable {
+    struct ResponseOp: Decodable, Sendable {
         var response_range: RangeResponse?
     }
 
-    struct Compare: Codable, Sendable {
+    struct Compare: Encodable, Sendable {
         var result: String
         var target: String
         var key: String
@@ -296,31 +296,31 @@ enum EtcdJSON {
         var version: String?
     }
 
-    struct TxnRequest: Codable, Sendable {
+    struct TxnRequest: Encodable, Sendable {
         var compare: [Compare] = []
         var success: [RequestOp] = []
         var failure: [RequestOp] = []
     }
 
-    struct TxnResponse: Codable, Sendable {
+    struct TxnResponse: Decodable, Sendable {
         var header: Header?
         var succeeded: Bool?
         var responses: [ResponseOp]?
     }
 
-    struct LeaseGrantRequest: Codable, Sendable { var TTL: String }
-    struct LeaseGrantResponse: Codable, Sendable { var header: Header?; var ID: String?; var TTL: String?; var error: String? }
-    struct LeaseRequest: Codable, Sendable { var ID: String }
-    struct LeaseKeepAliveResponse: Codable, Sendable {
-        struct Result: Codable, Sendable { var ID: String?; var TTL: String? }
-        struct Failure: Codable, Sendable { var message: String? }
+    struct LeaseGrantRequest: Encodable, Sendable { var TTL: String }
+    struct LeaseGrantResponse: Decodable, Sendable { var header: Header?; var ID: String?; var TTL: String?; var error: String? }
+    struct LeaseRequest: Encodable, Sendable { var ID: String }
+    struct LeaseKeepAliveResponse: Decodable, Sendable {
+        struct Result: Decodable, Sendable { var ID: String?; var TTL: String? }
+        struct Failure: Decodable, Sendable { var message: String? }
         var result: Result?
         var error: Failure?
     }
-    struct Empty: Codable, Sendable {}
+    struct Empty: Decodable, Sendable {}
 
-    struct WatchCreate: Codable, Sendable {
-        struct Create: Codable, Sendable {
+    struct WatchCreate: Encodable, Sendable {
+        struct Create: Encodable, Sendable {
             var key: String
             var range_end: String?
             var start_revision: String?
@@ -329,8 +329,8 @@ enum EtcdJSON {
         var create_request: Create
     }
 
-    struct WatchResponse: Codable, Sendable {
-        struct Result: Codable, Sendable {
+    struct WatchResponse: Decodable, Sendable {
+        struct Result: Decodable, Sendable {
             var header: Header?
             var created: Bool?
             var canceled: Bool?
@@ -338,7 +338,7 @@ enum EtcdJSON {
             var cancel_reason: String?
             var events: [Event]?
         }
-        struct Event: Codable, Sendable {
+        struct Event: Decodable, Sendable {
             var type: String?
             var kv: KeyValue?
         }
