@@ -72,6 +72,18 @@ struct Read: AsyncParsableCommand {
 
     @OptionGroup var coordination: CoordinationOptions
 
+    /// How many files may be open at once, leaving two descriptors free: libdispatch's
+    /// monitor of its worker threads opens `/proc/self/task/…/stat` about once a second,
+    /// and stops the process (SIGILL) when it cannot, which under a low limit (`ulimit -n
+    /// 7`) a batch holding every descriptor made it do. Unlimited (`Int.max`) when the
+    /// limit is not low.
+    static func descriptorHeadroom() -> Int {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 256 else { return .max }
+        let open = (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 }
+        return max(1, Int(limit.rlim_cur) - open - 2)
+    }
+
     func run() async throws {
         var list = paths.map(RawArguments.path)
         if let fromList {
@@ -82,7 +94,8 @@ struct Read: AsyncParsableCommand {
         // No bar where it would be drawn into the contents: --cat onto the same terminal.
         let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
             ? Progress(total: list.count) : nil
-        let options = BatchReadOptions(concurrency: concurrency, maximumFileSize: Self.wholeFileLimit, engine: engine)
+        let options = BatchReadOptions(concurrency: min(concurrency, Self.descriptorHeadroom()), maximumFileSize: Self.wholeFileLimit,
+                                       engine: engine)
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
