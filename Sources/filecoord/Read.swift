@@ -72,16 +72,17 @@ struct Read: AsyncParsableCommand {
 
     @OptionGroup var coordination: CoordinationOptions
 
-    /// How many files may be open at once, leaving two descriptors free: libdispatch's
-    /// monitor of its worker threads opens `/proc/self/task/…/stat` about once a second,
-    /// and stops the process (SIGILL) when it cannot, which under a low limit (`ulimit -n
-    /// 7`) a batch holding every descriptor made it do. Unlimited (`Int.max`) when the
-    /// limit is not low.
-    static func descriptorHeadroom() -> Int {
+    /// How many files may be open at once, leaving one descriptor free: libdispatch's
+    /// monitor of its worker threads opens `/proc/self/task/…/stat` about once a second
+    /// and stops the process (SIGILL) when it cannot, as it did under `ulimit -n 7` while
+    /// a batch held the last descriptor. `Int.max` when the limit is not low; nil when
+    /// fewer than two descriptors are free (nothing can be read safely).
+    static func descriptorHeadroom() -> Int? {
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 256 else { return .max }
         let open = (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 }
-        return max(1, Int(limit.rlim_cur) - open - 2)
+        let free = Int(limit.rlim_cur) - open
+        return free >= 2 ? free - 1 : nil
     }
 
     func run() async throws {
@@ -94,8 +95,12 @@ struct Read: AsyncParsableCommand {
         // No bar where it would be drawn into the contents: --cat onto the same terminal.
         let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
             ? Progress(total: list.count) : nil
-        let options = BatchReadOptions(concurrency: min(concurrency, Self.descriptorHeadroom()), maximumFileSize: Self.wholeFileLimit,
-                                       engine: engine)
+        guard let headroom = Self.descriptorHeadroom() else {
+            Output.report(FileCoordinationError(code: .tooManyOpenFiles, path: nil, operation: "read", errno: .tooManyOpenFiles,
+                                                message: "too few file descriptors free (ulimit -n): reading needs 2 beside those the process has open"))
+            throw Status.failed
+        }
+        let options = BatchReadOptions(concurrency: min(concurrency, headroom), maximumFileSize: Self.wholeFileLimit, engine: engine)
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
