@@ -60,12 +60,18 @@ struct FileCoord: ParsableCommand {
     /// EMFILE. The main thread is not one of the cooperative pool's.
     static func main() {
         fc_note_startup()
-        // Below 5 descriptors the concurrency runtime cannot start its threads and stops
-        // the process with SIGILL; with 5 or more every shortage is reported as EMFILE.
+        // libdispatch, under the concurrency runtime, takes three descriptors (epoll, an
+        // eventfd, a timerfd) and, about once a second, opens a file in /proc to watch its
+        // threads; when it cannot it stops the process with SIGILL. With fewer than five
+        // descriptors free (three, that one, and one for the command) that happened at any
+        // moment, whatever the command did (`ulimit -n 7`): said here, before any starts.
         var limit = rlimit()
-        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 5 {
-            Output.error("too few file descriptors: the limit is \(limit.rlim_cur) (ulimit -n); filecoord needs at least 5")
-            Foundation.exit(1)
+        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 64 {
+            let open = (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 }
+            if Int(limit.rlim_cur) - open < 5 {
+                Output.error("too few file descriptors: the limit is \(limit.rlim_cur) (ulimit -n) and \(open) are open; filecoord needs 5 free (EMFILE)")
+                Foundation.exit(1)
+            }
         }
         let done = DispatchSemaphore(value: 0)
         // Detached: `main` is on the main actor, whose queue nothing drains here.

@@ -189,14 +189,14 @@ struct ReadCommandTests {
         }
     }
 
-    @Test("with fewer than 5 descriptors (ulimit -n 4) it says so and exits 1 instead of crashing")
+    @Test("with fewer than 5 descriptors free (ulimit -n 4) it says so and exits 1 instead of crashing")
     func tooFewDescriptors() async throws {
         let scratch = Scratch()
         let file = scratch.write("f", "x")
         let result = try await shell("( ulimit -n 4 && exec \"$FILECOORD\" read --no-coordination '\(file)' ) 2> '\(scratch.path)/err'; echo $?")
         #expect(result.outputText == "1\n", "\(result.outputText)")
         let errors = try String(contentsOfFile: scratch.path + "/err", encoding: .utf8)
-        #expect(errors == "filecoord: too few file descriptors: the limit is 4 (ulimit -n); filecoord needs at least 5\n")
+        #expect(errors == "filecoord: too few file descriptors: the limit is 4 (ulimit -n) and 3 are open; filecoord needs 5 free (EMFILE)\n")
     }
 
     @Test("coordinated reads under ulimit -n 64 (3,000 files) and -n 40: claim shards make room for the files",
