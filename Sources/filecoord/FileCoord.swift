@@ -65,13 +65,9 @@ struct FileCoord: ParsableCommand {
         // threads; when it cannot it stops the process with SIGILL. With fewer than five
         // descriptors free (three, that one, and one for the command) that happened at any
         // moment, whatever the command did (`ulimit -n 7`): said here, before any starts.
-        var limit = rlimit()
-        if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 64 {
-            let open = (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 }
-            if Int(limit.rlim_cur) - open < 5 {
-                Output.error("too few file descriptors: the limit is \(limit.rlim_cur) (ulimit -n) and \(open) are open; filecoord needs 5 free (EMFILE)")
-                Foundation.exit(1)
-            }
+        if let (limit, open) = Descriptors.underLowLimit(), limit - open < 5 {
+            Output.error("too few file descriptors: the limit is \(limit) (ulimit -n) and \(open) are open; filecoord needs 5 free (EMFILE)")
+            Foundation.exit(1)
         }
         let done = DispatchSemaphore(value: 0)
         // Detached: `main` is on the main actor, whose queue nothing drains here.
@@ -135,4 +131,15 @@ enum Status {
     static let failed = ExitCode(1)
     static let usage = ExitCode(2)
     static let timedOut = ExitCode(3)
+}
+
+/// The descriptor limit, when it is low.
+enum Descriptors {
+    /// The limit (`ulimit -n`) and how many descriptors below it are open, when the limit
+    /// is under 256 (counting costs a system call per descriptor); nil otherwise.
+    static func underLowLimit() -> (limit: Int, open: Int)? {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 256 else { return nil }
+        return (Int(limit.rlim_cur), (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 })
+    }
 }

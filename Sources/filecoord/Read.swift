@@ -78,10 +78,8 @@ struct Read: AsyncParsableCommand {
     /// a batch held the last descriptor. `Int.max` when the limit is not low; nil when
     /// fewer than two descriptors are free (nothing can be read safely).
     static func descriptorHeadroom() -> Int? {
-        var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < 256 else { return .max }
-        let open = (0 ..< Int32(limit.rlim_cur)).count { fcntl($0, F_GETFD) != -1 }
-        let free = Int(limit.rlim_cur) - open
+        guard let (limit, open) = Descriptors.underLowLimit() else { return .max }
+        let free = limit - open
         return free >= 2 ? free - 1 : nil
     }
 

@@ -62,19 +62,6 @@ func runEtcdChild(_ arguments: [String]) async throws -> Never {
     exit(0)
 }
 
-func startEtcdChild(_ arguments: [String]) throws -> (Process, Pipe) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-    process.arguments = arguments
-    let input = Pipe(), output = Pipe()
-    process.standardInput = input
-    process.standardOutput = output
-    try process.run()
-    let line = output.fileHandleForReading.availableData
-    precondition(String(decoding: line, as: UTF8.self).hasPrefix("ready"), "the child did not start")
-    return (process, input)
-}
-
 func runEtcd() async throws {
     let root = NSTemporaryDirectory() + "filecoord-bench-etcd-\(getpid())"
     try FileManager.default.createDirectory(atPath: root + "/items", withIntermediateDirectories: true)
@@ -121,8 +108,8 @@ func runEtcd() async throws {
     print(String(format: "  uncontended claim: %.2fx the bare transaction   goal <= 1.5x: %@", claimRatio, claimRatio <= 1.5 ? "met" : "NOT MET"))
 
     // A presenter in another process ("host": its own root, the same directory here).
-    let (child, childInput) = try startEtcdChild(["--etcd-child", address, root, item])
-    let (echo, echoInput) = try startEtcdChild(["--etcd-echo", endpoint, "bench-echo"])
+    let (child, childInput) = try startChild(["--etcd-child", address, root, item])
+    let (echo, echoInput) = try startChild(["--etcd-echo", endpoint, "bench-echo"])
     defer {
         try? childInput.fileHandleForWriting.close()
         try? echoInput.fileHandleForWriting.close()

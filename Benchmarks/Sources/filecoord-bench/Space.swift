@@ -50,9 +50,15 @@ func runChild(_ arguments: [String]) async throws -> Never {
 
 /// Starts the child and waits for its ready line.
 func startChild(space: String, path: String, presenters: Int, claims: Int) throws -> (Process, Pipe) {
+    try startChild(["--child", space, path, "\(presenters)", "\(claims)"])
+}
+
+/// Starts this binary again with `arguments` (a child role) and waits for its ready line;
+/// the child lives until its standard input (the pipe returned) closes.
+func startChild(_ arguments: [String]) throws -> (Process, Pipe) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-    process.arguments = ["--child", space, path, "\(presenters)", "\(claims)"]
+    process.arguments = arguments
     let input = Pipe(), output = Pipe()
     process.standardInput = input
     process.standardOutput = output

@@ -88,7 +88,7 @@ extension EtcdCoordinationSpace {
     /// The claims as named in the space. Throws for a path outside the root.
     func shared(_ claims: [CoordinationRules.Claim]) throws -> [CoordinationRules.Claim] {
         try claims.map { claim in
-            guard let name = sharedName(claim.key.bytes) else {
+            guard let name = names.shared(claim.key.bytes) else {
                 throw FileCoordinationError(code: .invalidArgument, path: claim.path, operation: "coordinate",
                                             message: "outside the coordination space's root \(configuration.root)")
             }
@@ -313,14 +313,14 @@ extension EtcdCoordinationSpace {
             let member = members[entry.member]
             let waiting = !EtcdClaimOrder.blockers(of: entry.claims, revision: entry.revision, member: entry.member, among: all).isEmpty
             for claim in entry.claims {
-                let shown = CoordinationSpace.Status.Claim(path: localPath(claim.key.bytes), isWrite: claim.access == .writing,
+                let shown = CoordinationSpace.Status.Claim(path: names.local(claim.key.bytes), isWrite: claim.access == .writing,
                                                            processIdentifier: member?.pid ?? 0, host: member?.host)
                 if waiting { status.waiting.append(shown) } else { status.claims.append(shown) }
             }
         }
         for kv in ranges.count > 2 ? ranges[2].response_range?.kvs ?? [] : [] {
             guard let record = try? EtcdJSON.decode(EtcdMail.PresenterRecord.self, kv.valueBytes) else { continue }
-            status.presenters.append(.init(path: localPath(EtcdJSON.bytes(record.path)), processIdentifier: record.pid, host: record.host))
+            status.presenters.append(.init(path: names.local(EtcdJSON.bytes(record.path)), processIdentifier: record.pid, host: record.host))
         }
         status.presenters.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }
         status.claims.sort { ($0.path.string, $0.processIdentifier) < ($1.path.string, $1.processIdentifier) }

@@ -261,14 +261,6 @@ public final class EtcdCoordinationSpace: Sendable {
         }
     }
 
-    // MARK: Names in the space
-
-    /// The name in the space of a local canonical path; nil outside the root.
-    func sharedName(_ path: [UInt8]) -> [UInt8]? { names.shared(path) }
-
-    /// The local path of a name in the space.
-    func localPath(_ name: [UInt8]) -> FilePath { names.local(name) }
-
     // MARK: Leaving and losing the lease
 
     /// Called once by the lease keeper: every claim made under the lease may be
