@@ -1,3 +1,4 @@
+import CFileCoordinationShims
 import CFilecoordCommand
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
@@ -32,12 +33,23 @@ final class CaughtSignals: Sendable {
         guard pipe >= 0 else {
             throw FileCoordinationError("sigaction", errno: Errno(rawValue: errno), path: nil)
         }
-        reading.withLock { reading in
+        try reading.withLock { reading in
             guard !reading else { return }
+            // A bare thread, not Foundation's `Thread`, whose first use costs a short
+            // command (`exec`) a tenth of a millisecond.
+            var attributes = pthread_attr_t()
+            pthread_attr_init(&attributes)
+            defer { pthread_attr_destroy(&attributes) }
+            pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+            pthread_attr_setstacksize(&attributes, 256 * 1024)
+            var thread = pthread_t()
+            let result = pthread_create(&thread, &attributes, { raw in
+                fc_set_thread_name("filecoord signals")
+                CaughtSignals.shared.read(from: Int32(Int(bitPattern: raw)))
+                return nil
+            }, UnsafeMutableRawPointer(bitPattern: Int(pipe)))
+            guard result == 0 else { throw FileCoordinationError("pthread_create", errno: Errno(rawValue: result), path: nil) }
             reading = true
-            let thread = Thread { [self] in read(from: pipe) }
-            thread.name = "filecoord signals"
-            thread.start()
         }
     }
 

@@ -242,11 +242,11 @@ enum RawArguments {
         var decoded = Decoded()
         for index in 1 ..< Int(CommandLine.argc) {
             guard let pointer = CommandLine.unsafeArgv[index] else { continue }
-            let bytes = Array(UnsafeBufferPointer(start: pointer, count: strlen(pointer))).map { UInt8(bitPattern: $0) }
-            if let text = String(validating: bytes, as: UTF8.self) {
+            if let text = String(validatingCString: pointer) {
                 decoded.arguments.append(text)
                 continue
             }
+            let bytes = Array(UnsafeBufferPointer(start: pointer, count: strlen(pointer))).map { UInt8(bitPattern: $0) }
             // `--option=VALUE`: only the value is a name.
             var prefix: [UInt8] = []
             var value = bytes[...]
