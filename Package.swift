@@ -73,6 +73,8 @@ let package = Package(
                                                                .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport",
                                                                    .product(name: "SystemPackage", package: "swift-system")]),
-        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
+        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "filecoord", "TestSupport",
+                                                          .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                                                          .product(name: "SystemPackage", package: "swift-system")]),
     ]
 )

@@ -35,6 +35,30 @@ struct SpaceOption: ParsableArguments {
                                valueName: "LEVEL"), completion: .list(["error", "warning", "info", "debug", "trace"]))
     var logLevel: String?
 
+    /// The values given, apart from the parser.
+    var settings: SpaceSettings {
+        SpaceSettings(space: space, root: root, leaseTTL: leaseTTL, etcdCA: etcdCA, etcdCertificate: etcdCertificate,
+                      etcdKey: etcdKey, logLevel: logLevel)
+    }
+
+    func validate() throws { try settings.validate() }
+
+    /// Joins the space (``SpaceSettings/join()``).
+    @discardableResult
+    func join() async throws -> CoordinationSpace? { try await settings.join() }
+}
+
+/// What ``SpaceOption`` holds, and what is done with it: a plain value, which `exec`'s
+/// quick reading of its arguments (``QuickExec``) makes without the parser.
+struct SpaceSettings: Sendable {
+    var space: String?
+    var root: String?
+    var leaseTTL: CommandDuration?
+    var etcdCA: String?
+    var etcdCertificate: String?
+    var etcdKey: String?
+    var logLevel: String?
+
     func validate() throws {
         try Self.validate(space)
         if !EtcdCoordinationSpace.Configuration.isAddress(namedSpace ?? "") {
@@ -46,7 +70,7 @@ struct SpaceOption: ParsableArguments {
         if let leaseTTL {
             guard leaseTTL.seconds > 0 else { throw ValidationError("--lease-ttl must be more than zero") }
         }
-        let environment = ProcessInfo.processInfo.environment["FILECOORD_LOG_LEVEL"].flatMap { $0.isEmpty ? nil : $0 }
+        let environment = Self.variable("FILECOORD_LOG_LEVEL")
         if let (source, name) = logLevel.map({ ("--log-level", $0) }) ?? environment.map({ ("FILECOORD_LOG_LEVEL", $0) }) {
             guard let level = Logs.level(named: name) else {
                 throw ValidationError("\(source): no level named '\(name)'; the levels are error, warning, info, debug, trace")
@@ -63,8 +87,13 @@ struct SpaceOption: ParsableArguments {
 
     /// `--space`, else `$FILECOORD_SPACE`.
     var namedSpace: String? {
-        // getenv, not ProcessInfo's dictionary of every variable: every command asks.
-        space ?? getenv("FILECOORD_SPACE").flatMap { String(validatingCString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
+        space ?? Self.variable("FILECOORD_SPACE")
+    }
+
+    /// An environment variable's value, nil when unset or empty. `getenv`, not
+    /// ProcessInfo's dictionary of every variable: every command asks.
+    static func variable(_ name: String) -> String? {
+        getenv(name).flatMap { String(validatingCString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
     }
 
     /// Routes library warnings to stderr, then joins the space; a space that cannot be
@@ -138,7 +167,10 @@ struct CoordinationOptions: ParsableArguments {
     /// loaded machine can take more than 10 s (docs/cli.md).
     @Option(name: .customLong("presenter-timeout"), parsing: .unconditional,
             help: ArgumentHelp("How long presenters may take to acknowledge.", valueName: "DURATION"))
-    var presenterTimeout = CommandDuration(seconds: 30)
+    var presenterTimeout = Self.defaultPresenterTimeout
+
+    /// `--presenter-timeout`'s default.
+    static let defaultPresenterTimeout = CommandDuration(seconds: 30)
 
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false
@@ -151,6 +183,34 @@ struct CoordinationOptions: ParsableArguments {
           help: "Fail at once (exit 3) if a conflicting claim is held: --timeout 0.")
     var nonblock = false
 
+    /// The values given, apart from the parser.
+    var settings: CoordinationSettings {
+        CoordinationSettings(space: space.settings, presenterTimeout: presenterTimeout, strict: strict, timeout: timeout,
+                             nonblock: nonblock)
+    }
+
+    func validate() throws { try settings.validate() }
+
+    /// Joins the space and returns a coordinator (``CoordinationSettings/coordinator()``).
+    func coordinator() async throws -> FileCoordinator { try await settings.coordinator() }
+
+    /// Runs a coordination (``CoordinationSettings/run(wanted:_:)``).
+    func run<T>(wanted: [InTheWay.Wanted] = [], _ body: (WaitReporter) async throws -> T) async throws -> T {
+        try await settings.run(wanted: wanted, body)
+    }
+}
+
+/// What ``CoordinationOptions`` holds, and what is done with it: a plain value, as
+/// ``SpaceSettings`` is.
+struct CoordinationSettings: Sendable {
+    var space: SpaceSettings
+    var presenterTimeout: CommandDuration
+    var strict: Bool
+    var timeout: CommandDuration?
+    var nonblock: Bool
+
+    /// Its own options' checks (the space's are ``SpaceSettings/validate()``, made first,
+    /// as the parser makes them).
     func validate() throws {
         try presenterTimeout.requireNonNegative("--presenter-timeout")
         guard presenterTimeout.seconds > 0 else { throw ValidationError("--presenter-timeout must be more than zero") }

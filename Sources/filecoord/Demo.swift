@@ -19,7 +19,7 @@ struct Demo: AsyncParsableCommand {
     var space: String?
 
     func validate() throws {
-        try SpaceOption.validate(space)
+        try SpaceSettings.validate(space)
     }
 
     func run() async throws {

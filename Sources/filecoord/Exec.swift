@@ -46,6 +46,28 @@ struct Exec: AsyncParsableCommand {
     @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.", completion: .file())
     var command: [String] = []
 
+    /// The values given, apart from the parser.
+    var settings: ExecSettings {
+        ExecSettings(reads: reads, writes: writes, deletes: deletes, coordination: coordination.settings,
+                     conflictExitCode: conflictExitCode, command: command)
+    }
+
+    func validate() throws { try settings.validate() }
+
+    func run() async throws { try await settings.run() }
+}
+
+/// What ``Exec`` holds, and what it does: a plain value, which ``QuickExec`` makes from
+/// the usual arguments without the parser.
+struct ExecSettings: Sendable {
+    var reads: [String]
+    var writes: [String]
+    var deletes: [String]
+    var coordination: CoordinationSettings
+    var conflictExitCode: Int32?
+    var command: [String]
+
+    /// Its own options' checks (those of ``CoordinationSettings`` are made first).
     func validate() throws {
         if let conflictExitCode, !(0 ... 255).contains(conflictExitCode) {
             throw ValidationError("--conflict-exit-code must be from 0 to 255")
@@ -64,7 +86,12 @@ struct Exec: AsyncParsableCommand {
                                 InTheWay.Wanted(path: RawArguments.path($0), isWrite: true)) }
         claims += deletes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting),
                                  InTheWay.Wanted(path: RawArguments.path($0), isWrite: true, followingLast: false)) }
+        // The items' directories are resolved (cached for the claims) while the space is
+        // joined: two I/O threads' work at once instead of one after the other.
+        let paths = claims.map(\.1.path)
+        async let resolved: Void = { _ = try? await runOnIOThread { for path in paths { _ = FileCoordinator.claimPath(of: path, followingLast: false) } } }()
         let coordinator = try await coordination.coordinator()
+        await resolved
         let (command, intents) = (command, claims.map(\.0))
         let status: Int32
         do {
@@ -72,11 +99,12 @@ struct Exec: AsyncParsableCommand {
                 try await coordinator.coordinate(with: intents) {
                     reporter.granted()
                     let space = FileCoordinator.coordinationSpace
-                    // `status` reads them there: a process that never waited does not listen.
-                    await space?.describeClaimsInRecord()
                     // In an etcd space, the claims' fencing token, for storage that checks one.
                     let environment = FileCoordinator.fencingToken.map { ["FILECOORD_FENCING_TOKEN=\($0)"] } ?? []
-                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [], adding: environment)
+                    // The claims go into the record first: `status` reads them there (a
+                    // process that never waited does not listen).
+                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [], adding: environment,
+                                               first: space?.claimsRecordWrite())
                 }
             }
         } catch let exit as ExitCode where exit == Status.timedOut && conflictExitCode != nil {
@@ -96,11 +124,14 @@ struct Exec: AsyncParsableCommand {
 /// it, and the claims are held until it exits.
 enum Child {
     /// `kept`: descriptors of this process's own to pass on (the claims'), beside those it
-    /// was started with; `adding`: `NAME=value` entries for its environment. If the task
+    /// was started with; `adding`: `NAME=value` entries for its environment; `first`: a
+    /// blocking step to take on the I/O thread before the command starts. If the task
     /// is cancelled while it runs (its claims stopped holding), it gets SIGTERM.
-    static func run(_ command: [String], keeping kept: [Int32] = [], adding environment: [String] = []) async throws -> Int32 {
+    static func run(_ command: [String], keeping kept: [Int32] = [], adding environment: [String] = [],
+                    first: (@Sendable () -> Void)? = nil) async throws -> Int32 {
         let arguments = command.map { RawArguments.bytes($0) }
         let spawned: Result<pid_t, Errno> = try await runOnIOThread {
+            first?()
             var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { bytes in
                 let pointer = UnsafeMutablePointer<CChar>.allocate(capacity: bytes.count + 1)
                 for (index, byte) in bytes.enumerated() { pointer[index] = CChar(bitPattern: byte) }

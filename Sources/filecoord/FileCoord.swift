@@ -90,11 +90,15 @@ struct FileCoord: ParsableCommand {
                !subcommandNames.contains(arguments[1]) {
                 throw ValidationError("no subcommand named '\(arguments[1])'")
             }
-            var command = try parseAsRoot(arguments)
-            if var command = command as? AsyncParsableCommand {
-                try await command.run()
+            if let exec = QuickExec.parse(arguments) {
+                try await exec.run()
             } else {
-                try command.run()
+                var command = try parseAsRoot(arguments)
+                if var command = command as? AsyncParsableCommand {
+                    try await command.run()
+                } else {
+                    try command.run()
+                }
             }
         } catch let exit as ExitCode {
             status = exit.rawValue

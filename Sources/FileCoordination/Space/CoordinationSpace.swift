@@ -113,9 +113,19 @@ public final class CoordinationSpace: Sendable {
 
     /// The space used when none is named: `$FILECOORD_SPACE`, else
     /// `$XDG_RUNTIME_DIR/filecoord`, else `/tmp/filecoord-<uid>`.
-    public static func defaultDirectory(environment: [String: String] = ProcessInfo.processInfo.environment) -> FilePath {
-        if let named = environment["FILECOORD_SPACE"], !named.isEmpty { return absolute(FilePath(named)) }
-        if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty, runtime.hasPrefix("/") {
+    public static func defaultDirectory(environment: [String: String]) -> FilePath {
+        defaultDirectory { environment[$0] }
+    }
+
+    /// The default space by this process's environment (read with `getenv`: ProcessInfo's
+    /// dictionary of every variable costs a short command more than its lookups).
+    public static func defaultDirectory() -> FilePath {
+        defaultDirectory { getenv($0).flatMap { String(validatingCString: $0) } }
+    }
+
+    private static func defaultDirectory(variable: (String) -> String?) -> FilePath {
+        if let named = variable("FILECOORD_SPACE"), !named.isEmpty { return absolute(FilePath(named)) }
+        if let runtime = variable("XDG_RUNTIME_DIR"), !runtime.isEmpty, runtime.hasPrefix("/") {
             return FilePath(runtime).appending("filecoord")
         }
         return FilePath("/tmp/filecoord-\(geteuid())")
@@ -130,24 +140,30 @@ public final class CoordinationSpace: Sendable {
     static func join(_ directory: FilePath) async throws -> CoordinationSpace {
         let directory = absolute(directory)
         let processName = "\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
-        let files = try await runOnIOThread { try SpaceFiles(directory: directory, processName: processName) }
+        // One hand-off to an I/O thread for the files and the look for dead processes.
+        let (files, mail, candidates) = try await runOnIOThread {
+            let files = try SpaceFiles(directory: directory, processName: processName)
+            let mail = SpaceMail(files: files)
+            return (files, mail, (try? mail.deadProcessCandidates()) ?? [])
+        }
         let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
                                directoryFD: files.directoryFD, directory: directory)
-        let mail = SpaceMail(files: files)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         locks.startWatching = { [weak space] in await space?.startWatching() ?? false }
         mail.startWatching = { [weak space] in await space?.startWatching() ?? false }
         mail.start()
-        try? await mail.cleanUpDeadProcesses()
+        await mail.cleanUp(candidates)
         return space
     }
 
-    /// Writes the claims this process holds into its record at once, for `status` to read
+    /// Writes the claims this process holds now into its record, for `status` to read
     /// (`filecoord exec`, before its command runs: the command inherits the claims).
+    /// Returns the write, a blocking call for an I/O thread: `exec` makes it on the thread
+    /// that starts its command next, one hand-off instead of two.
     @_spi(FileCoordinationInternal)
-    public func describeClaimsInRecord() async {
+    public func claimsRecordWrite() -> @Sendable () -> Void {
         let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)
-        _ = try? await runOnIOThread { try self.writeRecord(claims: claims) }
+        return { _ = try? self.writeRecord(claims: claims) }
     }
 
     /// This process's claims in the space changed: they are written into its record

@@ -178,29 +178,32 @@ extension SpaceMail {
     /// microseconds between creating the mailbox and renaming the record into place.
     static let abandonedJoinAge: Int = 60
 
-    /// Cleans up after every dead process in the space (done when joining); they are
-    /// reported by the next ``status(localClaims:timeout:)``. Also removes what a process
-    /// that died while joining left: a mailbox with no record, or a record never renamed
-    /// into place (`procs/.<process>`), once older than ``abandonedJoinAge`` seconds and
-    /// its pid is gone.
-    func cleanUpDeadProcesses() async throws {
+    /// The processes that joining looks at (``cleanUp(_:)``, which cleans up after the
+    /// dead ones): every other process with a record, and what a process that died while
+    /// joining left, a mailbox with no record or a record never renamed into place
+    /// (`procs/.<process>`), once older than ``abandonedJoinAge`` seconds and its pid is
+    /// gone. Names that are not a process's are set aside. Blocking: on an I/O thread.
+    func deadProcessCandidates() throws -> [String] {
         let (dirFD, me) = (files.directoryFD, me)
-        let candidates = try await runOnIOThread { () throws -> [String] in
-            var records = try Self.list(dirFD, "procs")
-            var mailboxes = (try? Self.list(dirFD, "mail")) ?? []
-            for (folder, names) in [("procs", records), ("mail", mailboxes)] {
-                for name in names where !name.hasPrefix(".") && !Self.isProcessName(name) {
-                    self.setAside(folder, name, reason: "not a process's name")
-                }
+        var records = try Self.list(dirFD, "procs")
+        var mailboxes = (try? Self.list(dirFD, "mail")) ?? []
+        for (folder, names) in [("procs", records), ("mail", mailboxes)] {
+            for name in names where !name.hasPrefix(".") && !Self.isProcessName(name) {
+                self.setAside(folder, name, reason: "not a process's name")
             }
-            records = records.filter { $0.hasPrefix(".") || Self.isProcessName($0) }
-            mailboxes = mailboxes.filter(Self.isProcessName)
-            let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
-            let named = Set(processes)
-            let strays = mailboxes.filter { $0 != me && !named.contains($0) }
-                + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
-            return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
         }
+        records = records.filter { $0.hasPrefix(".") || Self.isProcessName($0) }
+        mailboxes = mailboxes.filter(Self.isProcessName)
+        let processes = records.filter { $0 != me && !$0.hasPrefix(".") }
+        let named = Set(processes)
+        let strays = mailboxes.filter { $0 != me && !named.contains($0) }
+            + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
+        return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
+    }
+
+    /// Cleans up after those of `candidates` (``deadProcessCandidates()``) that are
+    /// dead; they are reported by the next ``status(localClaims:timeout:)``.
+    func cleanUp(_ candidates: [String]) async {
         for process in candidates {
             if await cleanUp(process) { state.withLock { $0.cleanedUp.append(Self.pid(of: process)) } }
         }
