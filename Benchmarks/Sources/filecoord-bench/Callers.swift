@@ -83,6 +83,19 @@ func runCommandLine() throws {
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         return Double(DispatchTime.now().uptimeNanoseconds - start) / 1000
     }
+    /// The resident size (KiB) of the process that runs `prefix`'s command, while it runs:
+    /// the command reads its parent's. (Not `ru_maxrss`: a child of `posix_spawn` inherits
+    /// the spawning process's high-water mark through the shared address space.)
+    func resident(_ prefix: [String]) -> String {
+        let output = Pipe(), process = Process()
+        process.executableURL = URL(fileURLWithPath: prefix[0])
+        process.arguments = Array(prefix.dropFirst()) + ["sh", "-c", "grep VmRSS /proc/$PPID/status"]
+        process.standardOutput = output
+        guard (try? process.run()) != nil else { return "?" }
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return text.split(whereSeparator: \.isWhitespace).dropFirst().first.map(String.init) ?? "?"
+    }
     let pairs = 60
     for _ in 0 ..< 5 { _ = run([flock, file, "true"]); _ = run([binary, "exec", "--write", file, "--", "true"]) } // warm
     var flocks: [Double] = [], execs: [Double] = [], versions: [Double] = [], ratios: [Double] = []
@@ -98,4 +111,5 @@ func runCommandLine() throws {
     print(String(format: "  filecoord exec --write F -- true   %7.0f us   flock F true %7.0f us   %.2fx (median of the pairs' ratios)   goal <= 3x: %@",
                  median(execs), median(flocks), median(ratios), median(ratios) <= 3 ? "met" : "NOT MET"))
     print(String(format: "  filecoord --version (start-up)     %7.0f us", median(versions)))
+    print("  resident while the command runs: filecoord exec --write F \(resident([binary, "exec", "--write", file, "--"])) KiB, flock F \(resident([flock, file])) KiB")
 }

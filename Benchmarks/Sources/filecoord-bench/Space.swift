@@ -190,11 +190,14 @@ func runSpace(_ paths: [String]) async throws {
 
     // FILECOORD_BENCH_UNRELATED=N sets the second run's count (10,000 by default).
     let unrelated = Int(ProcessInfo.processInfo.environment["FILECOORD_BENCH_UNRELATED"] ?? "10000") ?? 10_000
+    var resident: [(child: Int, here: Int)] = []
     for (presenters, claims) in [(0, 0), (unrelated, unrelated)] {
         let setUp = DispatchTime.now().uptimeNanoseconds
+        let before = residentKiB(getpid())
         let (child, input) = try startChild(space: space, path: item, presenters: presenters, claims: claims)
         let setUpSeconds = Double(DispatchTime.now().uptimeNanoseconds - setUp) / 1e9
         _ = try await writeLatencies(200) // warm: the registry read, the mailboxes
+        resident.append((residentKiB(child.processIdentifier), residentKiB(getpid()) - before))
         let samples = try await writeLatencies(2000).toAccessor
         let p50 = percentile(samples, 0.5), p99 = percentile(samples, 0.99)
         let read = try await readCost()
@@ -226,7 +229,21 @@ func runSpace(_ paths: [String]) async throws {
                              floor50, percentile(pausedFloor, 0.99), idle50 / floor50, idle50 <= 2 * floor50 ? "met" : "NOT MET"))
             }
         }
+        print("    memory: the other process \(resident.last!.child) KiB resident; this one +\(resident.last!.here) KiB from its start to after the first writes")
         try input.fileHandleForWriting.close()
         child.waitUntilExit()
     }
+    if resident.count == 2, unrelated > 0 {
+        let perPresenter = Double(resident[1].child - resident[0].child) * 1024 / Double(unrelated)
+        let perRemote = Double(resident[1].here - resident[0].here) * 1024 / Double(unrelated)
+        print(String(format: "  memory per presenter (with its claim and watch) in its process: %.0f bytes; per presenter of another process, in the writer: %.0f bytes",
+                     perPresenter, perRemote))
+    }
+}
+
+/// A process's resident size (VmRSS), KiB; 0 when it cannot be read.
+func residentKiB(_ pid: Int32) -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+    return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
 }
