@@ -243,7 +243,8 @@ struct CoordinationSettings: Sendable {
         let reporter = WaitReporter(wanted, enabled: Logs.level <= .warning)
         defer { reporter.granted() }
         do {
-            return try await body(reporter)
+            let observer = reporter.enabled ? WaitObserver { reporter.waiting() } : nil
+            return try await WaitObserver.$current.withValue(observer) { try await body(reporter) }
         } catch var error as FileCoordinationError {
             reporter.granted()
             if error.code == .timedOut, error.operation == "coordinate", !wanted.isEmpty,

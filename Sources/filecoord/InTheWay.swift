@@ -56,24 +56,52 @@ enum InTheWay {
 }
 
 /// Says who is in the way once a claim has waited ``InTheWay/quietWait``, unless the
-/// claims are granted first (``granted()``).
+/// claims are granted first (``granted()``). The clock starts when the coordination starts
+/// to wait on another process, a claim parking or a presenter asked (``waiting()``): a
+/// command that waits on nobody makes no timer and no task.
 final class WaitReporter: Sendable {
-    private let task: Task<Void, Never>?
+    private enum State {
+        case idle
+        case waiting(Task<Void, Never>)
+        case granted
+    }
+
+    private let wanted: [InTheWay.Wanted]
+    private let state: Locked<State>
 
     init(_ wanted: [InTheWay.Wanted], enabled: Bool) {
-        guard enabled && !wanted.isEmpty else {
-            task = nil
-            return
-        }
-        task = Task {
-            try? await Task.sleep(for: InTheWay.quietWait)
-            guard !Task.isCancelled, let space = FileCoordinator.coordinationSpace else { return }
-            let blockers = await InTheWay.describe(wanted, in: space, timeout: .seconds(1))
-            guard !Task.isCancelled, !blockers.isEmpty else { return }
-            Output.error("waiting for " + blockers.joined(separator: ", "))
+        self.wanted = wanted
+        state = Locked(enabled && !wanted.isEmpty ? .idle : .granted)
+    }
+
+    /// Whether it may speak at all (``waiting()`` is then worth calling).
+    var enabled: Bool {
+        state.withLock { if case .granted = $0 { false } else { true } }
+    }
+
+    /// The coordination started to wait: the line comes ``InTheWay/quietWait`` later, unless the
+    /// claims are granted first. Quick; once is enough, more calls change nothing.
+    func waiting() {
+        state.withLock { state in
+            guard case .idle = state else { return }
+            let wanted = wanted
+            state = .waiting(Task {
+                try? await Task.sleep(for: InTheWay.quietWait)
+                guard !Task.isCancelled, let space = FileCoordinator.coordinationSpace else { return }
+                let blockers = await InTheWay.describe(wanted, in: space, timeout: .seconds(1))
+                guard !Task.isCancelled, !blockers.isEmpty else { return }
+                Output.error("waiting for " + blockers.joined(separator: ", "))
+            })
         }
     }
 
     /// The claims are had (the accessor runs): nothing more to say.
-    func granted() { task?.cancel() }
+    func granted() {
+        let task = state.withLock { state -> Task<Void, Never>? in
+            defer { state = .granted }
+            if case .waiting(let task) = state { return task }
+            return nil
+        }
+        task?.cancel()
+    }
 }
