@@ -68,7 +68,8 @@ func runCommandLine() throws {
     let file = directory + "/lock"
     _ = FileManager.default.createFile(atPath: file, contents: nil)
     setenv("FILECOORD_SPACE", directory + "/space", 1)
-    /// Microseconds from spawn to the end of `waitpid`.
+    /// Microseconds from spawn to the end of `waitpid`; NaN when the command did not
+    /// exit 0 (a crashing build must not pass for a fast one).
     func run(_ arguments: [String]) -> Double {
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
@@ -81,6 +82,7 @@ func runCommandLine() throws {
         guard posix_spawn(&pid, arguments[0], &actions, nil, argv, environ) == 0 else { return .nan }
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        guard status == 0 else { return .nan }
         return Double(DispatchTime.now().uptimeNanoseconds - start) / 1000
     }
     /// The resident size (KiB) of the process that runs `prefix`'s command, while it runs:
@@ -108,6 +110,10 @@ func runCommandLine() throws {
     }
     func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
     print("\ncommand line (one process each, \(pairs) pairs; \(binary))")
+    guard !(execs + flocks + versions).contains(where: \.isNaN) else {
+        print("  FAILED: a command did not exit 0 (\(execs.filter(\.isNaN).count) of \(pairs) exec runs, \(versions.filter(\.isNaN).count) --version runs)")
+        return
+    }
     print(String(format: "  filecoord exec --write F -- true   %7.0f us   flock F true %7.0f us   %.2fx (median of the pairs' ratios)   goal <= 3x: %@",
                  median(execs), median(flocks), median(ratios), median(ratios) <= 3 ? "met" : "NOT MET"))
     print(String(format: "  filecoord --version (start-up)     %7.0f us", median(versions)))
