@@ -155,8 +155,9 @@ CONFIG ?= release
 STATIC ?= 1
 IS_STATIC := $(filter-out 0 no false,$(STATIC))
 INSTALL_BUILD := $(if $(IS_STATIC),.build-static,.build)
-# Not position-independent: the loader then has no relative relocations to apply (80,000
-# in this binary) and start-up touches a third fewer pages (docs/performance.md). The
+# Not position-independent: the loader then has no relative relocations to apply, and
+# start-up touches fewer pages (docs/performance.md). The cost: the executable, and so the
+# Swift runtime and Foundation linked into it, sits at a fixed address; the shared
 # libraries, stack and heap are still placed at random.
 INSTALL_FLAGS := $(if $(IS_STATIC),--static-swift-stdlib -Xswiftc -Xclang-linker -Xswiftc -no-pie --scratch-path .build-static)
 MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1

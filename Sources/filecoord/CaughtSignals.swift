@@ -35,20 +35,23 @@ final class CaughtSignals: Sendable {
         }
         try reading.withLock { reading in
             guard !reading else { return }
-            // A bare thread, not Foundation's `Thread`, whose first use costs a short
-            // command (`exec`) a tenth of a millisecond.
+            // A bare pthread: Foundation's `Thread` is slow to start the first time, and
+            // every command starts this one.
             var attributes = pthread_attr_t()
             pthread_attr_init(&attributes)
             defer { pthread_attr_destroy(&attributes) }
             pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-            pthread_attr_setstacksize(&attributes, 256 * 1024)
             var thread = pthread_t()
             let result = pthread_create(&thread, &attributes, { raw in
                 fc_set_thread_name("filecoord signals")
                 CaughtSignals.shared.read(from: Int32(Int(bitPattern: raw)))
                 return nil
             }, UnsafeMutableRawPointer(bitPattern: Int(pipe)))
-            guard result == 0 else { throw FileCoordinationError("pthread_create", errno: Errno(rawValue: result), path: nil) }
+            guard result == 0 else {
+                // Caught with nobody to read them, they would do nothing at all.
+                release(numbers)
+                throw FileCoordinationError("pthread_create", errno: Errno(rawValue: result), path: nil)
+            }
             reading = true
         }
     }

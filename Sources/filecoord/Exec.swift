@@ -87,7 +87,7 @@ struct ExecSettings: Sendable {
         claims += deletes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting),
                                  InTheWay.Wanted(path: RawArguments.path($0), isWrite: true, followingLast: false)) }
         // The items' directories are resolved (cached for the claims) while the space is
-        // joined: two I/O threads' work at once instead of one after the other.
+        // joined, on two I/O threads at once.
         let paths = claims.map(\.1.path)
         async let resolved: Void = { _ = try? await runOnIOThread { for path in paths { _ = FileCoordinator.claimPath(of: path, followingLast: false) } } }()
         let coordinator = try await coordination.coordinator()

@@ -1,13 +1,13 @@
 /// `exec`'s usual arguments, read without swift-argument-parser.
 ///
 /// `exec` is the subcommand scripts run once per item, and the parser's first use in a
-/// process costs about 1.5 ms, a quarter of the whole command (it asks the runtime for
+/// process costs about 2 ms, a quarter of the whole command (it asks the runtime for
 /// protocol conformances, and each first lookup scans every conformance record in the
 /// binary; docs/performance.md). This reads the plain shapes: `exec`, each option as
 /// `--name VALUE`, `--name=VALUE` or a flag, once each (the claims any number of times),
 /// then `--` and the command. Anything else (help, a repeated option, a value that
 /// begins with `-`, an unknown name, a value the option's own parser or check refuses)
-/// gives nil, and the full parser reads the arguments, errors and all, as it always did.
+/// gives nil, and the full parser reads the arguments, errors and all.
 /// A test parses many arguments both ways and compares the results.
 enum QuickExec {
     /// The command the arguments describe, validated as the parser would; nil when the

@@ -61,8 +61,7 @@ public final class WaitObserver: Sendable {
     @TaskLocal public static var current: WaitObserver?
 
     /// Called where a claim is about to park and where a request goes to another
-    /// process's presenter: perhaps more than once, maybe under the claim tables' lock.
-    /// It must be quick and must not block.
+    /// process's presenter, perhaps more than once. It must be quick and must not block.
     let notify: @Sendable () -> Void
 
     /// An observer that calls `notify` (see ``notify``).

@@ -159,7 +159,7 @@ public final class CoordinationSpace: Sendable {
     /// Writes the claims this process holds now into its record, for `status` to read
     /// (`filecoord exec`, before its command runs: the command inherits the claims).
     /// Returns the write, a blocking call for an I/O thread: `exec` makes it on the thread
-    /// that starts its command next, one hand-off instead of two.
+    /// that then starts its command, so that both take one hand-off.
     @_spi(FileCoordinationInternal)
     public func claimsRecordWrite() -> @Sendable () -> Void {
         let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)

@@ -112,6 +112,10 @@ extension SpaceLocks {
                 case .conflict: break
                 }
                 if !flagged {
+                    // The claim waits from its first conflict: the deadline counts from here
+                    // even when starting the watches is slow (a record written while the
+                    // disk is saturated).
+                    ClaimWait.noteWaiting()
                     // Watched before the flag is raised, so no doorbell rung after it is missed.
                     watched = await startWatching()
                     // Raise the flag, then try again before sleeping: a release between the

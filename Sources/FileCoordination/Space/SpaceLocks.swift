@@ -207,8 +207,8 @@ final class SpaceLocks: Sendable {
         try await runOnIOThread { [self] in try openShardsNow(needed) }
     }
 
-    /// `claims/NN`, the shard's number in two hex digits (not `String(format:)`, whose
-    /// first use costs a short-lived process about 0.1 ms).
+    /// `claims/NN`, the shard's number in two hex digits (by hand: `String(format:)` is
+    /// slow the first time, and a short command opens shards once).
     static func shardName(_ shard: Int) -> String {
         let digits = Array("0123456789abcdef")
         return "claims/" + String([digits[shard >> 4 & 0xf], digits[shard & 0xf]])
