@@ -338,10 +338,13 @@ struct EtcdSpaceTests {
         let space = "etcd://" + clients.map { "127.0.0.1:\($0)" }.joined(separator: ",") + "/election"
         try writeFixture(Data("0\n".utf8), toPath: volume.shared.path + "/counter")
         let increments = 25
+        // A lease of 10 s: an election on a loaded machine (the rest of `make test` beside
+        // it) has taken longer than the default 5 s, and this test is about what an
+        // election does, not about how long a lease is.
         func script(_ root: String, signalAt mark: Int?) -> String {
             """
             i=0; while [ $i -lt \(increments) ]; do
-              "$FILECOORD" exec --space "\(space)" --root "\(root)" --write "\(root)/counter" -- \
+              "$FILECOORD" exec --space "\(space)" --root "\(root)" --lease-ttl 10 --write "\(root)/counter" -- \
                 sh -c 'n=$(cat "\(root)/counter"); echo $((n+1)) > "\(root)/counter"' || exit 1
               i=$((i+1)); \(mark.map { "if [ $i -eq \($0) ]; then echo marked; fi" } ?? "true")
             done

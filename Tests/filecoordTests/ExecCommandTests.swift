@@ -20,6 +20,19 @@ struct ExecCommandTests {
         #expect(mask & 1 == 1, "SIGHUP is not ignored in the command: \(ignored.outputText)")
     }
 
+    @Test("names that are not UTF-8 keep their bytes, in both spellings (--write P, --write=P): the same name is the same item, names that differ only in such bytes are two")
+    func rawNames() async throws {
+        let script = #"""
+            cd '\#(scratch.path)' && A="$(printf 'uÿ')" && B="$(printf 'uþ')" && printf x > "$A" && printf y > "$B" &&             "$FILECOORD" exec --space '\#(space)' --write "$A" -- sh -c '
+                "$FILECOORD" exec --space "$3" -n --write "$1" -- true; echo "same $?"
+                "$FILECOORD" exec --space "$3" -n --write="$1" -- true; echo "same= $?"
+                "$FILECOORD" exec --space "$3" -n --write "$2" -- true; echo "other $?"' sh "$A" "$B" '\#(space)'
+            """#
+        let result = try await shell(script)
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText == "same 3\nsame= 3\nother 0\n", "\(result.errorText)")
+    }
+
     @Test("SIGTERM sent to filecoord goes to the command, and filecoord holds the claim until the command exits with its status",
           .timeLimit(.minutes(3)),
           // Also when filecoord starts with the signals blocked, as a process started from a
