@@ -231,7 +231,6 @@ final class EtcdMail: PresenterMailbox {
     }
 
     func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
-        WaitObserver.current?.notify()
         guard await startMail() else { return nil }
         let id = nextID()
         guard let bytes = wire(message, id: id) else { return nil }

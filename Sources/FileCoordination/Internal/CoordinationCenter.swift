@@ -84,11 +84,13 @@ final class CoordinationCenter: Sendable {
     /// The space named by the environment: `FILECOORD_SPACE` as an etcd address (with the
     /// settings of ``EtcdCoordinationSpace/Configuration/init(address:environment:)``),
     /// else the local default.
-    static func joinDefault(environment: [String: String] = ProcessInfo.processInfo.environment) async throws -> any CoordinationTransport {
-        if let named = environment["FILECOORD_SPACE"], EtcdCoordinationSpace.Configuration.isAddress(named) {
+    static func joinDefault() async throws -> any CoordinationTransport {
+        if let named = getenv("FILECOORD_SPACE").flatMap({ String(validatingCString: $0) }),
+           EtcdCoordinationSpace.Configuration.isAddress(named) {
+            let environment = ProcessInfo.processInfo.environment
             return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, environment: environment))
         }
-        return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory(environment: environment))
+        return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory())
     }
 
     /// The space to coordinate through: joins the default one on first use, unless the

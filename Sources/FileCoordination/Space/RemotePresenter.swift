@@ -59,6 +59,7 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     /// Sends and waits; throws the presenter's own error text when it refused.
     private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil) async throws -> Bool {
+        WaitObserver.current?.notify()
         guard let answer = try await mail.request(message(call, path: path), to: process) else { return false }
         if case .reply(let reply) = answer, let text = reply.failure {
             throw FileCoordinationError(code: .presenterFailed, path: path ?? self.path, operation: call.kind,

@@ -149,7 +149,6 @@ extension SpaceMail {
     ///
     /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
     func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
-        WaitObserver.current?.notify()
         let watched = await startWatching()
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }
