@@ -28,17 +28,14 @@ struct ScriptHabitsTests {
           arguments: ["0.3", "300ms", "0.005m"])
     func durations(spelling: String) async throws {
         let file = scratch.write("f", "x")
-        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; sleep 30"])
-        var lines = holder.lines.makeAsyncIterator()
-        #expect(await lines.next() == "held")
+        let holder = try await ClaimHolder(space: space, "--write", file, in: scratch)
         let started = ContinuousClock.now
         let waited = try await filecoord("write", file, "--space", space, "--timeout", spelling, stdin: Data("new".utf8))
         let elapsed = ContinuousClock.now - started
         #expect(waited.status == 3, "\(waited.errorText)")
         // 0.3 s, not 300 s or 0.3 ms: it ended, and after the wait (start-up is well under 0.3 s).
         #expect(elapsed >= .milliseconds(300), "\(elapsed)")
-        holder.signal(SIGKILL)
-        _ = await holder.wait()
+        try await holder.release()
         let bad = try await filecoord("present", file, "--space", space, "--settle", "3 fortnights")
         #expect(bad.status == 2 && bad.errorText.contains("--settle"), "\(bad.errorText)")
     }
@@ -49,9 +46,7 @@ struct ScriptHabitsTests {
         let file = scratch.write("f", "x")
         let free = try await filecoord("exec", "--space", space, "-n", "-E", "42", "--write", file, "--", "sh", "-c", "exit 3")
         #expect(free.status == 3, "the command's status: \(free.errorText)")
-        let holder = try LineProcess(["exec", "--space", space, "--read", file, "--", "sh", "-c", "echo held; sleep 30"])
-        var lines = holder.lines.makeAsyncIterator()
-        #expect(await lines.next() == "held")
+        let holder = try await ClaimHolder(space: space, "--read", file, in: scratch)
         let nonblocking = try await filecoord("exec", "--space", space, "-n", "--write", file, "--", "true")
         #expect(nonblocking.status == 3, "\(nonblocking.errorText)")
         let conflict = try await filecoord("exec", "--space", space, "--nonblock", "-E", "42", "--write", file, "--", "true")
@@ -62,8 +57,7 @@ struct ScriptHabitsTests {
         #expect(reader.status == 0, "readers share: \(reader.errorText)")
         let contradiction = try await filecoord("exec", "--space", space, "-n", "-w", "2", "--write", file, "--", "true")
         #expect(contradiction.status == 2 && contradiction.errorText.contains("--nonblock"), "\(contradiction.errorText)")
-        holder.signal(SIGKILL)
-        _ = await holder.wait()
+        try await holder.release()
     }
 
     @Test("present --once exits 0 after the first event, once the writer it let through is done (present --once f && cat f shows the new content)",
@@ -111,9 +105,7 @@ struct ScriptHabitsTests {
           .timeLimit(.minutes(3)))
     func whoIsInTheWay() async throws {
         let file = scratch.write("f", "x")
-        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo held; sleep 30"])
-        var lines = holder.lines.makeAsyncIterator()
-        #expect(await lines.next() == "held")
+        let holder = try await ClaimHolder(space: space, "--write", file, in: scratch)
         let waited = try await filecoord("write", file, "--space", space, "-w", "2.5", stdin: Data("new".utf8))
         #expect(waited.status == 3)
         #expect(waited.errorText == """
@@ -129,8 +121,7 @@ struct ScriptHabitsTests {
         // --log-level error: no waiting line.
         let quiet = try await filecoord("write", file, "--space", space, "-w", "1.5", "--log-level", "error", stdin: Data("new".utf8))
         #expect(quiet.status == 3 && !quiet.errorText.contains("waiting"), "\(quiet.errorText)")
-        holder.signal(SIGKILL)
-        _ = await holder.wait()
+        try await holder.release()
 
         let presenter = try LineProcess(["present", file, "--space", space])
         var presented = presenter.lines.makeAsyncIterator()
