@@ -6,7 +6,7 @@ import Testing
 /// The etcd space's pure parts: addresses, names relative to a root, the order of claims.
 @Suite("etcd space: addresses, names, claim order")
 struct EtcdSpaceUnitTests {
-    @Test("an address gives endpoints and a prefix; a malformed one says what is wrong")
+    @Test("an address gives endpoints and a prefix; a malformed one says what is wrong; the environment sets the root, the lease's TTL, the timeout and the user")
     func addresses() throws {
         let configuration = try EtcdCoordinationSpace.Configuration(address: "etcd://10.0.0.1:2379,[::1]:2380,db/builds/x")
         #expect(configuration.endpoints == ["10.0.0.1:2379", "[::1]:2380", "db"])
@@ -19,6 +19,11 @@ struct EtcdSpaceUnitTests {
         }
         let error = try #require(throws: FileCoordinationError.self) { try EtcdCoordinationSpace.Configuration(address: "etcd://h:x/p") }
         #expect(error.code == .invalidArgument && error.message.contains("'h:x' is not HOST:PORT"))
+        let set = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1", environment: [
+            "FILECOORD_ROOT": "/mnt/share", "FILECOORD_LEASE_TTL": "12", "FILECOORD_ETCD_TIMEOUT": "2.5", "FILECOORD_ETCD_USER": "u"])
+        #expect(set.root == "/mnt/share" && set.leaseTTL == .seconds(12) && set.connectTimeout == .milliseconds(2500) && set.user == "u")
+        let unset = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1", environment: ["FILECOORD_ETCD_TIMEOUT": "0"])
+        #expect(unset.connectTimeout == .seconds(5) && unset.leaseTTL == .seconds(5) && unset.tls == nil)
     }
 
     @Test("names are relative to the root, written absolute; paths outside it have none")

@@ -101,12 +101,13 @@ public final class EtcdCoordinationSpace: Sendable {
         }
 
         /// `address` with what the environment sets: `FILECOORD_ROOT`, `FILECOORD_LEASE_TTL`
-        /// (seconds), `FILECOORD_ETCD_CACERT`, `FILECOORD_ETCD_CERT` and `FILECOORD_ETCD_KEY`
+        /// and `FILECOORD_ETCD_TIMEOUT` (``connectTimeout``; seconds), `FILECOORD_ETCD_CACERT`, `FILECOORD_ETCD_CERT` and `FILECOORD_ETCD_KEY`
         /// (any of them means TLS), `FILECOORD_ETCD_USER` and `FILECOORD_ETCD_PASSWORD`.
         public init(address: String, environment: [String: String]) throws {
             func value(_ name: String) -> String? { environment[name].flatMap { $0.isEmpty ? nil : $0 } }
             try self.init(address: address, root: value("FILECOORD_ROOT").map { FilePath($0) } ?? "/")
             if let seconds = value("FILECOORD_LEASE_TTL").flatMap(Double.init), seconds > 0 { leaseTTL = .seconds(seconds) }
+            if let seconds = value("FILECOORD_ETCD_TIMEOUT").flatMap(Double.init), seconds > 0 { connectTimeout = .seconds(seconds) }
             let (ca, certificate, key) = (value("FILECOORD_ETCD_CACERT"), value("FILECOORD_ETCD_CERT"), value("FILECOORD_ETCD_KEY"))
             if ca != nil || certificate != nil || key != nil {
                 tls = TLS(caFile: ca.map { FilePath($0) }, certificateFile: certificate.map { FilePath($0) }, keyFile: key.map { FilePath($0) })
