@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-etcd build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files clean
+.PHONY: all deps deps-etcd build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files static-archives clean
 
 all: build
 
@@ -133,7 +133,7 @@ demo: deps
 	.build/release/filecoord demo
 
 # The benchmark is its own package (it builds swift-nio for the peer comparison).
-bench: deps deps-etcd
+bench: deps deps-etcd static-archives
 	@command -v inotifywait >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq inotify-tools; }
 	$(SWIFT) build -c release --package-path Benchmarks --scratch-path .build-bench
@@ -146,7 +146,7 @@ bench: deps deps-etcd
 # zsh and fish completions. The binary has the Swift runtime and Foundation linked in:
 # it starts in about two thirds of the time (no dynamic loading of the runtime's
 # libraries; docs/performance.md) and runs on a machine without the toolchain
-# (libinotifytools0 is still needed there). It is built in a directory of its own, so
+# (only glibc is needed there). It is built in a directory of its own, so
 # that it and the dynamic builds (`make demo`, the manual's plugin) do not rebuild each
 # other. STATIC=0 installs the dynamic build instead (also for a toolchain that lacks the
 # static Swift libraries).
@@ -159,12 +159,28 @@ INSTALL_BUILD := $(if $(IS_STATIC),.build-static,.build)
 # start-up touches fewer pages (docs/performance.md). The cost: the executable, and so the
 # Swift runtime and Foundation linked into it, sits at a fixed address; the shared
 # libraries, stack and heap are still placed at random.
-INSTALL_FLAGS := $(if $(IS_STATIC),--static-swift-stdlib -Xswiftc -Xclang-linker -Xswiftc -no-pie --scratch-path .build-static)
+# libstdc++ (the Swift runtime's C++ library), libgcc and libinotifytools are linked in
+# too, from their static archives, and the executable's own symbols are not exported
+# (the toolchain's default for a static standard library exports them): the loader then
+# resolves no symbol of those libraries at start-up, and a machine that runs the binary
+# needs only glibc. The archives are found through a directory of links to them, ahead
+# of the shared libraries of the same names (`-lstdc++` comes from the toolchain).
+STATIC_ARCHIVES := .build-static/archives
+INSTALL_FLAGS := $(if $(IS_STATIC),--static-swift-stdlib -Xswiftc -Xclang-linker -Xswiftc -no-pie \
+	-Xswiftc -Xclang-linker -Xswiftc -static-libgcc -Xlinker --no-export-dynamic -Xlinker -L$(CURDIR)/$(STATIC_ARCHIVES) \
+	--scratch-path .build-static)
 MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1
-install: deps
+install: deps static-archives
 	$(MAKE) --no-print-directory man
 	$(SWIFT) build -c $(CONFIG) --product filecoord $(INSTALL_FLAGS)
 	$(MAKE) --no-print-directory install-files INSTALL_FROM=$(INSTALL_BUILD)
+
+# The links to the static archives for the static build (each left out if the toolchain's
+# clang does not find it: that library is then linked as a shared one).
+static-archives:
+	@mkdir -p $(STATIC_ARCHIVES)
+	@for archive in libstdc++.a libinotifytools.a; do path=$$(clang -print-file-name=$$archive 2>/dev/null); \
+		if [ -f "$$path" ]; then ln -sf "$$path" $(STATIC_ARCHIVES)/$$archive; else rm -f $(STATIC_ARCHIVES)/$$archive; fi; done
 
 man: deps
 	$(SWIFT) package generate-manual --configuration $(CONFIG)
