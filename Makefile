@@ -164,11 +164,13 @@ INSTALL_BUILD := $(if $(IS_STATIC),.build-static,.build)
 # (the toolchain's default for a static standard library exports them): the loader then
 # resolves no symbol of those libraries at start-up, and a machine that runs the binary
 # needs only glibc. The archives are found through a directory of links to them, ahead
-# of the shared libraries of the same names (`-lstdc++` comes from the toolchain).
+# of the shared libraries of the same names (`-lstdc++` comes from the toolchain). With
+# no library of its own beside it, the binary has no `$ORIGIN` run path
+# (`--disable-local-rpath`): the loader looks for libc only where the system keeps it.
 STATIC_ARCHIVES := .build-static/archives
 INSTALL_FLAGS := $(if $(IS_STATIC),--static-swift-stdlib -Xswiftc -Xclang-linker -Xswiftc -no-pie \
 	-Xswiftc -Xclang-linker -Xswiftc -static-libgcc -Xlinker --no-export-dynamic -Xlinker -L$(CURDIR)/$(STATIC_ARCHIVES) \
-	--scratch-path .build-static)
+	--disable-local-rpath --scratch-path .build-static)
 MANUAL := .build/plugins/GenerateManual/outputs/filecoord/filecoord.1
 install: deps static-archives
 	$(MAKE) --no-print-directory man
