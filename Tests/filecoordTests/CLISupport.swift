@@ -184,34 +184,6 @@ final class Scratch: Sendable {
     }
 }
 
-/// `filecoord exec` holding a claim until the test lets go: its command prints "held",
-/// then waits on a FIFO. Not a `sleep` of some seconds: on a loaded machine (the suite's
-/// big files saturating the disk) a test's next process can take longer than any fixed
-/// holding time to reach its first try, and would then find the claim free.
-struct ClaimHolder {
-    let process: LineProcess
-    private let fifo: String
-
-    /// Starts `exec --space space <claim> item` and returns once the claim is held.
-    init(space: String, _ claim: String, _ item: String, in scratch: Scratch) async throws {
-        fifo = scratch.path + "/release-\(UInt64.random(in: 0 ... .max))"
-        #expect(mkfifo(fifo, 0o600) == 0)
-        // `timeout`: a test that fails before letting go leaves no process behind for long.
-        process = try LineProcess(["exec", "--space", space, claim, item, "--",
-                                   "sh", "-c", "echo held; exec timeout 120 cat \"$0\" >/dev/null", fifo])
-        var lines = process.lines.makeAsyncIterator()
-        #expect(await lines.next() == "held")
-    }
-
-    var pid: Int32 { process.pid }
-
-    /// Lets the command end (the claim goes with it) and waits for `exec` to exit.
-    func release() async throws {
-        _ = try await shell("exec 3>'\(fifo)'") // open and close: the reader's end of file
-        _ = await process.wait()
-    }
-}
-
 /// Runs `body` (which starts a child process) with no signal blocked on this thread but
 /// `blocked`, so that the child does not inherit a blocked SIGCHLD from the test harness's
 /// threads (a shell's `wait` would never return).

@@ -4,9 +4,12 @@ import Testing
 /// What a script author brings from `flock(1)` and `inotifywait`: their options, their
 /// exit statuses, one spelling of durations, and a tool that says what it is.
 @Suite("filecoord as scripts use it")
-struct ScriptHabitsTests {
+struct ScriptHabitsTests: CrossProcessFixture {
     let scratch = Scratch()
-    var space: String { scratch.path + "/space" }
+    /// Where a test lets its claim's holder go (`holdUntilReleased`): the holder holds
+    /// until then, not for a fixed time, which a loaded machine can outlast before the
+    /// test's next process makes its first try.
+    var fifo: String { scratch.path + "/go" }
 
     @Test("--version and 'version' print the version; 'help NOSUCH' is a usage error; a usage error names the subcommand's help")
     func versionAndHelp() async throws {
@@ -28,14 +31,15 @@ struct ScriptHabitsTests {
           arguments: ["0.3", "300ms", "0.005m"])
     func durations(spelling: String) async throws {
         let file = scratch.write("f", "x")
-        let holder = try await ClaimHolder(space: space, "--write", file, in: scratch)
+        let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
         let started = ContinuousClock.now
         let waited = try await filecoord("write", file, "--space", space, "--timeout", spelling, stdin: Data("new".utf8))
         let elapsed = ContinuousClock.now - started
         #expect(waited.status == 3, "\(waited.errorText)")
         // 0.3 s, not 300 s or 0.3 ms: it ended, and after the wait (start-up is well under 0.3 s).
         #expect(elapsed >= .milliseconds(300), "\(elapsed)")
-        try await holder.release()
+        try await release(fifo)
+        _ = await holder.wait()
         let bad = try await filecoord("present", file, "--space", space, "--settle", "3 fortnights")
         #expect(bad.status == 2 && bad.errorText.contains("--settle"), "\(bad.errorText)")
     }
@@ -46,7 +50,7 @@ struct ScriptHabitsTests {
         let file = scratch.write("f", "x")
         let free = try await filecoord("exec", "--space", space, "-n", "-E", "42", "--write", file, "--", "sh", "-c", "exit 3")
         #expect(free.status == 3, "the command's status: \(free.errorText)")
-        let holder = try await ClaimHolder(space: space, "--read", file, in: scratch)
+        let holder = try await holdUntilReleased(["--read", file], fifo: fifo)
         let nonblocking = try await filecoord("exec", "--space", space, "-n", "--write", file, "--", "true")
         #expect(nonblocking.status == 3, "\(nonblocking.errorText)")
         let conflict = try await filecoord("exec", "--space", space, "--nonblock", "-E", "42", "--write", file, "--", "true")
@@ -57,7 +61,8 @@ struct ScriptHabitsTests {
         #expect(reader.status == 0, "readers share: \(reader.errorText)")
         let contradiction = try await filecoord("exec", "--space", space, "-n", "-w", "2", "--write", file, "--", "true")
         #expect(contradiction.status == 2 && contradiction.errorText.contains("--nonblock"), "\(contradiction.errorText)")
-        try await holder.release()
+        try await release(fifo)
+        _ = await holder.wait()
     }
 
     @Test("present --once exits 0 after the first event, once the writer it let through is done (present --once f && cat f shows the new content)",
@@ -105,7 +110,7 @@ struct ScriptHabitsTests {
           .timeLimit(.minutes(3)))
     func whoIsInTheWay() async throws {
         let file = scratch.write("f", "x")
-        let holder = try await ClaimHolder(space: space, "--write", file, in: scratch)
+        let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
         let waited = try await filecoord("write", file, "--space", space, "-w", "2.5", stdin: Data("new".utf8))
         #expect(waited.status == 3)
         #expect(waited.errorText == """
@@ -121,7 +126,8 @@ struct ScriptHabitsTests {
         // --log-level error: no waiting line.
         let quiet = try await filecoord("write", file, "--space", space, "-w", "1.5", "--log-level", "error", stdin: Data("new".utf8))
         #expect(quiet.status == 3 && !quiet.errorText.contains("waiting"), "\(quiet.errorText)")
-        try await holder.release()
+        try await release(fifo)
+        _ = await holder.wait()
 
         let presenter = try LineProcess(["present", file, "--space", space])
         var presented = presenter.lines.makeAsyncIterator()
