@@ -33,6 +33,11 @@ public struct BatchFileContents {
 
 /// Lets a layer above decide, on the worker, whether each file is read now: the
 /// coordinated batch takes each file's claim there when it is free.
+///
+/// A file the gate lets through is opened without following its last component
+/// (`O_NOFOLLOW`): the gate may claim the name itself, and a file that turns out to be a
+/// symbolic link is not read there but skipped (``skip(_:)``), for the owner to read
+/// through its target's claim.
 @_spi(FileCoordinationInternal)
 public protocol InPlaceGate: Sendable {
     /// Before a group of files (index, path) is read: a token for ``leave(_:)`` when all
@@ -175,14 +180,20 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
         let descriptors: DescriptorWaits
         let buffer = ReusableBuffer()
 
-        /// Reads one file into the worker's buffer and hands it to the body.
-        func read(_ index: Int, _ input: FileBatchReader.PlatformResolved, _ partial: inout Partial) {
+        /// Reads one file into the worker's buffer and hands it to the body; a file the
+        /// gate let through that is a symbolic link goes back to the gate instead.
+        func read(_ index: Int, _ input: FileBatchReader.PlatformResolved, _ partial: inout Partial,
+                  gate: (any InPlaceGate)? = nil) {
             switch input {
             case .invalid(let path, let error):
                 body(&partial, BatchFileContents(index: index, path: path, bytes: .failure(error)))
             case .path(let path):
                 let result = descriptors.read {
-                    FileOperations.readWholeFile(path, maximumSize: maximumFileSize, into: buffer)
+                    FileOperations.readWholeFile(path, maximumSize: maximumFileSize, followingLast: gate == nil, into: buffer)
+                }
+                if let gate, case .failure(let error) = result, FileOperations.isLinkRefused(error) {
+                    gate.skip(index)
+                    return
                 }
                 body(&partial, BatchFileContents(index: index, platformPath: path,
                                                  bytes: result.map { UnsafeRawBufferPointer(start: buffer.base, count: $0) }))
@@ -214,7 +225,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
             // One question for a group of several files; a lone file is asked alone below
             // (the gate notes a lone file it refuses as skipped).
             if paths.count > 1, let token = gate.enter(paths) {
-                for file in group { worker.read(file.index, file.input, &partial) }
+                for file in group { worker.read(file.index, file.input, &partial, gate: gate) }
                 gate.leave(token)
                 continue
             }
@@ -224,7 +235,7 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
                     continue
                 }
                 guard let token = gate.enter([(file.index, path)]) else { continue }
-                worker.read(file.index, file.input, &partial)
+                worker.read(file.index, file.input, &partial, gate: gate)
                 gate.leave(token)
             }
         }

@@ -468,9 +468,11 @@ private final class ClaimGate: InPlaceGate {
         var claims: [CoordinationRules.Claim] = []
         claims.reserveCapacity(files.count)
         for (_, given) in files {
-            // The claim names the normalized path (its key is its bytes); a file a
-            // presenter is concerned by is left to the full coordination.
-            let key = PathKey(CanonicalPaths.canonicalNow(FileCoordinator.normalizedBytes(given), followingLast: true))
+            // The claim names the path with its directories resolved and its last component
+            // as it is: the workers open it without following a link there (one `readlink`
+            // per file saved) and leave a link to the full coordination, which claims its
+            // target. A file a presenter is concerned by is left to the full coordination.
+            let key = PathKey(CanonicalPaths.canonicalNow(FileCoordinator.normalizedBytes(given), followingLast: false))
             guard !center.hasPresenters(concerning: key) else { break }
             claims.append(CoordinationRules.Claim(key: key, access: .reading))
         }

@@ -180,6 +180,31 @@ extension CrossProcessTests.GuaranteeTests {
         #expect(await holder.wait().status == 0)
     }
 
+    @Test("a batch read through a symbolic link claims the link's target: with the target held, the link fails and the other files are read, in place and through the sequence",
+          .timeLimit(.minutes(2)))
+    func batchThroughLink() async throws {
+        _ = scratch.write("target", "held")
+        let link = scratch.path + "/link"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: "target")
+        // Enough free files around the link that the batch's workers claim groups of them.
+        let others = (0 ..< 80).map { scratch.write("f\($0)", "free\($0)") }
+        let list = Array(others[..<40]) + [link] + Array(others[40...])
+        let fifo = scratch.path + "/go"
+        let holder = try await holdUntilReleased(["--write", scratch.path + "/target"], fifo: fifo)
+        let summary = try await filecoord(["read", "--space", space, "--timeout", "0", "--json"] + list)
+        #expect(summary.status == 3, "a claim timed out: \(summary.errorText)")
+        #expect(summary.outputText.contains(#""failed":1"#) && summary.outputText.contains(#""files":80"#), "\(summary.outputText)")
+        #expect(summary.errorText.contains(link), "\(summary.errorText)")
+        let catted = try await filecoord(["read", "--space", space, "--timeout", "0", "--cat"] + list)
+        #expect(catted.status == 3, "\(catted.errorText)")
+        #expect(!catted.outputText.contains("held") && catted.outputText.contains("free79"), "\(catted.outputText)")
+        #expect(catted.errorText.contains(link), "\(catted.errorText)")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
+        let free = try await filecoord(["read", "--space", space, "--cat", link])
+        #expect(free.status == 0 && free.outputText == "held", "\(free.errorText)")
+    }
+
     @Test("a presenter of a symbolic link is asked by a write of its target, and a presenter of the target by a write through the link")
     func presenterThroughLink() async throws {
         let target = scratch.write("target", "x")

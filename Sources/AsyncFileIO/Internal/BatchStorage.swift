@@ -395,11 +395,19 @@ final class BatchStorage: Sendable {
             // Probing tells a device wait from a preempted thread, until the batch knows.
             let probing = !blocking.load(ordering: .relaxed) && cacheProbes.load(ordering: .relaxed)
             var learned = FileOperations.CacheProbe.notProbed
+            // Under a gate, the name itself is what the gate may have claimed: a link is not
+            // followed here but left to the gate's owner.
+            let gated = gate != nil
             let result = descriptors.read {
-                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize, probingCache: probing, probe: &learned)
+                FileOperations.readWholeFile(path, maximumSize: options.maximumFileSize, probingCache: probing,
+                                             followingLast: !gated, probe: &learned)
             }
             probe = learned
             if let token { gate?.leave(token) }
+            if let gate, case .failure(let error) = result, FileOperations.isLinkRefused(error) {
+                gate.skip(index)
+                return BatchReadResult(index: index, path: path.filePath, result: .failure(Self.leftToGate(path.filePath)))
+            }
             return BatchReadResult(index: index, platformPath: path, result: result)
         }
     }

@@ -27,10 +27,11 @@ enum FileOperations {
     }
 
     /// ``openForReading(_:)-(FilePath)`` for a path given as bytes (its `FilePath` is made
-    /// only for an error).
-    static func openForReading(_ path: PlatformPath) -> Result<OpenedFile, FileCoordinationError> {
+    /// only for an error). Not `followingLast`: a last component that is a symbolic link
+    /// fails with `ELOOP` (``isLinkRefused(_:)``) instead of being followed.
+    static func openForReading(_ path: PlatformPath, followingLast: Bool = true) -> Result<OpenedFile, FileCoordinationError> {
         let opened = path.withCString {
-            Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY)
+            Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY | (followingLast ? 0 : O_NOFOLLOW))
         }
         let fd: Int32
         switch opened {
@@ -214,15 +215,22 @@ enum FileOperations {
         case unsupported
     }
 
+    /// Whether an open made without following the last component failed because that
+    /// component is a symbolic link (or the path has a loop of links, which the full
+    /// coordination then reports).
+    static func isLinkRefused(_ error: FileCoordinationError) -> Bool {
+        error.operation == "open" && error.errno == .tooManySymbolicLinkLevels
+    }
+
     /// ``readWholeFile(_:maximumSize:)-(PlatformPath,_)``; with `probingCache`, the first
     /// read copies only what the page cache holds (`RWF_NOWAIT`: the same one system call
     /// as a plain read when the file is cached), the rest is read as usual, and `probe`
     /// tells which happened. A batch uses it to learn that its reads wait for a disk, and
     /// only then runs more threads than cores; a slow read alone (a thread preempted on a
     /// busy machine) says nothing about that.
-    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, probingCache: Bool,
+    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, probingCache: Bool, followingLast: Bool = true,
                               probe: inout CacheProbe) -> Result<Data, FileCoordinationError> {
-        openForReading(path).flatMap { file in
+        openForReading(path, followingLast: followingLast).flatMap { file in
             var result: Result<Data, FileCoordinationError>
             if probingCache && file.type == .regular && file.size > 0 && file.size <= Int64(maximumSize) {
                 result = readProbingCache(fd: file.fd, count: Int(file.size), probe: &probe)
@@ -371,9 +379,10 @@ extension FileOperations {
     /// Written as straight-line system calls: it runs once per file of a batch read in
     /// place, where the steps' own `Result` values and closures (as `readWholeFile` has
     /// them) measured a tenth of the batch's user time.
-    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, into buffer: ReusableBuffer) -> Result<Int, FileCoordinationError> {
+    static func readWholeFile(_ path: PlatformPath, maximumSize: Int, followingLast: Bool = true,
+                              into buffer: ReusableBuffer) -> Result<Int, FileCoordinationError> {
         let fd: Int32
-        switch path.withCString({ Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY) }) {
+        switch path.withCString({ Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY | (followingLast ? 0 : O_NOFOLLOW)) }) {
         case .success(let descriptor): fd = descriptor
         case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path.filePath))
         }
