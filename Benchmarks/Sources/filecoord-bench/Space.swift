@@ -114,7 +114,8 @@ func runSpace(_ paths: [String]) async throws {
     }
 
     // FILECOORD_BENCH_BATCH_ONLY=1: only the coordinated batch read in place (for profiling:
-    // five timed reads per warm-up, so that the profile is mostly theirs); =paths: from paths.
+    // five timed reads per warm-up, so that the profile is mostly theirs); =paths: from paths;
+    // =sequence: through the sequence.
     if let only = ProcessInfo.processInfo.environment["FILECOORD_BENCH_BATCH_ONLY"] {
         let urls = paths.map { URL(fileURLWithPath: $0) }
         let filePaths = paths.map { FilePath($0) }
@@ -125,11 +126,16 @@ func runSpace(_ paths: [String]) async throws {
                 let rate = Double(paths.count) / (try await seconds {
                     if only == "paths" {
                         _ = try await coordinator.readFiles(at: filePaths, batchOptions: options).forEachFile { _ in }
+                    } else if only == "sequence" {
+                        var tally = Tally()
+                        for try await result in coordinator.readFiles(at: urls, batchOptions: options) {
+                            if case .success(let data) = result.result { tally.add(data) }
+                        }
                     } else {
                         _ = try await coordinator.readFiles(at: urls, batchOptions: options).forEachFile { _ in }
                     }
                 })
-                print(String(format: "coordinated batch read in place: %.0f files/s", rate))
+                print(String(format: "coordinated batch read %@: %.0f files/s", only == "sequence" ? "through the sequence" : "in place", rate))
             }
         }
         return
