@@ -48,8 +48,9 @@ struct SpaceOption: ParsableArguments {
     func join() async throws -> CoordinationSpace? { try await settings.join() }
 }
 
-/// What ``SpaceOption`` holds, and what is done with it: a plain value, which `exec`'s
-/// quick reading of its arguments (``QuickExec``) makes without the parser.
+/// What ``SpaceOption`` holds, and what is done with it: a plain value, which the quick
+/// reading of `exec`'s and `write`'s arguments (``QuickArguments``) makes without the
+/// parser.
 struct SpaceSettings: Sendable {
     var space: String?
     var root: String?

@@ -57,7 +57,7 @@ struct Exec: AsyncParsableCommand {
     func run() async throws { try await settings.run() }
 }
 
-/// What ``Exec`` holds, and what it does: a plain value, which ``QuickExec`` makes from
+/// What ``Exec`` holds, and what it does: a plain value, which ``QuickArguments`` makes from
 /// the usual arguments without the parser.
 struct ExecSettings: Sendable {
     var reads: [String]

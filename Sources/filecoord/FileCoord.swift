@@ -90,8 +90,8 @@ struct FileCoord: ParsableCommand {
                !subcommandNames.contains(arguments[1]) {
                 throw ValidationError("no subcommand named '\(arguments[1])'")
             }
-            if let exec = QuickExec.parse(arguments) {
-                try await exec.run()
+            if let command = QuickArguments.parse(arguments) {
+                try await command.run()
             } else {
                 var command = try parseAsRoot(arguments)
                 if var command = command as? AsyncParsableCommand {

@@ -43,7 +43,10 @@ struct Read: AsyncParsableCommand {
     var nullSeparated = false
 
     @Option(parsing: .unconditional, help: "How many files are read at once.")
-    var concurrency = 16
+    var concurrency = Self.defaultConcurrency
+
+    /// `--concurrency`'s default.
+    static let defaultConcurrency = 16
 
     @Flag(name: .customLong("no-coordination"), help: "Read without taking coordinated read intents.")
     var noCoordination = false
@@ -64,13 +67,15 @@ struct Read: AsyncParsableCommand {
     static let wholeFileLimit = 16 << 20
     static let chunkSize = 1 << 20
 
-    func validate() throws {
-        guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
-        guard !paths.isEmpty || fromList != nil else { throw ValidationError("name files to read, or --from-list") }
-        guard !(cat && json) else { throw ValidationError("--cat and --json cannot be combined") }
+    @OptionGroup var coordination: CoordinationOptions
+
+    /// The values given, apart from the parser.
+    var settings: ReadSettings {
+        ReadSettings(paths: paths, fromList: fromList, nullSeparated: nullSeparated, concurrency: concurrency,
+                     noCoordination: noCoordination, cat: cat, json: json, engine: engine, coordination: coordination.settings)
     }
 
-    @OptionGroup var coordination: CoordinationOptions
+    func validate() throws { try settings.validate() }
 
     /// How many files may be open at once, leaving one descriptor free: libdispatch's
     /// monitor of its worker threads opens `/proc/self/task/…/stat` about once a second
@@ -83,22 +88,82 @@ struct Read: AsyncParsableCommand {
         return free >= 2 ? free - 1 : nil
     }
 
+    /// Reads a list of paths from a file or stdin, split on `separator`.
+    static func readList(_ source: String, separator: UInt8) async throws -> [FilePath] {
+        let data: Data
+        do {
+            if source == "-" {
+                data = try await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
+            } else {
+                // Read as a stream: a FIFO (`<(find …)`, `/dev/stdin`) is a list too. Its
+                // open waits for a writer, on an I/O thread.
+                let path = RawArguments.path(source)
+                let fd = try await runOnIOThread {
+                    let fd = path.withPlatformString { open($0, O_RDONLY | O_CLOEXEC) }
+                    guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path) }
+                    return fd
+                }
+                defer { close(fd) }
+                data = try await DescriptorWriter(fd: fd, label: "filecoord.list").readToEnd(name: path.string)
+            }
+        } catch let error as FileCoordinationError {
+            Output.report(error)
+            throw Status.failed
+        }
+        // One pass over the bytes: each line (or NUL-separated name) becomes a path, empty
+        // ones are skipped. (Splitting `Data` into slices cost more than reading the files.)
+        return data.withUnsafeBytes { raw -> [FilePath] in
+            var paths: [FilePath] = []
+            var start = 0
+            while start < raw.count {
+                let end = memchr(raw.baseAddress! + start, Int32(separator), raw.count - start)
+                    .map { UnsafeRawPointer($0) - raw.baseAddress! } ?? raw.count
+                if end > start { paths.append(FilePath(platformBuffer: UnsafeRawBufferPointer(rebasing: raw[start ..< end]))) }
+                start = end + 1
+            }
+            return paths
+        }
+    }
+
+    func run() async throws { try await settings.run() }
+}
+
+/// What ``Read`` holds, and what it does: a plain value, which ``QuickArguments`` makes
+/// from the usual arguments without the parser.
+struct ReadSettings: Sendable {
+    var paths: [String]
+    var fromList: String?
+    var nullSeparated: Bool
+    var concurrency: Int
+    var noCoordination: Bool
+    var cat: Bool
+    var json: Bool
+    var engine: FileIOEngine
+    var coordination: CoordinationSettings
+
+    /// Its own options' checks (those of ``CoordinationSettings`` are made first).
+    func validate() throws {
+        guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        guard !paths.isEmpty || fromList != nil else { throw ValidationError("name files to read, or --from-list") }
+        guard !(cat && json) else { throw ValidationError("--cat and --json cannot be combined") }
+    }
+
     func run() async throws {
         var list = paths.map(RawArguments.path)
         if let fromList {
-            list += try await Self.readList(fromList, separator: nullSeparated ? 0 : UInt8(ascii: "\n"))
+            list += try await Read.readList(fromList, separator: nullSeparated ? 0 : UInt8(ascii: "\n"))
         }
 
         let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
         // No bar where it would be drawn into the contents: --cat onto the same terminal.
         let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
             ? Progress(total: list.count) : nil
-        guard let headroom = Self.descriptorHeadroom() else {
+        guard let headroom = Read.descriptorHeadroom() else {
             Output.report(FileCoordinationError(code: .tooManyOpenFiles, path: nil, operation: "read", errno: .tooManyOpenFiles,
                                                 message: "too few file descriptors free (ulimit -n): reading needs 2 beside those the process has open"))
             throw Status.failed
         }
-        let options = BatchReadOptions(concurrency: min(concurrency, headroom), maximumFileSize: Self.wholeFileLimit, engine: engine)
+        let options = BatchReadOptions(concurrency: min(concurrency, headroom), maximumFileSize: Read.wholeFileLimit, engine: engine)
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
@@ -216,7 +281,7 @@ struct Read: AsyncParsableCommand {
         @Sendable func copy(_ path: FilePath) async throws -> Int {
             let file = try await path.openForReading(engine: engine)
             var total = 0
-            while case let chunk = try await file.read(upToCount: Self.chunkSize), !chunk.isEmpty {
+            while case let chunk = try await file.read(upToCount: Read.chunkSize), !chunk.isEmpty {
                 total += chunk.count
                 do { try await output?.write(chunk) } catch { throw OutputFailed(error: error) }
             }
@@ -254,43 +319,6 @@ struct Read: AsyncParsableCommand {
             ).utf8))
         }
         if failed > 0 { throw timedOut ? Status.timedOut : Status.failed }
-    }
-
-    /// Reads a list of paths from a file or stdin, split on `separator`.
-    static func readList(_ source: String, separator: UInt8) async throws -> [FilePath] {
-        let data: Data
-        do {
-            if source == "-" {
-                data = try await DescriptorWriter(fd: 0, label: "filecoord.stdin").readToEnd()
-            } else {
-                // Read as a stream: a FIFO (`<(find …)`, `/dev/stdin`) is a list too. Its
-                // open waits for a writer, on an I/O thread.
-                let path = RawArguments.path(source)
-                let fd = try await runOnIOThread {
-                    let fd = path.withPlatformString { open($0, O_RDONLY | O_CLOEXEC) }
-                    guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path) }
-                    return fd
-                }
-                defer { close(fd) }
-                data = try await DescriptorWriter(fd: fd, label: "filecoord.list").readToEnd(name: path.string)
-            }
-        } catch let error as FileCoordinationError {
-            Output.report(error)
-            throw Status.failed
-        }
-        // One pass over the bytes: each line (or NUL-separated name) becomes a path, empty
-        // ones are skipped. (Splitting `Data` into slices cost more than reading the files.)
-        return data.withUnsafeBytes { raw -> [FilePath] in
-            var paths: [FilePath] = []
-            var start = 0
-            while start < raw.count {
-                let end = memchr(raw.baseAddress! + start, Int32(separator), raw.count - start)
-                    .map { UnsafeRawPointer($0) - raw.baseAddress! } ?? raw.count
-                if end > start { paths.append(FilePath(platformBuffer: UnsafeRawBufferPointer(rebasing: raw[start ..< end]))) }
-                start = end + 1
-            }
-            return paths
-        }
     }
 }
 

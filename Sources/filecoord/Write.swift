@@ -35,6 +35,22 @@ struct Write: AsyncParsableCommand {
     /// The size of each read of stdin and write of the file.
     static let chunkSize = 1 << 20
 
+    /// The values given, apart from the parser.
+    var settings: WriteSettings {
+        WriteSettings(path: path, append: append, noCoordination: noCoordination, coordination: coordination.settings)
+    }
+
+    func run() async throws { try await settings.run() }
+}
+
+/// What ``Write`` holds, and what it does: a plain value, which ``QuickArguments`` makes
+/// from the usual arguments without the parser.
+struct WriteSettings: Sendable {
+    var path: String
+    var append: Bool
+    var noCoordination: Bool
+    var coordination: CoordinationSettings
+
     func run() async throws {
         let target = RawArguments.path(path)
         let input = DescriptorWriter(fd: 0, label: "filecoord.stdin")
@@ -75,7 +91,7 @@ struct Write: AsyncParsableCommand {
         do {
             output = try await resolved.openForWriting(options: [.atomic])
             while true {
-                let chunk = try await input.readChunk(upToCount: Self.chunkSize)
+                let chunk = try await input.readChunk(upToCount: Write.chunkSize)
                 if chunk.isEmpty { break }
                 try await output!.write(chunk)
             }

@@ -54,7 +54,9 @@ private func measureCallers(_ paths: [String], label: String, goal: Double) asyn
 }
 
 /// One command as a whole process, paired with `flock(1)` in each round: `filecoord exec
-/// --write F -- true` against `flock F true`, and `filecoord --version` (start-up alone).
+/// --write F -- true` against `flock F true`, `filecoord read --cat F` against
+/// `flock -s F cat F`, and `filecoord --version` (start-up alone) and `filecoord write F`
+/// (a replacement made durable: written, synced and renamed) alone.
 /// The binary is the release build `make bench` makes (`FILECOORD_BIN` to name another).
 func runCommandLine() throws {
     let binary = ProcessInfo.processInfo.environment["FILECOORD_BIN"] ?? FileManager.default.currentDirectoryPath + "/.build/release/filecoord"
@@ -70,13 +72,14 @@ func runCommandLine() throws {
     setenv("FILECOORD_SPACE", directory + "/space", 1)
     /// Microseconds from spawn to the end of `waitpid`; NaN when the command did not
     /// exit 0 (a crashing build must not pass for a fast one).
-    func run(_ arguments: [String]) -> Double {
+    func run(_ arguments: [String], stdin: String = "/dev/null") -> Double {
         let argv = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         let start = DispatchTime.now().uptimeNanoseconds
         var pid: pid_t = 0
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
         defer { posix_spawn_file_actions_destroy(&actions) }
         guard posix_spawn(&pid, arguments[0], &actions, nil, argv, environ) == 0 else { return .nan }
@@ -100,22 +103,34 @@ func runCommandLine() throws {
     }
     let pairs = 60
     for _ in 0 ..< 5 { _ = run([flock, file, "true"]); _ = run([binary, "exec", "--write", file, "--", "true"]) } // warm
+    let content = directory + "/content", written = directory + "/written"
+    _ = FileManager.default.createFile(atPath: content, contents: Data(repeating: 0x61, count: 4096))
     var flocks: [Double] = [], execs: [Double] = [], versions: [Double] = [], ratios: [Double] = []
+    var cats: [Double] = [], reads: [Double] = [], readRatios: [Double] = [], writes: [Double] = []
     for _ in 0 ..< pairs {
         let f = run([flock, file, "true"]), e = run([binary, "exec", "--write", file, "--", "true"])
         flocks.append(f)
         execs.append(e)
         ratios.append(e / f)
         versions.append(run([binary, "--version"]))
+        let c = run([flock, "-s", content, "cat", content]), r = run([binary, "read", "--cat", content])
+        cats.append(c)
+        reads.append(r)
+        readRatios.append(r / c)
+        writes.append(run([binary, "write", written], stdin: content))
     }
     func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
     print("\ncommand line (one process each, \(pairs) pairs; \(binary))")
-    guard !(execs + flocks + versions).contains(where: \.isNaN) else {
-        print("  FAILED: a command did not exit 0 (\(execs.filter(\.isNaN).count) of \(pairs) exec runs, \(versions.filter(\.isNaN).count) --version runs)")
+    guard !(execs + flocks + versions + cats + reads + writes).contains(where: \.isNaN) else {
+        print("  FAILED: a command did not exit 0 (\(execs.filter(\.isNaN).count) of \(pairs) exec runs, \(versions.filter(\.isNaN).count) --version runs, "
+              + "\(reads.filter(\.isNaN).count) read runs, \(writes.filter(\.isNaN).count) write runs)")
         return
     }
     print(String(format: "  filecoord exec --write F -- true   %7.0f us   flock F true %7.0f us   %.2fx (median of the pairs' ratios)   goal <= 3x: %@",
                  median(execs), median(flocks), median(ratios), median(ratios) <= 3 ? "met" : "NOT MET"))
+    print(String(format: "  filecoord read --cat F (4 KiB)     %7.0f us   flock -s F cat F %7.0f us   %.2fx (median of the pairs' ratios)",
+                 median(reads), median(cats), median(readRatios)))
+    print(String(format: "  filecoord write F < 4 KiB          %7.0f us   (written beside F, synced, renamed over it)", median(writes)))
     print(String(format: "  filecoord --version (start-up)     %7.0f us", median(versions)))
     print("  resident while the command runs: filecoord exec --write F \(resident([binary, "exec", "--write", file, "--"])) KiB, flock F \(resident([flock, file])) KiB")
 }
