@@ -177,12 +177,18 @@ install: deps static-archives
 	$(SWIFT) build -c $(CONFIG) --product filecoord $(INSTALL_FLAGS)
 	$(MAKE) --no-print-directory install-files INSTALL_FROM=$(INSTALL_BUILD)
 
-# The links to the static archives for the static build (each left out if the toolchain's
-# clang does not find it: that library is then linked as a shared one).
-static-archives:
-	@mkdir -p $(STATIC_ARCHIVES)
-	@for archive in libstdc++.a libinotifytools.a; do path=$$(clang -print-file-name=$$archive 2>/dev/null); \
-		if [ -f "$$path" ]; then ln -sf "$$path" $(STATIC_ARCHIVES)/$$archive; else rm -f $(STATIC_ARCHIVES)/$$archive; fi; done
+# The links to the static archives for the static build, found by the toolchain's clang
+# (beside the swift that builds; else the clang or gcc on PATH). An archive not found is
+# said, and that library is then linked as a shared one.
+TOOLCHAIN_CLANG = $(dir $(realpath $(shell command -v $(SWIFT))))clang
+static-archives: deps
+	@if [ -n "$(IS_STATIC)" ]; then mkdir -p $(STATIC_ARCHIVES); \
+		compiler="$(TOOLCHAIN_CLANG)"; [ -x "$$compiler" ] || compiler=$$(command -v clang || command -v gcc); \
+		for archive in libstdc++.a libinotifytools.a; do path=$$("$$compiler" -print-file-name=$$archive 2>/dev/null); \
+			if [ -f "$$path" ]; then ln -sf "$$path" $(STATIC_ARCHIVES)/$$archive; \
+			else rm -f $(STATIC_ARCHIVES)/$$archive; \
+				echo "make: $$archive not found ($$compiler): the static build links that library as a shared one"; fi; \
+		done; fi
 
 man: deps
 	$(SWIFT) package generate-manual --configuration $(CONFIG)
