@@ -22,8 +22,10 @@ struct EtcdSpaceUnitTests {
         let set = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1", environment: [
             "FILECOORD_ROOT": "/mnt/share", "FILECOORD_LEASE_TTL": "12", "FILECOORD_ETCD_TIMEOUT": "2.5", "FILECOORD_ETCD_USER": "u"])
         #expect(set.root == "/mnt/share" && set.leaseTTL == .seconds(12) && set.connectTimeout == .milliseconds(2500) && set.user == "u")
-        let unset = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1", environment: ["FILECOORD_ETCD_TIMEOUT": "0"])
-        #expect(unset.connectTimeout == .seconds(5) && unset.leaseTTL == .seconds(5) && unset.tls == nil)
+        for bad in ["0", "-1", "inf", "nan", "1e30", "30s"] {
+            let unset = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1", environment: ["FILECOORD_ETCD_TIMEOUT": bad, "FILECOORD_LEASE_TTL": bad])
+            #expect(unset.connectTimeout == .seconds(5) && unset.leaseTTL == .seconds(5) && unset.tls == nil, "\(bad)")
+        }
     }
 
     @Test("names are relative to the root, written absolute; paths outside it have none")

@@ -100,14 +100,20 @@ public final class EtcdCoordinationSpace: Sendable {
                       tls: secure ? TLS() : nil)
         }
 
-        /// `address` with what the environment sets: `FILECOORD_ROOT`, `FILECOORD_LEASE_TTL`
-        /// and `FILECOORD_ETCD_TIMEOUT` (``connectTimeout``; seconds), `FILECOORD_ETCD_CACERT`, `FILECOORD_ETCD_CERT` and `FILECOORD_ETCD_KEY`
-        /// (any of them means TLS), `FILECOORD_ETCD_USER` and `FILECOORD_ETCD_PASSWORD`.
+        /// `address` with what the environment sets: `FILECOORD_ROOT`; `FILECOORD_LEASE_TTL`
+        /// and `FILECOORD_ETCD_TIMEOUT` (``connectTimeout``, which also bounds the retries
+        /// through a failover), in seconds, each ignored unless above zero and at most a
+        /// day; `FILECOORD_ETCD_CACERT`, `FILECOORD_ETCD_CERT` and `FILECOORD_ETCD_KEY` (any
+        /// of them means TLS); `FILECOORD_ETCD_USER` and `FILECOORD_ETCD_PASSWORD`.
         public init(address: String, environment: [String: String]) throws {
             func value(_ name: String) -> String? { environment[name].flatMap { $0.isEmpty ? nil : $0 } }
             try self.init(address: address, root: value("FILECOORD_ROOT").map { FilePath($0) } ?? "/")
-            if let seconds = value("FILECOORD_LEASE_TTL").flatMap(Double.init), seconds > 0 { leaseTTL = .seconds(seconds) }
-            if let seconds = value("FILECOORD_ETCD_TIMEOUT").flatMap(Double.init), seconds > 0 { connectTimeout = .seconds(seconds) }
+            // At most a day: `Duration` traps on a value it cannot hold (`inf`, `1e30`).
+            func seconds(_ name: String) -> Duration? {
+                value(name).flatMap(Double.init).flatMap { $0 > 0 && $0 <= 86_400 ? .seconds($0) : nil }
+            }
+            if let ttl = seconds("FILECOORD_LEASE_TTL") { leaseTTL = ttl }
+            if let timeout = seconds("FILECOORD_ETCD_TIMEOUT") { connectTimeout = timeout }
             let (ca, certificate, key) = (value("FILECOORD_ETCD_CACERT"), value("FILECOORD_ETCD_CERT"), value("FILECOORD_ETCD_KEY"))
             if ca != nil || certificate != nil || key != nil {
                 tls = TLS(caFile: ca.map { FilePath($0) }, certificateFile: certificate.map { FilePath($0) }, keyFile: key.map { FilePath($0) })
