@@ -469,8 +469,8 @@ private final class ClaimGate: InPlaceGate {
         claims.reserveCapacity(files.count)
         for (_, given) in files {
             // The claim names the path with its directories resolved and its last component
-            // as it is: the workers open it without following a link there (one `readlink`
-            // per file saved) and leave a link to the full coordination, which claims its
+            // as it is: the workers open it without following a link there (no `readlink`
+            // per file) and leave a link to the full coordination, which claims its
             // target. A file a presenter is concerned by is left to the full coordination.
             let key = PathKey(CanonicalPaths.canonicalNow(FileCoordinator.normalizedBytes(given), followingLast: false))
             guard !center.hasPresenters(concerning: key) else { break }

@@ -9,7 +9,8 @@ extension FileCoordinator {
     ///
     /// One `FileBatchReader` reads the files, and its workers claim groups of them
     /// while they read them, when nothing stands in the way. The files they cannot claim
-    /// at once (a presenter is concerned, or a conflicting claim is held) get the full
+    /// at once (a presenter is concerned, a conflicting claim is held, or the name is a
+    /// symbolic link, whose target the claim must name) get the full
     /// coordination when the consumer reaches them, up to `window` at a time: one read
     /// claim covers them together, and their presenters are messaged once. (Snapshots,
     /// links to resolve and the DispatchIO engine take every file that way, in windows

@@ -49,8 +49,7 @@ struct SpaceOption: ParsableArguments {
 }
 
 /// What ``SpaceOption`` holds, and what is done with it: a plain value, which the quick
-/// reading of `exec`'s and `write`'s arguments (``QuickArguments``) makes without the
-/// parser.
+/// reading of the usual arguments (``QuickArguments``) makes without the parser.
 struct SpaceSettings: Sendable {
     var space: String?
     var root: String?

@@ -75,39 +75,20 @@ struct QuickArgumentsTests {
         ["read", "--from-list"], ["write", "--cat", "f"], ["write", "--json", "f"],
     ]
 
-    @Test("the shapes scripts use are read, and give the command the parser gives", arguments: read)
+    @Test("the shapes scripts use are read, and give the command the parser gives", arguments: read + writeRead + readRead)
     func readAsTheParserReads(arguments: [String]) throws {
-        guard case .exec(let quick)? = QuickArguments.parse(arguments) else {
-            Issue.record("left to the parser: \(arguments)")
-            return
+        let parsed = try FileCoord.parseAsRoot(arguments)
+        switch QuickArguments.parse(arguments) {
+        case .exec(let quick)?: #expect(Self.describe(quick) == (parsed as? Exec).map { Self.describe($0.settings) })
+        case .write(let quick)?: #expect(Self.describe(quick) == (parsed as? Write).map { Self.describe($0.settings) })
+        case .read(let quick)?: #expect(Self.describe(quick) == (parsed as? Read).map { Self.describe($0.settings) })
+        case nil: Issue.record("left to the parser: \(arguments)")
         }
-        let parsed = try #require(try FileCoord.parseAsRoot(arguments) as? Exec)
-        #expect(Self.describe(quick) == Self.describe(parsed.settings))
     }
 
     @Test("help, errors and the other shapes are left to the parser", arguments: leftToTheParser + writeLeft + readLeft)
     func leftAlone(arguments: [String]) {
         #expect(QuickArguments.parse(arguments) == nil)
-    }
-
-    @Test("write's usual shapes are read, and give the command the parser gives", arguments: writeRead)
-    func writeAsTheParserReads(arguments: [String]) throws {
-        guard case .write(let quick)? = QuickArguments.parse(arguments) else {
-            Issue.record("left to the parser: \(arguments)")
-            return
-        }
-        let parsed = try #require(try FileCoord.parseAsRoot(arguments) as? Write)
-        #expect(Self.describe(quick) == Self.describe(parsed.settings))
-    }
-
-    @Test("read's usual shapes are read, and give the command the parser gives", arguments: readRead)
-    func readsAsTheParserReads(arguments: [String]) throws {
-        guard case .read(let quick)? = QuickArguments.parse(arguments) else {
-            Issue.record("left to the parser: \(arguments)")
-            return
-        }
-        let parsed = try #require(try FileCoord.parseAsRoot(arguments) as? Read)
-        #expect(Self.describe(quick) == Self.describe(parsed.settings))
     }
 
     @Test("every option of exec, write and read, of their coordination and of its space has its place in the settings")

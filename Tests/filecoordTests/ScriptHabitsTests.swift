@@ -6,9 +6,9 @@ import Testing
 @Suite("filecoord as scripts use it")
 struct ScriptHabitsTests: CrossProcessFixture {
     let scratch = Scratch()
-    /// Where a test lets its claim's holder go (`holdUntilReleased`): the holder holds
-    /// until then, not for a fixed time, which a loaded machine can outlast before the
-    /// test's next process makes its first try.
+    /// Where a test lets its claim's holder go (`holdUntilReleased`): the claim must
+    /// still be held when the test's next process makes its first try, which on a loaded
+    /// machine can come many seconds later.
     var fifo: String { scratch.path + "/go" }
 
     @Test("--version and 'version' print the version; 'help NOSUCH' is a usage error; a usage error names the subcommand's help")
