@@ -76,10 +76,12 @@ extension CrossProcessFixture {
     }
 
     /// Starts `exec --space S ARGS -- sh -c 'echo held; read x < FIFO'` and waits for its
-    /// line: the claims are held until `release(fifo)`.
+    /// line: the claims are held until `release(fifo)`, or for 300 s at most (a test that
+    /// fails before it releases leaves no holder for the rest of the suite).
     func holdUntilReleased(_ claims: [String], fifo: String) async throws -> LineProcess {
         if access(fifo, F_OK) != 0 { #expect(mkfifo(fifo, 0o600) == 0) }
-        let holder = try LineProcess(["exec", "--space", space] + claims + ["--", "sh", "-c", "echo held; read x < '\(fifo)'"])
+        let holder = try LineProcess(["exec", "--space", space] + claims + ["--", "sh", "-c",
+                                      "echo held; exec timeout 300 sh -c 'read x < \"$0\"' \"$0\"", fifo])
         var lines = holder.lines.makeAsyncIterator()
         #expect(await lines.next() == "held")
         return holder
