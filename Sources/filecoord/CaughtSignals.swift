@@ -1,4 +1,3 @@
-import CFileCoordinationShims
 import CFilecoordCommand
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import FileCoordination
@@ -35,18 +34,7 @@ final class CaughtSignals: Sendable {
         }
         try reading.withLock { reading in
             guard !reading else { return }
-            // A bare pthread: Foundation's `Thread` is slow to start the first time, and
-            // every command starts this one.
-            var attributes = pthread_attr_t()
-            pthread_attr_init(&attributes)
-            defer { pthread_attr_destroy(&attributes) }
-            pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-            var thread = pthread_t()
-            let result = pthread_create(&thread, &attributes, { raw in
-                fc_set_thread_name("filecoord signals")
-                CaughtSignals.shared.read(from: Int32(Int(bitPattern: raw)))
-                return nil
-            }, UnsafeMutableRawPointer(bitPattern: Int(pipe)))
+            let result = startDetachedThread(named: "filecoord signals") { CaughtSignals.shared.read(from: pipe) }
             guard result == 0 else {
                 // Caught with nobody to read them, they would do nothing at all.
                 release(numbers)

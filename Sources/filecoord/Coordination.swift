@@ -70,7 +70,7 @@ struct SpaceSettings: Sendable {
         if let leaseTTL {
             guard leaseTTL.seconds > 0 else { throw ValidationError("--lease-ttl must be more than zero") }
         }
-        let environment = Self.variable("FILECOORD_LOG_LEVEL")
+        let environment = environmentVariable("FILECOORD_LOG_LEVEL")
         if let (source, name) = logLevel.map({ ("--log-level", $0) }) ?? environment.map({ ("FILECOORD_LOG_LEVEL", $0) }) {
             guard let level = Logs.level(named: name) else {
                 throw ValidationError("\(source): no level named '\(name)'; the levels are error, warning, info, debug, trace")
@@ -87,13 +87,7 @@ struct SpaceSettings: Sendable {
 
     /// `--space`, else `$FILECOORD_SPACE`.
     var namedSpace: String? {
-        space ?? Self.variable("FILECOORD_SPACE")
-    }
-
-    /// An environment variable's value, nil when unset or empty. `getenv`, not
-    /// ProcessInfo's dictionary of every variable: every command asks.
-    static func variable(_ name: String) -> String? {
-        getenv(name).flatMap { String(validatingCString: $0) }.flatMap { $0.isEmpty ? nil : $0 }
+        space ?? environmentVariable("FILECOORD_SPACE")
     }
 
     /// Routes library warnings to stderr, then joins the space; a space that cannot be

@@ -64,21 +64,8 @@ final class IOThreadPool: @unchecked Sendable {
     }
 
     private func startThread(number: Int) {
-        let context = Unmanaged.passRetained(ThreadContext(pool: self, name: "\(name)-\(number)"))
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-        pthread_attr_setstacksize(&attributes, 512 * 1024)
-        var thread = pthread_t()
-        let result = pthread_create(&thread, &attributes, { raw in
-            let context = Unmanaged<ThreadContext>.fromOpaque(raw!).takeRetainedValue()
-            fc_set_thread_name(context.name)
-            context.pool.workLoop()
-            return nil
-        }, context.toOpaque())
-        pthread_attr_destroy(&attributes)
+        let result = startDetachedThread(named: "\(name)-\(number)", stackSize: 512 * 1024) { [self] in workLoop() }
         if result != 0 {
-            context.release()
             pthread_mutex_lock(mutex)
             threads -= 1
             let stranded = threads == 0 && jobs.count > head
@@ -111,13 +98,37 @@ final class IOThreadPool: @unchecked Sendable {
         }
     }
 
-    private final class ThreadContext {
-        let pool: IOThreadPool
-        let name: String
-        init(pool: IOThreadPool, name: String) {
-            self.pool = pool
-            self.name = name
-        }
+}
+
+/// Starts a detached thread named `name` that runs `body`; the thread's stack is
+/// `stackSize` bytes, else the system's default. A bare pthread, not Foundation's
+/// `Thread`, which is slow to start the first time (a short command starts its threads
+/// once). Returns `pthread_create`'s result: 0, or the error (nothing then runs).
+@_spi(FileCoordinationInternal)
+public func startDetachedThread(named name: String, stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) -> Int32 {
+    let context = Unmanaged.passRetained(DetachedThreadContext(name: name, body: body))
+    var attributes = pthread_attr_t()
+    pthread_attr_init(&attributes)
+    defer { pthread_attr_destroy(&attributes) }
+    pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+    if let stackSize { pthread_attr_setstacksize(&attributes, stackSize) }
+    var thread = pthread_t()
+    let result = pthread_create(&thread, &attributes, { raw in
+        let context = Unmanaged<DetachedThreadContext>.fromOpaque(raw!).takeRetainedValue()
+        fc_set_thread_name(context.name)
+        context.body()
+        return nil
+    }, context.toOpaque())
+    if result != 0 { context.release() }
+    return result
+}
+
+private final class DetachedThreadContext {
+    let name: String
+    let body: @Sendable () -> Void
+    init(name: String, body: @escaping @Sendable () -> Void) {
+        self.name = name
+        self.body = body
     }
 }
 

@@ -85,8 +85,7 @@ final class CoordinationCenter: Sendable {
     /// settings of ``EtcdCoordinationSpace/Configuration/init(address:environment:)``),
     /// else the local default.
     static func joinDefault() async throws -> any CoordinationTransport {
-        if let named = getenv("FILECOORD_SPACE").flatMap({ String(validatingCString: $0) }),
-           EtcdCoordinationSpace.Configuration.isAddress(named) {
+        if let named = environmentVariable("FILECOORD_SPACE"), EtcdCoordinationSpace.Configuration.isAddress(named) {
             let environment = ProcessInfo.processInfo.environment
             return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, environment: environment))
         }

@@ -117,10 +117,9 @@ public final class CoordinationSpace: Sendable {
         defaultDirectory { environment[$0] }
     }
 
-    /// The default space by this process's environment (read with `getenv`: ProcessInfo's
-    /// dictionary of every variable costs a short command more than its lookups).
+    /// The default space by this process's environment.
     public static func defaultDirectory() -> FilePath {
-        defaultDirectory { getenv($0).flatMap { String(validatingCString: $0) } }
+        defaultDirectory(variable: environmentVariable)
     }
 
     private static func defaultDirectory(variable: (String) -> String?) -> FilePath {
