@@ -36,6 +36,9 @@ final class EtcdServer: Sendable {
             "--initial-cluster", cluster ?? "\(name)=http://127.0.0.1:\(self.peerPort)",
             "--initial-cluster-state", "new", "--initial-cluster-token", "filecoord-test",
             "--logger", "zap", "--log-outputs", "stdout",
+            // The least bcrypt cost: the authentication test adds a user and checks its
+            // password, and the default (10) costs 64 times the CPU on a loaded machine.
+            "--bcrypt-cost", "4",
         ]
         if let tls {
             arguments += ["--cert-file", tls.serverCertificate, "--key-file", tls.serverKey,

@@ -300,8 +300,16 @@ struct EtcdSpaceTests {
         for (path, body) in [("/v3/auth/user/add", #"{"name":"root","password":"secret"}"#),
                              ("/v3/auth/user/grant", #"{"user":"root","role":"root"}"#),
                              ("/v3/auth/enable", "{}")] {
-            let answer = String(decoding: await post(server, path, body), as: UTF8.self)
-            #expect(answer.contains("header"), "\(path): \(answer)")
+            // On a loaded machine etcd can answer "request timed out" (its limit is 7 s) and
+            // still apply the request later: ask again, and take "already exists" as done
+            // (granting and enabling twice are not errors).
+            var answer = ""
+            for attempt in 1...4 {
+                answer = String(decoding: await post(server, path, body), as: UTF8.self)
+                if answer.contains("header") || (attempt > 1 && answer.contains("already exists")) { break }
+                guard answer.contains("request timed out") else { break }
+            }
+            #expect(answer.contains("header") || answer.contains("already exists"), "\(path): \(answer)")
         }
         let scratch = Scratch()
         let item = scratch.write("item", "x")
