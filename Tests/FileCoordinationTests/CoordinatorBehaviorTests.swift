@@ -46,6 +46,37 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
+    @Test("a file replaced by a symbolic link right after a coordination of it: the next coordination through its name claims the link's target")
+    func fileBecomesLink() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        // Several names, each read while its target is held, replaced by a link and
+        // written at once: the last resolution is the one a coordination of the same
+        // name reuses.
+        for index in 0 ..< 5 {
+            let target = box.file("target\(index)"), item = box.file("item\(index)")
+            let holderIn = Gate(), releaseHolder = Gate()
+            let holder = Task {
+                try await privateCoordinator(center).coordinate(writingItemAt: target) { _ in
+                    holderIn.open()
+                    await releaseHolder.wait()
+                }
+            }
+            await holderIn.wait()
+            try await privateCoordinator(center).coordinate(readingItemAt: item) { _ in }
+            try FileManager.default.removeItem(at: item)
+            try FileManager.default.createSymbolicLink(at: item, withDestinationURL: target)
+            // A try-lock (no waiting): through the link, the target's writer is in the way.
+            let writer = privateCoordinator(center)
+            writer.setClaimTimeout(.zero)
+            await #expect(throws: FileCoordinationError.self, "the write through the link did not meet its target's writer") {
+                try await writer.coordinate(writingItemAt: item) { _ in }
+            }
+            releaseHolder.open()
+            try await holder.value
+            try await writer.coordinate(writingItemAt: item) { _ in }
+        }
+    }
+
     @Test("64 concurrent readers of one item are all inside at once")
     func readersShare() async throws {
         let center = CoordinationCenter(), box = Sandbox()

@@ -17,9 +17,10 @@ import Glibc
 /// Cost, on the path of every coordination: the directory's resolution comes from a
 /// cache (one lookup; `realpath(3)`, on an I/O thread, when a directory is new or its
 /// entry is older than ``lifetime``), and following the last component is one
-/// `readlink(2)` made inline (about 0.4 us here; it answers `EINVAL` at once for a file
-/// that is not a link). A link changed less than ``lifetime`` ago may still be seen
-/// through its old target by a process that resolved it just before.
+/// `readlink(2)` made inline (it answers `EINVAL` at once for a file that is not a link).
+/// The same item coordinated again reuses its last resolution after that one `readlink`.
+/// A link changed less than ``lifetime`` ago may still be seen through its old target by
+/// a process that resolved it just before; the last component is checked every time.
 enum CanonicalPaths {
     /// How long a directory's resolution is trusted.
     static let lifetime: Duration = .seconds(1)
@@ -36,26 +37,83 @@ enum CanonicalPaths {
 
     private static let cache = Locked<[[UInt8]: Entry]>([:])
 
+    /// The last item resolved whose last component was no link, with its key and until
+    /// when its directory's resolution is trusted: a coordination of the same item again
+    /// (the usual loop) makes one `readlink(2)` and no array, hash or `FilePath`.
+    private struct Resolved: Sendable {
+        var lexical: FilePath
+        var followingLast: Bool
+        var canonical: FilePath
+        var key: PathKey
+        var trustedUntil: ContinuousClock.Instant
+    }
+
+    private static let last = Locked<Resolved?>(nil)
+
     /// The canonical form of `path` (absolute and lexically normalized), resolving what
     /// the cache does not know on an I/O thread. In the caller's isolation: a cached
     /// directory costs no executor hop (a caller on the main actor would pay two).
     static func canonical(_ path: FilePath, followingLast: Bool,
                           isolation: isolated (any Actor)? = #isolation) async -> FilePath {
-        var bytes = path.platformBytes
-        for _ in 0 ... maximumLinks {
-            guard let (directory, name) = split(bytes) else { return path }
-            let resolved: [UInt8]
+        await canonicalKeyed(path, followingLast: followingLast).path
+    }
+
+    /// ``canonical(_:followingLast:)`` with the key that claims and presenters meet on.
+    static func canonicalKeyed(_ path: FilePath, followingLast: Bool,
+                               isolation: isolated (any Actor)? = #isolation) async -> (path: FilePath, key: PathKey) {
+        let now = ContinuousClock.now
+        let known = path.withPlatformString { given in
+            last.withLock { last -> Resolved? in
+                guard let last, last.followingLast == followingLast, now < last.trustedUntil,
+                      last.lexical.withPlatformString({ strcmp($0, given) == 0 }) else { return nil }
+                return last
+            }
+        }
+        if let known, !followingLast || !isLink(known.canonical) { return (known.canonical, known.key) }
+        let (bytes, trustedUntil) = await resolve(path.platformBytes, followingLast: followingLast)
+        let canonical = FilePath(platformBytes: bytes)
+        let key = PathKey(bytes)
+        if let trustedUntil {
+            let resolved = Resolved(lexical: path, followingLast: followingLast, canonical: canonical, key: key,
+                                    trustedUntil: trustedUntil)
+            last.withLock { $0 = resolved }
+        }
+        return (canonical, key)
+    }
+
+    /// The canonical bytes, and until when they may be reused without resolving again:
+    /// nil when a link was followed (or `path` is `/`).
+    private static func resolve(_ path: [UInt8], followingLast: Bool,
+                                isolation: isolated (any Actor)? = #isolation) async -> ([UInt8], ContinuousClock.Instant?) {
+        var bytes = path
+        for hop in 0 ... maximumLinks {
+            guard let (directory, name) = split(bytes) else { return (path, nil) }
+            let resolved: Entry
             if let known = cached(directory) {
                 resolved = known
             } else {
                 let pending = directory
-                resolved = (try? await runOnIOThread { resolveDirectory(pending) }) ?? directory
+                let made = ContinuousClock.now
+                // Unresolved (no I/O thread): used this once, trusted for no time.
+                resolved = (try? await runOnIOThread { Entry(resolved: resolveDirectory(pending), made: made) })
+                    ?? Entry(resolved: directory, made: made - lifetime)
             }
-            let joined = join(resolved, name)
-            guard followingLast, let next = followOnce(joined) else { return FilePath(platformBytes: joined) }
+            let joined = join(resolved.resolved, name)
+            guard followingLast, let next = followOnce(joined) else {
+                return (joined, hop == 0 ? resolved.made + lifetime : nil)
+            }
             bytes = next
         }
-        return path
+        return (path, nil)
+    }
+
+    /// Whether `path` is a symbolic link (`readlink(2)` into one byte: it answers
+    /// `EINVAL` at once for anything else).
+    private static func isLink(_ path: FilePath) -> Bool {
+        path.withPlatformString { string in
+            var byte: CChar = 0
+            return readlink(string, &byte, 1) > 0
+        }
     }
 
     /// ``canonical(_:followingLast:)`` that makes its system calls on the calling thread:
@@ -69,7 +127,7 @@ enum CanonicalPaths {
         var bytes = path
         for _ in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return path }
-            let joined = join(cached(directory) ?? resolveDirectory(directory), name)
+            let joined = join(cached(directory)?.resolved ?? resolveDirectory(directory), name)
             guard followingLast, let next = followOnce(joined) else { return joined }
             bytes = next
         }
@@ -89,12 +147,13 @@ enum CanonicalPaths {
         return result
     }
 
-    private static func cached(_ directory: [UInt8]) -> [UInt8]? {
-        if directory.isEmpty { return directory }
+    /// The directory's remembered resolution, while it is trusted; `/` (empty) is always known.
+    private static func cached(_ directory: [UInt8]) -> Entry? {
         let now = ContinuousClock.now
+        if directory.isEmpty { return Entry(resolved: directory, made: now) }
         return cache.withLock { cache in
             guard let entry = cache[directory], now - entry.made < lifetime else { return nil }
-            return entry.resolved
+            return entry
         }
     }
 
@@ -106,7 +165,7 @@ enum CanonicalPaths {
         if let real = realPath(directory) {
             resolved = real == [UInt8(ascii: "/")] ? [] : real
         } else if let (parent, name) = split(directory) {
-            resolved = join(cached(parent) ?? resolveDirectory(parent), name)
+            resolved = join(cached(parent)?.resolved ?? resolveDirectory(parent), name)
         } else {
             resolved = directory
         }
@@ -128,11 +187,15 @@ enum CanonicalPaths {
     /// The path a link at `bytes` points to, made absolute and normalized; nil when it is
     /// not a link (or cannot be read).
     private static func followOnce(_ bytes: [UInt8]) -> [UInt8]? {
-        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX))
-        let string = bytes.map { CChar(bitPattern: $0) } + [0]
-        let count = buffer.withUnsafeMutableBufferPointer { readlink(string, $0.baseAddress!, $0.count) }
-        guard count > 0 else { return nil }
-        let target = Array(buffer[..<count])
+        var string = bytes
+        string.append(0)
+        let read = string.withUnsafeBufferPointer { string in
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: Int(PATH_MAX)) { buffer -> [UInt8]? in
+                let count = string.withMemoryRebound(to: CChar.self) { readlink($0.baseAddress!, buffer.baseAddress!, buffer.count) }
+                return count > 0 ? Array(buffer[..<count]) : nil
+            }
+        }
+        guard let target = read else { return nil }
         var full: FilePath
         if target.first == UInt8(ascii: "/") {
             full = FilePath(platformBytes: target)

@@ -67,9 +67,7 @@ extension FileCoordinator {
     /// symbolic link there points to (a read, a write of content), not on the link.
     func claimPath(_ url: URL, followingLast: Bool,
                    isolation: isolated (any Actor)? = #isolation) async throws(FileCoordinationError) -> (path: FilePath, key: PathKey) {
-        let lexical = try itemPath(url).path
-        let path = await CanonicalPaths.canonical(lexical, followingLast: followingLast)
-        return (path, PathKey(path.platformBytes))
+        try await CanonicalPaths.canonicalKeyed(itemPath(url).path, followingLast: followingLast)
     }
 
     /// One item, no option that needs the file system answered first.
