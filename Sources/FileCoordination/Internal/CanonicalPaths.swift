@@ -61,15 +61,7 @@ enum CanonicalPaths {
     /// ``canonical(_:followingLast:)`` with the key that claims and presenters meet on.
     static func canonicalKeyed(_ path: FilePath, followingLast: Bool,
                                isolation: isolated (any Actor)? = #isolation) async -> (path: FilePath, key: PathKey) {
-        let now = ContinuousClock.now
-        let known = path.withPlatformString { given in
-            last.withLock { last -> Resolved? in
-                guard let last, last.followingLast == followingLast, now < last.trustedUntil,
-                      last.lexical.withPlatformString({ strcmp($0, given) == 0 }) else { return nil }
-                return last
-            }
-        }
-        if let known, !followingLast || !isLink(known.canonical) { return (known.canonical, known.key) }
+        if let reused = reused(path, followingLast: followingLast) { return reused }
         let (bytes, trustedUntil) = await resolve(path.platformBytes, followingLast: followingLast)
         let canonical = FilePath(platformBytes: bytes)
         let key = PathKey(bytes)
@@ -79,6 +71,22 @@ enum CanonicalPaths {
             last.withLock { $0 = resolved }
         }
         return (canonical, key)
+    }
+
+    /// ``canonicalKeyed(_:followingLast:)`` when the last resolution can be reused, with
+    /// no suspension point (a coordination's fast path calls no async function for it);
+    /// nil when the path has to be resolved.
+    static func reused(_ path: FilePath, followingLast: Bool) -> (path: FilePath, key: PathKey)? {
+        let now = ContinuousClock.now
+        let known = path.withPlatformString { given in
+            last.withLock { last -> Resolved? in
+                guard let last, last.followingLast == followingLast, now < last.trustedUntil,
+                      last.lexical.withPlatformString({ strcmp($0, given) == 0 }) else { return nil }
+                return last
+            }
+        }
+        guard let known, !followingLast || !isLink(known.canonical) else { return nil }
+        return (known.canonical, known.key)
     }
 
     /// The canonical bytes, and until when they may be reused without resolving again:

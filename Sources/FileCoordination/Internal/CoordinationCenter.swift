@@ -149,18 +149,34 @@ final class CoordinationCenter: Sendable {
         await previous?.leave()
     }
 
-    /// Before a coordination: the space joined and other processes' presenters current.
-    func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
-        // The usual answers without a suspension point: staying local, or joined with
-        // the registry unchanged since it was last read.
-        enum Now { case local, joined(any CoordinationTransport), undecided }
-        let now: Now = ownTransport.map { .joined($0) } ?? Self.spaceSetting.withLock { setting -> Now in
+    /// Where coordinations go now: a transport ready or not, or undecided (the default
+    /// space not joined yet, or being joined).
+    private enum SpaceNow { case local, joined(any CoordinationTransport), undecided }
+
+    private var spaceNow: SpaceNow {
+        ownTransport.map { .joined($0) } ?? Self.spaceSetting.withLock { setting -> SpaceNow in
             switch setting {
-            case .local: return .local
-            case .joined(let space): return .joined(space)
-            case .automatic, .joining: return .undecided
+            case .local: .local
+            case .joined(let space): .joined(space)
+            case .automatic, .joining: .undecided
             }
         }
+    }
+
+    /// Whether ``prepareSpace()`` has nothing to do, answered with no suspension point
+    /// (a coordination's fast path calls no async function for it): staying local, or
+    /// joined with the registry unchanged since it was last read.
+    var spaceIsPrepared: Bool {
+        switch spaceNow {
+        case .local: true
+        case .joined(let transport): transport.otherPresentersAreCurrent
+        case .undecided: false
+        }
+    }
+
+    /// Before a coordination: the space joined and other processes' presenters current.
+    func prepareSpace(isolation: isolated (any Actor)? = #isolation) async throws {
+        let now = spaceNow
         switch now {
         case .local:
             return
@@ -184,6 +200,34 @@ final class CoordinationCenter: Sendable {
     func acquire(_ claims: [CoordinationRules.Claim], purpose: String, coordinator: FileCoordinator,
                  intents: [(FilePath, FileAccessIntent)] = [],
                  isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
+        switch try submit(claims, purpose: purpose, coordinator: coordinator, intents: intents) {
+        case .held(let id): (id, false)
+        case .pending(let pending): try await complete(pending)
+        }
+    }
+
+    /// A request submitted by ``submit(_:purpose:coordinator:intents:)``.
+    enum Submitted {
+        /// Granted, and its kernel claims (if any) taken: nothing to wait for.
+        case held(RequestID)
+        /// Still to wait for: ``complete(_:)`` finishes it.
+        case pending(Pending)
+    }
+
+    struct Pending {
+        let id: RequestID
+        let claims: [CoordinationRules.Claim]
+        let coordinator: FileCoordinator
+        let granted: Bool
+        let cancellations: Int
+    }
+
+    /// The synchronous start of ``acquire(_:purpose:coordinator:intents:)``: submits the
+    /// request, and when its claims are free (in this process and in the space's kernel
+    /// claims) holds them with no suspension point, so that an uncontended coordination
+    /// calls no async function to take them.
+    func submit(_ claims: [CoordinationRules.Claim], purpose: String, coordinator: FileCoordinator,
+                intents: [(FilePath, FileAccessIntent)] = []) throws -> Submitted {
         try Task.checkCancellation()
         let owner = ObjectIdentifier(coordinator)
         // Read before the request exists: a cancel() from here on is one this request must heed.
@@ -194,10 +238,19 @@ final class CoordinationCenter: Sendable {
             return (id, granted, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
         }
         for watcher in watchers { watcher.resume() }
-        if granted {
-            if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
-                try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
-            }
+        if granted, transport?.takeClaimsNow(claims, for: id.raw) ?? true {
+            Self.trace("claim granted", id, claims)
+            return .held(id)
+        }
+        return .pending(Pending(id: id, claims: claims, coordinator: coordinator, granted: granted, cancellations: cancellations))
+    }
+
+    /// Waits for a request ``submit(_:purpose:coordinator:intents:)`` could not hold.
+    func complete(_ pending: Pending, isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
+        let (id, claims, coordinator, cancellations) = (pending.id, pending.claims, pending.coordinator, pending.cancellations)
+        if pending.granted {
+            // Free here; another process holds a kernel claim.
+            try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
             Self.trace("claim granted", id, claims)
             return (id, false)
         }

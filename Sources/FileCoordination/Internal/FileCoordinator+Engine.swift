@@ -52,9 +52,14 @@ extension FileCoordinator {
     func performOne<T>(
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
-        try await center.prepareSpace()
+        if !center.spaceIsPrepared { try await center.prepareSpace() }
         if Self.isPlain(request) {
-            let (path, key) = try await claimPath(request.url, followingLast: true)
+            let lexical = try itemPath(request.url).path
+            let (path, key) = if let reused = CanonicalPaths.reused(lexical, followingLast: true) {
+                reused
+            } else {
+                await CanonicalPaths.canonicalKeyed(lexical, followingLast: true)
+            }
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
                 return try await performPlain(request, path: path, key: key, body)
             }
@@ -87,7 +92,16 @@ extension FileCoordinator {
     ) async throws -> T {
         let claim = CoordinationRules.Claim(key: key, access: { if case .writing = request { .writing } else { .reading } }())
         let generation = cancellations.load(ordering: .relaxed)
-        let (id, waited) = try await acquire([claim], path: path)
+        let id: CoordinationRules.RequestID, waited: Bool
+        if claimTimeout == nil {
+            // Without a timeout, the center's own steps: a free claim is held with no async call.
+            switch try center.submit([claim], purpose: purposeIdentifier, coordinator: self) {
+            case .held(let held): (id, waited) = (held, false)
+            case .pending(let pending): (id, waited) = try await center.complete(pending)
+            }
+        } else {
+            (id, waited) = try await acquire([claim], path: path)
+        }
         defer { center.release(id) }
         if waited && cancellations.load(ordering: .relaxed) != generation {
             throw FileCoordinationError.coordinatorCancelled(path: path)
