@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "CPeers.h"
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -249,4 +250,9 @@ int peer_inotify_round_trips(const char *directory, int rounds, int pause_micros
     rmdir(mineDir);
     rmdir(theirsDir);
     return result == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+size_t peer_heap_in_use(void) {
+    struct mallinfo2 info = mallinfo2();
+    return info.uordblks + info.hblkhd;
 }

@@ -199,11 +199,11 @@ func runSpace(_ paths: [String]) async throws {
     var resident: [(child: Int, here: Int)] = []
     for (presenters, claims) in [(0, 0), (unrelated, unrelated)] {
         let setUp = DispatchTime.now().uptimeNanoseconds
-        let before = residentKiB(getpid())
+        let before = heapInUseKiB()
         let (child, input) = try startChild(space: space, path: item, presenters: presenters, claims: claims)
         let setUpSeconds = Double(DispatchTime.now().uptimeNanoseconds - setUp) / 1e9
         _ = try await writeLatencies(200) // warm: the registry read, the mailboxes
-        resident.append((residentKiB(child.processIdentifier), residentKiB(getpid()) - before))
+        resident.append((residentKiB(child.processIdentifier), heapInUseKiB() - before))
         let samples = try await writeLatencies(2000).toAccessor
         let p50 = percentile(samples, 0.5), p99 = percentile(samples, 0.99)
         let read = try await readCost()
@@ -235,7 +235,7 @@ func runSpace(_ paths: [String]) async throws {
                              floor50, percentile(pausedFloor, 0.99), idle50 / floor50, idle50 <= 2 * floor50 ? "met" : "NOT MET"))
             }
         }
-        print("    memory: the other process \(resident.last!.child) KiB resident; this one +\(resident.last!.here) KiB from its start to after the first writes")
+        print("    memory: the other process \(resident.last!.child) KiB resident; this one's heap +\(resident.last!.here) KiB from its start to after the first writes")
         try input.fileHandleForWriting.close()
         child.waitUntilExit()
     }
@@ -245,6 +245,14 @@ func runSpace(_ paths: [String]) async throws {
         print(String(format: "  memory per presenter (with its claim and watch) in its process: %.0f bytes; per presenter of another process, in the writer: %.0f bytes",
                      perPresenter, perRemote))
     }
+}
+
+/// This process's heap in use (`malloc`'s allocated bytes, its mapped blocks included),
+/// KiB. Unlike the resident size, it does not fall when the machine pages out what
+/// earlier workloads left (this VM's DAMON does: the resident size measured growth
+/// below zero).
+func heapInUseKiB() -> Int {
+    Int(peer_heap_in_use()) / 1024
 }
 
 /// A process's resident size (VmRSS), KiB; 0 when it cannot be read.

@@ -25,4 +25,8 @@ uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsign
 /// pause does. The files go in `directory`. `microseconds` gets each round trip (the
 /// pause not included). Returns 0, or -1.
 int peer_inotify_round_trips(const char *directory, int rounds, int pause_microseconds, double *microseconds);
+
+/// The bytes this process's `malloc` has handed out and not had back, in all arenas and
+/// its mapped blocks (glibc's `mallinfo2`).
+size_t peer_heap_in_use(void);
 #endif
