@@ -10,7 +10,10 @@ final class DescriptorLease: Sendable {
     /// Twice the number of leases, plus 1 once closed.
     private let word = Atomic<Int>(0)
     /// The close action, until whoever sees the last lease end after closing runs it.
-    private let pendingClose = Locked<(@Sendable () -> Void)?>(nil)
+    /// In a struct, not as the lock's value itself: a function value kept directly in a
+    /// `Mutex` is re-abstracted by each access (Swift 6.3.1), one thunk deeper every time.
+    private struct PendingClose { var action: (@Sendable () -> Void)? }
+    private let pendingClose = Locked(PendingClose())
 
     /// True once ``close(_:)`` has been called.
     var isClosed: Bool { word.load(ordering: .acquiring) & 1 != 0 }
@@ -40,8 +43,8 @@ final class DescriptorLease: Sendable {
         // Store the action before publishing the closed bit, so that the last release
         // always finds it.
         let stored = pendingClose.withLock { pending in
-            guard word.load(ordering: .relaxed) & 1 == 0, pending == nil else { return false }
-            pending = action
+            guard word.load(ordering: .relaxed) & 1 == 0, pending.action == nil else { return false }
+            pending.action = action
             return true
         }
         guard stored else { return false }
@@ -53,8 +56,8 @@ final class DescriptorLease: Sendable {
 
     private func runPendingClose() {
         let action = pendingClose.withLock { pending in
-            defer { pending = nil }
-            return pending
+            defer { pending.action = nil }
+            return pending.action
         }
         action?()
     }

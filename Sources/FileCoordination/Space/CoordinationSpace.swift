@@ -9,6 +9,17 @@ import SystemPackage
 import Glibc
 #endif
 
+/// How ``SpaceLocks`` and ``SpaceMail`` start the space's watches
+/// (``CoordinationSpace/startWatching()``), kept in their lock inside this struct.
+///
+/// Not as the lock's value itself: a function value kept directly in a `Mutex` is
+/// re-abstracted by every `withLock { $0 }` (Swift 6.3.1), and the stored closure grows by
+/// one thunk per read. Read once per request, the hook made each remote write slower than
+/// the one before (docs/performance.md, "A closure kept in a lock").
+struct WatchingHook: Sendable {
+    var start: @Sendable () async -> Bool
+}
+
 /// The directory through which processes coordinate: claims that other processes
 /// respect, and presenters that other processes find and message. No daemon: each
 /// process joins the space by opening its files, and the kernel releases whatever a
