@@ -2,6 +2,7 @@
 #include "CFilecoordCommand.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -25,6 +26,11 @@ static struct { int fd; dev_t dev; ino_t ino; } fc_inherited[fc_max_inherited];
 
 int fc_ignored_at_start(int number) {
     return sigismember(&fc_ignored_at_start_set, number) == 1;
+}
+
+void fc_limit_malloc_arenas(void) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    mallopt(M_ARENA_MAX, cores < 2 ? 2 : (int)cores);
 }
 
 void fc_note_startup(void) {

@@ -59,6 +59,7 @@ struct FileCoord: ParsableCommand {
     /// libdispatch then stops the process with SIGILL instead of the command reporting
     /// EMFILE. The main thread is not one of the cooperative pool's.
     static func main() {
+        fc_limit_malloc_arenas()
         fc_note_startup()
         // libdispatch, under the concurrency runtime, takes three descriptors (epoll, an
         // eventfd, a timerfd) and, about once a second, opens a file in /proc to watch its

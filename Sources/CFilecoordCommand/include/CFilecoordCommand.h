@@ -14,6 +14,12 @@
 /// after: a process started from a thread that blocks them (any libdispatch worker, so
 /// any Swift task that runs `Process`) inherits the mask. Call first in main.
 void fc_note_startup(void);
+/// Caps glibc's malloc at one arena a core (its default: eight a core). Each arena
+/// reserves 64 MiB of address space, and a thread that allocates while the others hold
+/// theirs gets a new one: under `ulimit -v`, with the I/O pool grown on a loaded
+/// machine, the arenas took the address space and a streamed chunk's allocation failed
+/// (docs/reliability.md, Results). Call first in main, before any thread starts.
+void fc_limit_malloc_arenas(void);
 /// Whether signal `number` was ignored when this process started (per `fc_note_startup`).
 int fc_ignored_at_start(int number);
 /// posix_spawnp for `exec`: no signal blocked; the signals this process ignores that were
