@@ -62,6 +62,13 @@ enum CanonicalPaths {
     static func canonicalKeyed(_ path: FilePath, followingLast: Bool,
                                isolation: isolated (any Actor)? = #isolation) async -> (path: FilePath, key: PathKey) {
         if let reused = reused(path, followingLast: followingLast) { return reused }
+        return await resolveKeyed(path, followingLast: followingLast)
+    }
+
+    /// ``canonicalKeyed(_:followingLast:)`` without asking ``reused(_:followingLast:)``
+    /// first: for a caller that just did.
+    static func resolveKeyed(_ path: FilePath, followingLast: Bool,
+                             isolation: isolated (any Actor)? = #isolation) async -> (path: FilePath, key: PathKey) {
         let (bytes, trustedUntil) = await resolve(path.platformBytes, followingLast: followingLast)
         let canonical = FilePath(platformBytes: bytes)
         let key = PathKey(bytes)
@@ -90,25 +97,24 @@ enum CanonicalPaths {
     }
 
     /// The canonical bytes, and until when they may be reused without resolving again:
-    /// nil when a link was followed (or `path` is `/`).
+    /// nil when a link was followed, the directory could not be resolved, or `path` is `/`.
     private static func resolve(_ path: [UInt8], followingLast: Bool,
                                 isolation: isolated (any Actor)? = #isolation) async -> ([UInt8], ContinuousClock.Instant?) {
         var bytes = path
         for hop in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return (path, nil) }
-            let resolved: Entry
+            // nil when it could not be resolved (no I/O thread): used as given, not reused.
+            let resolved: Entry?
             if let known = cached(directory) {
                 resolved = known
             } else {
                 let pending = directory
                 let made = ContinuousClock.now
-                // Unresolved (no I/O thread): used this once, trusted for no time.
-                resolved = (try? await runOnIOThread { Entry(resolved: resolveDirectory(pending), made: made) })
-                    ?? Entry(resolved: directory, made: made - lifetime)
+                resolved = try? await runOnIOThread { Entry(resolved: resolveDirectory(pending), made: made) }
             }
-            let joined = join(resolved.resolved, name)
+            let joined = join(resolved?.resolved ?? directory, name)
             guard followingLast, let next = followOnce(joined) else {
-                return (joined, hop == 0 ? resolved.made + lifetime : nil)
+                return (joined, hop == 0 ? resolved.map { $0.made + lifetime } : nil)
             }
             bytes = next
         }

@@ -58,7 +58,7 @@ extension FileCoordinator {
             let (path, key) = if let reused = CanonicalPaths.reused(lexical, followingLast: true) {
                 reused
             } else {
-                await CanonicalPaths.canonicalKeyed(lexical, followingLast: true)
+                await CanonicalPaths.resolveKeyed(lexical, followingLast: true)
             }
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
                 return try await performPlain(request, path: path, key: key, body)
