@@ -59,6 +59,11 @@ extension SpaceMail {
         }
     }
 
+    /// Whether jobs wait in `target`'s queue behind the one running.
+    func hasQueued(for target: String) -> Bool {
+        outboxes.withLock { $0[target]?.isEmpty == false }
+    }
+
     /// Returns once every message posted so far (to any process) is written.
     func flush() async {
         for target in outboxes.withLock({ Array($0.keys) }) {
@@ -126,8 +131,12 @@ extension SpaceMail {
             let written = error == nil
             _ = Syscall.close(lease.fd)
             // The receiver's thread was just woken, maybe onto this CPU: let it run before
-            // this thread's housekeeping (the next slot, the liveness check).
-            sched_yield()
+            // this thread's housekeeping (the next slot, the liveness check). Not while more
+            // messages to the same process wait in its queue (a `did…` and a `reacquire`
+            // after a write, with the coordination waiting for both): yielding between
+            // them made the receiver take one message at a time while this thread and the
+            // waiting coordination stood by.
+            if !hasQueued(for: target) { sched_yield() }
             slots.finished(lease, written: written, dirFD: dirFD)
             if let error { throw error }
             slots.makeSpare(for: target, dirFD: dirFD)
