@@ -9,21 +9,24 @@ import Glibc
 extension FileCoordinator {
     // MARK: The two halves of a coordination
 
-    /// Runs `body` between ``begin(_:intents:)`` and ``finish(_:accessorSucceeded:)``.
+    /// Runs `body` between ``begin(_:intents:claimPath:)`` and ``finish(_:accessorSucceeded:)``.
     /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:_:)``)
-    /// does not apply.
+    /// does not apply, after resolving the one request's claim path (`claimPath`).
     func perform<T>(
         _ requests: [ItemRequest], intents: [FileAccessIntent] = [], skippingPlain: Bool = false,
+        claimPath resolved: FilePath? = nil,
         isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
     ) async throws -> T {
         try await center.prepareSpace()
+        var resolved = resolved
         if !skippingPlain, requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]) {
             let (path, key) = try await claimPath(requests[0].url, followingLast: true)
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
                 return try await performPlain(requests[0], path: path, key: key) { url in try await body([url]) }
             }
+            resolved = path
         }
-        let session = try await begin(requests, intents: intents)
+        let session = try await begin(requests, intents: intents, claimPath: resolved)
         if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
             return try await withSnapshots(session, body)
         }
@@ -53,6 +56,7 @@ extension FileCoordinator {
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
         if !center.spaceIsPrepared { try await center.prepareSpace() }
+        var resolved: FilePath?
         if Self.isPlain(request) {
             let lexical = try itemPath(request.url).path
             let (path, key) = if let reused = CanonicalPaths.reused(lexical, followingLast: true) {
@@ -63,8 +67,9 @@ extension FileCoordinator {
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
                 return try await performPlain(request, path: path, key: key, body)
             }
+            resolved = path
         }
-        return try await perform([request], skippingPlain: true) { urls in try await body(urls[0]) }
+        return try await perform([request], skippingPlain: true, claimPath: resolved) { urls in try await body(urls[0]) }
     }
 
     /// The path (and its key) that claims and presenters of the item at `url` meet on:
@@ -174,8 +179,11 @@ extension FileCoordinator {
     }
 
     /// Takes the claims, then messages the presenters before the access. On failure
-    /// everything taken is given back (reacquirers run, claims released).
-    func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = []) async throws -> CoordinationSession {
+    /// everything taken is given back (reacquirers run, claims released). `resolved`:
+    /// the claim path of the one request, already resolved by a caller that checked it
+    /// for the plain path (following the last component, as a plain request does).
+    func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = [],
+               claimPath resolved: FilePath? = nil) async throws -> CoordinationSession {
         try await center.prepareSpace()
         var items: [CoordinationSession.Item] = []
         for request in requests {
@@ -183,7 +191,11 @@ extension FileCoordinator {
             let followingLast = if case .writing(_, let options) = request {
                 options.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing])
             } else { true }
-            var path = try await claimPath(request.url, followingLast: followingLast).path
+            var path = if let resolved, requests.count == 1, followingLast {
+                resolved
+            } else {
+                try await claimPath(request.url, followingLast: followingLast).path
+            }
             var subtree = false
             switch request {
             case .reading(_, let options):
