@@ -47,7 +47,9 @@ final class MessageSlots: Sendable {
     }
 
     private struct Target {
-        /// Generations whose files exist, as far as this process knows, oldest first.
+        /// Generations whose files exist, as far as this process knows, the one written
+        /// longest ago first: its receiver has most likely emptied it, so the search for
+        /// an empty slot looks at it first.
         var live: [UInt64] = []
         /// Generations being written or held as the spare.
         var reserved: Set<UInt64> = []
@@ -187,7 +189,14 @@ final class MessageSlots: Sendable {
     /// waits for the receiver; one closed without a whole message is retired.
     func finished(_ lease: Lease, written: Bool, dirFD: Int32) {
         guard let generation = lease.generation else { return }
-        if written { unreserve(lease.target, generation) } else { retire(lease.target, generation, dirFD: dirFD) }
+        guard written else { return retire(lease.target, generation, dirFD: dirFD) }
+        // Moved to the end of the live slots: the last to be looked at for the next message.
+        state.withLock { state in
+            state.targets[lease.target]?.reserved.remove(generation)
+            guard let index = state.targets[lease.target]?.live.firstIndex(of: generation) else { return }
+            state.targets[lease.target]?.live.remove(at: index)
+            state.targets[lease.target]?.live.append(generation)
+        }
     }
 
     /// Opens the slot for the next message to `target` ahead of need, unless there is one.
