@@ -240,7 +240,9 @@ func runSpace(_ paths: [String]) async throws {
                              floor50, percentile(pausedFloor, 0.99), idle50 / floor50, idle50 <= 2 * floor50 ? "met" : "NOT MET"))
             }
         }
-        print("    memory: the other process \(resident.last!.child) KiB resident; this one's heap +\(resident.last!.here) KiB from its start to after the first writes")
+        // Signed: memory that earlier workloads left in use may be freed meanwhile.
+        print(String(format: "    memory: the other process %ld KiB resident; this one's heap %+ld KiB from its start to after the first writes",
+                     resident.last!.child, resident.last!.here))
         try input.fileHandleForWriting.close()
         child.waitUntilExit()
     }
