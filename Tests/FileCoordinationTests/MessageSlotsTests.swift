@@ -81,6 +81,27 @@ struct MessageSlotsTests {
         }
     }
 
+    @Test("a sender looks for an empty slot starting with the one it wrote longest ago, not the one it made first")
+    func writtenLongestAgoFirst() throws {
+        try withSlots { slots, directoryFD throws in
+            var generations: [UInt64] = []
+            func sendOne(_ text: String) throws {
+                generations.append(try #require(try send(text, slots, directoryFD)?.generation))
+            }
+            for text in ["a", "b", "c"] { try sendOne(text) } // slots 0, 1 and 2, none read
+            #expect(try receive().count == 3)
+            try sendOne("d")
+            try sendOne("e")
+            #expect(try receive().count == 2)
+            try sendOne("f")
+            try sendOne("g")
+            // Slot 2, written third, is then the empty slot written longest ago (slot 0 was
+            // written again since). With spares, the slot for a message is chosen as the
+            // message before it ends: "g" takes it; without, "f" does.
+            #expect((slots.hasSpare(for: "target") ? generations[6] : generations[5]) == 2, "\(generations)")
+        }
+    }
+
     @Test("a slot closed without a message is removed and its name never used again; leaving removes the rest")
     func retire() throws {
         try withSlots { slots, directoryFD throws in
