@@ -11,7 +11,8 @@ extension FileCoordinator {
 
     /// Runs `body` between ``begin(_:intents:claimPath:)`` and ``finish(_:accessorSucceeded:)``.
     /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:_:)``)
-    /// does not apply, after resolving the one request's claim path (`claimPath`).
+    /// does not apply; `claimPath`: the one request's claim path, which the caller
+    /// resolved for that check.
     func perform<T>(
         _ requests: [ItemRequest], intents: [FileAccessIntent] = [], skippingPlain: Bool = false,
         claimPath resolved: FilePath? = nil,
@@ -179,9 +180,9 @@ extension FileCoordinator {
     }
 
     /// Takes the claims, then messages the presenters before the access. On failure
-    /// everything taken is given back (reacquirers run, claims released). `resolved`:
-    /// the claim path of the one request, already resolved by a caller that checked it
-    /// for the plain path (following the last component, as a plain request does).
+    /// everything taken is given back (reacquirers run, claims released). `claimPath`: the
+    /// one request's claim path, already resolved by a caller that checked it for the
+    /// plain path (following the last component, as a plain request does).
     func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = [],
                claimPath resolved: FilePath? = nil) async throws -> CoordinationSession {
         try await center.prepareSpace()
