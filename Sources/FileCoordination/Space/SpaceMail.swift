@@ -155,15 +155,18 @@ final class SpaceMail: Sendable {
         defer {
             // The thread the message was handed to (or the task its reply resumes) may wait
             // for this CPU: let it run first. (Served here, it went to no other thread, and
-            // a reply written here yielded already.)
+            // a reply written here yielded already, unless more was queued behind it.)
             if case .success = outcome, !servedHere { sched_yield() }
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
-            // The record is tested after emptying: a sender that removed it before may have
-            // passed this slot over as full while leaving (it removes its record before its
-            // empty slots), so the slot is this receiver's to remove. A sender whose record
-            // is still there then removes the emptied slot itself when it leaves.
-            case (true, .success(let message)) where Self.truncate(fd) && hasRecord(message.string(SpaceProtocol.fromKey)): break
+            // The record is tested before emptying (a slot of a sender without one is unlinked
+            // full: a sender still writing while it leaves would otherwise write it again,
+            // and lose that message when it is unlinked) and again after: a sender that
+            // removed it in between may have passed this slot over as full while leaving (it
+            // removes its record before its empty slots), so the slot is this receiver's to
+            // remove.
+            case (true, .success(let message)) where hasRecord(message.string(SpaceProtocol.fromKey)) && Self.truncate(fd)
+                && hasRecord(message.string(SpaceProtocol.fromKey)): break
             default: _ = Self.withCString(name) { Syscall.unlinkat(files.mailboxFD, $0) }
             }
             if fd >= 0 { _ = Syscall.close(fd) }
