@@ -132,10 +132,10 @@ extension SpaceMail {
             _ = Syscall.close(lease.fd)
             // The receiver's thread was just woken, maybe onto this CPU: let it run before
             // this thread's housekeeping (the next slot, the liveness check). Not while more
-            // messages to the same process wait in its queue (a `did…` and a `reacquire`
-            // after a write, with the coordination waiting for both): yielding between
-            // them made the receiver take one message at a time while this thread and the
-            // waiting coordination stood by.
+            // jobs wait in the same process's queue: after a write, the `reacquire` behind
+            // the `did…`, then the coordination waiting for both to be written (its flush).
+            // Yielding there made the receiver take one message at a time while this thread
+            // and the waiting coordination stood by.
             if !hasQueued(for: target) { sched_yield() }
             slots.finished(lease, written: written, dirFD: dirFD)
             if let error { throw error }
