@@ -112,8 +112,9 @@ struct MessageSlotsTests {
             let next = try #require(try send("hello", slots, directoryFD))
             #expect(next.generation != failed.generation)
             #expect(try receive() == ["hello"])
-            // The slot written and the spare opened after it.
-            #expect(try FileManager.default.contentsOfDirectory(atPath: mailbox).count == 2)
+            // The slot written and the spare opened after it (no spare under a descriptor
+            // limit below 256: the slot alone).
+            #expect(try FileManager.default.contentsOfDirectory(atPath: mailbox).count == (slots.hasSpare(for: "target") ? 2 : 1))
             slots.removeAll(dirFD: directoryFD)
             #expect(try FileManager.default.contentsOfDirectory(atPath: mailbox) == [])
             #expect(try slots.open(for: "target", dirFD: directoryFD) == nil)
