@@ -46,14 +46,17 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
-    @Test("a file replaced by a symbolic link right after a coordination of it: the next coordination through its name claims the link's target")
-    func fileBecomesLink() async throws {
+    @Test("a file replaced by a symbolic link right after coordinations of it: the next coordination through its name claims the link's target",
+          arguments: [false, true])
+    func fileBecomesLink(directoryMadeAgain: Bool) async throws {
         let center = CoordinationCenter(), box = Sandbox()
-        // Several names, each read while its target is held, replaced by a link and
-        // written at once: the last resolution is the one a coordination of the same
-        // name reuses.
+        // Several names, each read while its target is held (once, twice, ... five
+        // times: the resolution reused, then checked in its directory as resolved),
+        // replaced by a link and written at once: the last resolution is the one a
+        // coordination of the same name reuses. `directoryMadeAgain`: the item's
+        // directory is removed and made again, with the link in it.
         for index in 0 ..< 5 {
-            let target = box.file("target\(index)"), item = box.file("item\(index)")
+            let target = box.file("target\(index)"), item = box.file("folder\(index)/item")
             let holderIn = Gate(), releaseHolder = Gate()
             let holder = Task {
                 try await privateCoordinator(center).coordinate(writingItemAt: target) { _ in
@@ -62,8 +65,12 @@ struct CoordinatorBehaviorTests {
                 }
             }
             await holderIn.wait()
-            try await privateCoordinator(center).coordinate(readingItemAt: item) { _ in }
+            for _ in 0 ... index { try await privateCoordinator(center).coordinate(readingItemAt: item) { _ in } }
             try FileManager.default.removeItem(at: item)
+            if directoryMadeAgain {
+                try FileManager.default.removeItem(at: item.deletingLastPathComponent())
+                try FileManager.default.createDirectory(at: item.deletingLastPathComponent(), withIntermediateDirectories: false)
+            }
             try FileManager.default.createSymbolicLink(at: item, withDestinationURL: target)
             // A try-lock (no waiting): through the link, the target's writer is in the way.
             let writer = privateCoordinator(center)
