@@ -140,9 +140,11 @@ func runSpace(_ paths: [String]) async throws {
         }
         return
     }
-    // FILECOORD_BENCH_WRITE_ONLY=1: only the write latency with a presenter in the child (for profiling).
+    // FILECOORD_BENCH_WRITE_ONLY=1: only the write latency with a presenter in the child (for profiling;
+    // FILECOORD_BENCH_UNRELATED=N gives the child N unrelated presenters and claims, none by default).
     if ProcessInfo.processInfo.environment["FILECOORD_BENCH_WRITE_ONLY"] != nil {
-        let (child, input) = try startChild(space: space, path: item, presenters: 0, claims: 0)
+        let unrelated = Int(ProcessInfo.processInfo.environment["FILECOORD_BENCH_UNRELATED"] ?? "0") ?? 0
+        let (child, input) = try startChild(space: space, path: item, presenters: unrelated, claims: unrelated)
         _ = try await writeLatencies(200)
         // FILECOORD_BENCH_WRITE_PAUSE_US: the pause before each write (none by default).
         let pause = ProcessInfo.processInfo.environment["FILECOORD_BENCH_WRITE_PAUSE_US"].flatMap { Int($0) }
