@@ -10,14 +10,27 @@ import Glibc
 #endif
 
 /// How ``SpaceLocks`` and ``SpaceMail`` start the space's watches
-/// (``CoordinationSpace/startWatching()``), kept in their lock inside this struct.
-///
-/// Not as the lock's value itself: a function value kept directly in a `Mutex` is
-/// re-abstracted by every `withLock { $0 }` (Swift 6.3.1), and the stored closure grows by
-/// one thunk per read. Read once per request, the hook made each remote write slower than
-/// the one before (docs/performance.md, "A closure kept in a lock").
-struct WatchingHook: Sendable {
-    var start: @Sendable () async -> Bool
+/// (``CoordinationSpace/startWatching()``): set once the space exists, called as
+/// `await startWatching()`; false until set, and when the watches cannot be had.
+final class WatchingHook: Sendable {
+    /// The closure is kept inside a struct, not as the lock's value itself: a function
+    /// value kept directly in a `Mutex` is re-abstracted by every `withLock { $0 }` (Swift
+    /// 6.3.1), and the stored closure grows by one thunk per read. Read once per request,
+    /// that made each remote write slower than the one before (docs/performance.md, "A
+    /// closure kept in a lock").
+    private struct Start: Sendable {
+        var run: @Sendable () async -> Bool
+    }
+    private let start = Locked(Start(run: { false }))
+
+    func set(_ run: @escaping @Sendable () async -> Bool) {
+        start.withLock { $0.run = run }
+    }
+
+    func callAsFunction() async -> Bool {
+        let run = start.withLock { $0.run }
+        return await run()
+    }
 }
 
 /// The directory through which processes coordinate: claims that other processes
@@ -159,8 +172,8 @@ public final class CoordinationSpace: Sendable {
         let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
                                directoryFD: files.directoryFD, directory: directory)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
-        locks.startWatching = { [weak space] in await space?.startWatching() ?? false }
-        mail.startWatching = { [weak space] in await space?.startWatching() ?? false }
+        locks.startWatching.set { [weak space] in await space?.startWatching() ?? false }
+        mail.startWatching.set { [weak space] in await space?.startWatching() ?? false }
         mail.start()
         await mail.cleanUp(candidates)
         return space

@@ -133,11 +133,7 @@ final class SpaceLocks: Sendable {
     let shardBudget: Int
     /// Starts the space's watches (``CoordinationSpace/startWatching()``) when a claim
     /// first has to wait; false when they cannot be had, and waits then poll.
-    var startWatching: @Sendable () async -> Bool {
-        get { watchingHook.withLock { $0.start } }
-        set { watchingHook.withLock { $0.start = newValue } }
-    }
-    let watchingHook = Locked(WatchingHook(start: { false }))
+    let startWatching = WatchingHook()
     /// Whether the process hears the doorbell (its watches are in place). Only then are
     /// idle bytes kept: a process deaf to the doorbell could not be asked to give them back.
     let listening = Atomic<Bool>(false)

@@ -70,11 +70,7 @@ final class SpaceMail: Sendable {
     let receiving = Locked(())
     /// Starts the space's watches (``CoordinationSpace/startWatching()``) before a request
     /// whose reply must be heard; false when they cannot be had, and replies are polled.
-    var startWatching: @Sendable () async -> Bool {
-        get { watchingHook.withLock { $0.start } }
-        set { watchingHook.withLock { $0.start = newValue } }
-    }
-    let watchingHook = Locked(WatchingHook(start: { false }))
+    let startWatching = WatchingHook()
     /// Messages waiting to be written to each process, in the order they were posted. A
     /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
     let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
