@@ -309,10 +309,10 @@ struct EtcdSpaceTests {
             for attempt in 1...4 {
                 answer = String(decoding: await post(server, path, body), as: UTF8.self)
                 retried = attempt > 1
-                if answer.contains("header") || (retried && done.contains(where: answer.contains)) { break }
+                if answer.contains("header") || (retried && done.contains { answer.contains($0) }) { break }
                 guard answer.contains("request timed out") else { break }
             }
-            #expect(answer.contains("header") || (retried && done.contains(where: answer.contains)), "\(path): \(answer)")
+            #expect(answer.contains("header") || (retried && done.contains { answer.contains($0) }), "\(path): \(answer)")
         }
         let scratch = Scratch()
         let item = scratch.write("item", "x")

@@ -20,7 +20,7 @@ import Glibc
 /// entry is older than ``lifetime``), and following the last component is one
 /// `readlink(2)` made inline (it answers `EINVAL` at once for a file that is not a link).
 /// The same item coordinated again reuses its last resolution after that one `readlink`,
-/// which, once the resolution has been reused twice, is a `readlinkat(2)` in the
+/// which, once the resolution has been reused 16 times, is a `readlinkat(2)` in the
 /// directory as resolved (one component to walk instead of the whole path).
 /// A link or directory changed less than ``lifetime`` ago may still be seen as it was by
 /// a process that resolved it just before; the last component is checked every time, in
@@ -43,7 +43,8 @@ enum CanonicalPaths {
 
     /// The last item resolved whose last component was no link, with its key and until
     /// when its directory's resolution is trusted: a coordination of the same item again
-    /// (the usual loop) makes one `readlink(2)` and no array, hash or `FilePath`.
+    /// (the usual loop) makes one `readlink(2)` (or `readlinkat(2)`, ``LinkProbe``) and no
+    /// array, hash or `FilePath`.
     private struct Resolved: Sendable {
         var lexical: FilePath
         var followingLast: Bool
@@ -53,18 +54,23 @@ enum CanonicalPaths {
         /// Which resolution this is: a probe opened outside the lock is kept only by the
         /// resolution it was opened for.
         var serial: UInt64
-        /// Times reused; at the second, its directory is opened for ``LinkProbe``.
+        /// Reuses so far; at ``probeAfter``, one ``LinkProbe`` is tried (and not again).
         var uses = 0
+        var probeTried = false
         var probe: LinkProbe?
     }
 
     private static let last = Locked<Resolved?>(nil)
     private static let serials = Atomic<UInt64>(0)
+    /// Reuses of one resolution before its directory is opened: an `open`, a `close` and
+    /// a timer cost about what 16 shorter path walks save.
+    private static let probeAfter = 16
 
     /// A resolved item's directory, opened with `O_PATH`, and the item's name in it:
     /// whether the name is a link is then a `readlinkat(2)` that walks one component
     /// (0.7 against 0.9 us for a path of five components, measured in C here). One
-    /// descriptor per process, for the item coordinated over and over.
+    /// descriptor per process, for the item coordinated over and over, closed when its
+    /// directory's resolution stops being trusted.
     private final class LinkProbe: Sendable {
         let directory: Int32
         let name: [CChar]
@@ -131,30 +137,69 @@ enum CanonicalPaths {
     /// nil when the path has to be resolved.
     static func reused(_ path: FilePath, followingLast: Bool) -> (path: FilePath, key: PathKey)? {
         let now = ContinuousClock.now
-        let known = path.withPlatformString { given in
-            last.withLock { last -> Resolved? in
-                guard let known = last, known.followingLast == followingLast, now < known.trustedUntil,
-                      known.lexical.withPlatformString({ strcmp($0, given) == 0 }) else { return nil }
-                if followingLast, known.probe == nil { last?.uses += 1 }
-                return last
+        // `expired`: a resolution no longer trusted, taken out to be released after the lock.
+        let (known, openProbe, expired) = path.withPlatformString { given in
+            last.withLock { last -> (Resolved?, Bool, Resolved?) in
+                guard let known = last else { return (nil, false, nil) }
+                guard now < known.trustedUntil else {
+                    last = nil
+                    return (nil, false, known)
+                }
+                guard known.followingLast == followingLast,
+                      known.lexical.withPlatformString({ strcmp($0, given) == 0 }) else { return (nil, false, nil) }
+                guard followingLast, !known.probeTried else { return (known, false, nil) }
+                last?.uses += 1
+                guard known.uses + 1 >= probeAfter else { return (known, false, nil) }
+                last?.probeTried = true
+                return (known, true, nil)
             }
         }
+        _ = expired
         guard let known else { return nil }
-        if followingLast {
-            if let probe = known.probe, let link = probe.isLink {
-                if link { return nil }
-            } else if isLink(known.canonical) {
-                return nil
-            } else if known.probe == nil, known.uses >= 2, let probe = LinkProbe(known.canonical) {
-                let unused = last.withLock { last -> LinkProbe? in
-                    guard last?.serial == known.serial, last?.probe == nil else { return probe }
-                    last?.probe = probe
-                    return nil
-                }
-                _ = unused
-            }
+        guard followingLast else { return (known.canonical, known.key) }
+        switch known.probe?.isLink {
+        case true?:
+            return nil
+        case false?:
+            break
+        case nil:
+            if known.probe != nil { dropProbe(of: known.serial) }
+            if isLink(known.canonical) { return nil }
+            if openProbe, let probe = LinkProbe(known.canonical) { install(probe, in: known) }
         }
         return (known.canonical, known.key)
+    }
+
+    /// Keeps `probe` for the resolution `known` while it is the last one, and until its
+    /// trust ends: an idle process keeps no directory open (a mount it holds is busy).
+    private static func install(_ probe: LinkProbe, in known: Resolved) {
+        let installed = last.withLock { last -> Bool in
+            guard last?.serial == known.serial, last?.probe == nil else { return false }
+            last?.probe = probe
+            return true
+        }
+        guard installed else { return }
+        let (serial, until) = (known.serial, known.trustedUntil)
+        Task.detached {
+            try? await Task.sleep(until: until, clock: .continuous) // ok: the resolution's trust ends then
+            dropProbe(of: serial)
+        }
+    }
+
+    /// Closes the probe of resolution `serial`, if it is still the last one (after the lock).
+    private static func dropProbe(of serial: UInt64) {
+        let dropped = last.withLock { last -> LinkProbe? in
+            guard last?.serial == serial else { return nil }
+            defer { last?.probe = nil }
+            return last?.probe
+        }
+        _ = dropped
+    }
+
+    /// Whether the last resolution is that of `path` and checks its name in its directory
+    /// (for tests).
+    static func isProbing(_ path: FilePath) -> Bool {
+        last.withLock { $0?.lexical == path && $0?.probe != nil }
     }
 
     /// The canonical bytes, and until when they may be reused without resolving again:
@@ -210,7 +255,7 @@ enum CanonicalPaths {
     }
 
     /// The directory part (empty for an item in `/`) and the name; nil for `/` itself.
-    fileprivate static func split(_ bytes: [UInt8]) -> ([UInt8], ArraySlice<UInt8>)? {
+    private static func split(_ bytes: [UInt8]) -> ([UInt8], ArraySlice<UInt8>)? {
         guard bytes.count > 1, let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return nil }
         return (Array(bytes[..<slash]), bytes[(slash + 1)...])
     }
