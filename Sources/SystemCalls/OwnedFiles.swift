@@ -47,8 +47,9 @@ package enum OwnedFiles {
         }
     }
 
-    /// The open file `fd`'s `stat`, or what is wrong with it.
-    package static func check(_ fd: Int32, kind: Kind, privateOnly: Bool) -> Result<Glibc.stat, Problem> {
+    /// The open file `fd`'s `stat`, or what is wrong with it. `owner`: the user it must
+    /// belong to, this process's effective uid when nil.
+    package static func check(_ fd: Int32, kind: Kind, privateOnly: Bool, owner: uid_t? = nil) -> Result<Glibc.stat, Problem> {
         let info: Glibc.stat
         switch Syscall.fstat(fd) {
         case .failure(let errno): return .failure(.system(errno))
@@ -56,7 +57,7 @@ package enum OwnedFiles {
         }
         let type = info.st_mode & S_IFMT
         if type != (kind == .directory ? S_IFDIR : S_IFREG) { return .failure(.notA(kind)) }
-        if info.st_uid != geteuid() { return .failure(.ownedBy(info.st_uid)) }
+        if info.st_uid != (owner ?? geteuid()) { return .failure(.ownedBy(info.st_uid)) }
         if privateOnly && info.st_mode & 0o022 != 0 { return .failure(.writableByOthers(info.st_mode)) }
         return .success(info)
     }

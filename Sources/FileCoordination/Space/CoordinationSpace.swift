@@ -318,6 +318,11 @@ public final class CoordinationSpace: Sendable {
 struct SpaceFiles: Sendable {
     let directory: FilePath
     let processName: String
+    /// This process's id, and the effective uid the space was checked against when it
+    /// joined: the owner of every file in it. Kept, so that each message written does not
+    /// ask the kernel for its `pid`, nor each message read for the file's expected owner.
+    let pid = getpid()
+    let owner = geteuid()
     let directoryFD: Int32
     let lockFD: Int32
     let processFD: Int32

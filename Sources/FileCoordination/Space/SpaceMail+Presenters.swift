@@ -24,7 +24,7 @@ extension SpaceMail {
             state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
             return (state.nextPresenter, existing)
         }
-        let record = SpaceProtocol.PresenterRecord(from: me, pid: getpid(), presenter: number, path: path)
+        let record = SpaceProtocol.PresenterRecord(from: me, pid: files.pid, presenter: number, path: path)
         let bytes = record.encoded().encoded()
         let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
         let previous = replaced.map { "presenters/\(me)-\($0)" }

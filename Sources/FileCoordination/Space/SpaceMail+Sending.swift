@@ -104,7 +104,7 @@ extension SpaceMail {
     func prepare(_ body: SpaceProtocol.Body, to target: String, id: UInt64) -> @Sendable () throws -> Void {
         PresenterMessenger.logger.debug("message \(body.kind) #\(id) to \(target)")
         var message = body.encoded()
-        SpaceProtocol.Header(from: me, id: id, pid: getpid()).stamp(&message)
+        SpaceProtocol.Header(from: me, id: id, pid: files.pid).stamp(&message)
         let bytes = message.encoded()
         let (dirFD, files) = (files.directoryFD, files)
         return { [self] in

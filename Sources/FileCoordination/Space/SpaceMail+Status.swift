@@ -28,7 +28,7 @@ extension SpaceMail {
     func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
                 timeout: Duration) async throws -> CoordinationSpace.Status {
         var status = CoordinationSpace.Status()
-        let pid = getpid()
+        let pid = files.pid
         for claim in localClaims.held {
             status.claims.append(.init(path: claim.path, isWrite: claim.access == .writing, processIdentifier: pid))
         }

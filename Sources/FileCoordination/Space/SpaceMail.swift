@@ -139,7 +139,7 @@ final class SpaceMail: Sendable {
         // Gone: a slot its sender retired (see ``MessageSlots``), or read by a rescan.
         if case .failure(.noSuchFileOrDirectory) = opened { return }
         let fd = (try? opened.get()) ?? -1
-        let outcome = fd >= 0 ? Self.readMessage(fd) : .failure(.notAMessage)
+        let outcome = fd >= 0 ? readMessage(fd) : .failure(.notAMessage)
         if rescanning, case .failure(let reason) = outcome, reason == .empty || reason == .truncated {
             if fd >= 0 { _ = Syscall.close(fd) }
             return
@@ -239,7 +239,7 @@ final class SpaceMail: Sendable {
     func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
         guard case .success(let fd) = Self.openMessage(dirFD: dirFD, name: name) else { return .failure(.notAMessage) }
         defer { _ = Syscall.close(fd) }
-        return Self.readMessage(fd)
+        return readMessage(fd)
     }
 
     /// The files in the mailbox in the order they were written, as far as can be told:
@@ -255,7 +255,7 @@ final class SpaceMail: Sendable {
             var time = Int64.max, from = "", id: UInt64 = 0
             if case .success(let fd) = Self.openMessage(dirFD: files.mailboxFD, name: bytes) {
                 if case .success(let info) = Syscall.fstat(fd) { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
-                if case .success(let decoded) = Self.readMessage(fd), let message = try? SpaceProtocol.Message(decoding: decoded) {
+                if case .success(let decoded) = readMessage(fd), let message = try? SpaceProtocol.Message(decoding: decoded) {
                     (from, id) = (message.header.from, message.header.id)
                 }
                 _ = Syscall.close(fd)
@@ -288,8 +288,10 @@ final class SpaceMail: Sendable {
     }
 
     /// Reads the message file open at `fd`, checked to be a small regular file of ours.
-    static func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        guard case .success(let info) = OwnedFiles.check(fd, kind: .regularFile, privateOnly: false) else { return .failure(.notAMessage) }
+    func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
+        guard case .success(let info) = OwnedFiles.check(fd, kind: .regularFile, privateOnly: false, owner: files.owner) else {
+            return .failure(.notAMessage)
+        }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
         guard info.st_size > 0 else { return .failure(.empty) }
         var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
