@@ -80,6 +80,30 @@ struct SpaceLocksTests {
         }
     }
 
+    @Test("a write's item and queue bytes are given back together; the inside byte between them stays locked while this process holds it")
+    func neighbouringBytesGoTogether() async throws {
+        try await withLocks { locks in
+            let item = slot(0)
+            let other = otherOwner(of: item)
+            defer { close(other) }
+            let write = SpaceLocks.Plan(queue: [.init(offset: item + 2, exclusive: true)], bytes: [.init(offset: item, exclusive: true)])
+            func written() throws {
+                locks.release(try #require(locks.tryAcquireNow(write)))
+                #expect(!locked(item, seenFrom: other) && !locked(item + 2, seenFrom: other))
+            }
+            try written()
+            #expect(!locked(item + 1, seenFrom: other))
+            // A claim inside the item (as a directory) holds its inside byte meanwhile, then
+            // leaves it idle: a write's release unlocks around it, never it.
+            let inside = try #require(locks.tryAcquireNow(SpaceLocks.Plan(bytes: [.init(offset: item + 1, exclusive: false)])))
+            try written()
+            #expect(locked(item + 1, seenFrom: other))
+            locks.release(inside)
+            try written()
+            #expect(locked(item + 1, seenFrom: other), "kept idle")
+        }
+    }
+
     @Test("under a small shard budget, shards holding nothing close to make room; held bytes stay locked",
           .timeLimit(.minutes(3)))
     func shardBudget() async throws {

@@ -239,6 +239,57 @@ extension SpaceLocks {
         }
     }
 
+    /// Uncounts `bytes` (a claim's), shard by shard under each shard's lock once. Bytes a
+    /// few apart whose kernel locks go, with nothing of this process's between them, are
+    /// unlocked in one call: a write's item and queue bytes (slot+0 and slot+2, its
+    /// inside byte unheld between) are one `F_OFD_SETLK` instead of two. Returns whether
+    /// any kernel lock changed.
+    func give(_ bytes: [Byte]) -> Bool {
+        if bytes.count == 1 { return give(bytes[0]) }
+        let ordered = bytes.sorted { (Self.shard($0.offset), $0.offset) < (Self.shard($1.offset), $1.offset) }
+        var changed = false
+        var start = 0
+        while start < ordered.count {
+            let shard = Self.shard(ordered[start].offset)
+            var end = start + 1
+            while end < ordered.count, Self.shard(ordered[end].offset) == shard { end += 1 }
+            let group = ordered[start ..< end]
+            start = end
+            let kept = shards[shard].state.withLock { state -> (changed: Bool, newlyIdle: Int) in
+                let mayKeepIdle = listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+                let idleBefore = state.bytes.idle
+                var unlocks: [Int64] = []
+                var changed = false
+                for byte in group {
+                    switch state.bytes.give(at: byte.offset, exclusive: byte.exclusive, mayKeepIdle: mayKeepIdle) {
+                    case .none: break
+                    case .unlock: unlocks.append(byte.offset)
+                    case .downgrade:
+                        _ = Syscall.lock(state.fd, fc_F_RDLCK, byte.offset, 1) // a downgrade always succeeds
+                        changed = true
+                    }
+                }
+                var index = 0
+                while index < unlocks.count {
+                    let first = unlocks[index]
+                    var last = first
+                    while index + 1 < unlocks.count, unlocks[index + 1] - last <= 3,
+                          (last + 1 ..< unlocks[index + 1]).allSatisfy({ state.bytes.kernelLock(at: $0) == fc_F_UNLCK }) {
+                        index += 1
+                        last = unlocks[index]
+                    }
+                    _ = Syscall.lock(state.fd, fc_F_UNLCK, first, last - first + 1)
+                    changed = true
+                    index += 1
+                }
+                return (changed, max(0, state.bytes.idle - idleBefore))
+            }
+            if kept.newlyIdle > 0 { idleTotal.add(kept.newlyIdle, ordering: .relaxed) }
+            if kept.changed { changed = true }
+        }
+        return changed
+    }
+
     /// Gives back every idle byte: in each shard, sorted by offset, each run of idle
     /// bytes not interrupted by a byte a task holds is one unlock call. Returns whether
     /// there was any.
@@ -271,8 +322,7 @@ extension SpaceLocks {
             let start = startWatching
             Task { _ = await start() }
         }
-        var changed = false
-        for byte in held.bytes.reversed() where give(byte) { changed = true }
+        let changed = give(held.bytes)
         if idleTotal.load(ordering: .relaxed) > Self.idleLimit { dropIdleBytes() }
         // Claims that opened shards past a reduced budget (several at once, or one
         // spanning many) leave the process over it: close what now holds nothing.
