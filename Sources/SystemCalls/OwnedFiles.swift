@@ -15,7 +15,8 @@ package enum OwnedFiles {
         /// The call failed.
         case system(Errno)
         case notA(Kind)
-        case ownedBy(uid_t)
+        /// Owned by the first uid, not by the second (the user expected).
+        case ownedBy(uid_t, expected: uid_t)
         case writableByOthers(mode_t)
 
         /// "is owned by uid 0, not by this user (uid 1000)", and so on.
@@ -24,22 +25,23 @@ package enum OwnedFiles {
             case .system(let errno): "cannot be opened: \(errno)"
             case .notA(.directory): "is not a directory"
             case .notA(.regularFile): "is not a regular file"
-            case .ownedBy(let uid): "is owned by uid \(uid), not by this user (uid \(geteuid()))"
+            case .ownedBy(let uid, let expected): "is owned by uid \(uid), not by this user (uid \(expected))"
             case .writableByOthers(let mode): "is writable by other users (mode \(String(mode & 0o7777, radix: 8)))"
             }
         }
     }
 
     /// Opens `name` (relative to `dirFD`) with `O_NOFOLLOW` (and `O_DIRECTORY` for a
-    /// directory), then checks its type and owner, and with `privateOnly` that neither
-    /// group nor others may write it. The descriptor is closed when a check fails.
+    /// directory), then checks its type and owner (`owner`, this process's effective uid
+    /// when nil), and with `privateOnly` that neither group nor others may write it. The
+    /// descriptor is closed when a check fails.
     package static func open(_ dirFD: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32, mode: UInt32 = 0o600,
-                             kind: Kind, privateOnly: Bool) -> Result<Int32, Problem> {
+                             kind: Kind, privateOnly: Bool, owner: uid_t? = nil) -> Result<Int32, Problem> {
         let extra = kind == .directory ? fc_O_DIRECTORY : 0
         switch Syscall.openat(dirFD, name, flags | extra | fc_O_NOFOLLOW, mode) {
         case .failure(let errno): return .failure(.system(errno))
         case .success(let fd):
-            if case .failure(let problem) = check(fd, kind: kind, privateOnly: privateOnly) {
+            if case .failure(let problem) = check(fd, kind: kind, privateOnly: privateOnly, owner: owner) {
                 _ = Syscall.close(fd)
                 return .failure(problem)
             }
@@ -57,7 +59,8 @@ package enum OwnedFiles {
         }
         let type = info.st_mode & S_IFMT
         if type != (kind == .directory ? S_IFDIR : S_IFREG) { return .failure(.notA(kind)) }
-        if info.st_uid != (owner ?? geteuid()) { return .failure(.ownedBy(info.st_uid)) }
+        let expected = owner ?? geteuid()
+        if info.st_uid != expected { return .failure(.ownedBy(info.st_uid, expected: expected)) }
         if privateOnly && info.st_mode & 0o022 != 0 { return .failure(.writableByOthers(info.st_mode)) }
         return .success(info)
     }

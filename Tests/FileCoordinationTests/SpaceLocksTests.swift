@@ -101,6 +101,16 @@ struct SpaceLocksTests {
             locks.release(inside)
             try written()
             #expect(locked(item + 1, seenFrom: other), "kept idle")
+            // One claim holding all three (a write of the item and a read inside it): its
+            // inside byte, kept idle by the same release, stays; with no idle byte allowed
+            // (another process waits), all three go.
+            let all = SpaceLocks.Plan(queue: [.init(offset: item + 2, exclusive: true)],
+                                      bytes: [.init(offset: item, exclusive: true), .init(offset: item + 1, exclusive: false)])
+            locks.release(try #require(locks.tryAcquireNow(all)))
+            #expect(!locked(item, seenFrom: other) && locked(item + 1, seenFrom: other) && !locked(item + 2, seenFrom: other))
+            locks.dropIdle(suspend: true)
+            locks.release(try #require(locks.tryAcquireNow(all)))
+            #expect(!locked(item, seenFrom: other) && !locked(item + 1, seenFrom: other) && !locked(item + 2, seenFrom: other))
         }
     }
 

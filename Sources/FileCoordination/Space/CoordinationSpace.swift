@@ -170,7 +170,7 @@ public final class CoordinationSpace: Sendable {
             return (files, mail, (try? mail.deadProcessCandidates()) ?? [])
         }
         let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
-                               directoryFD: files.directoryFD, directory: directory)
+                               directoryFD: files.directoryFD, directory: directory, owner: files.owner)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         locks.startWatching.set { [weak space] in await space?.startWatching() ?? false }
         mail.startWatching.set { [weak space] in await space?.startWatching() ?? false }
@@ -244,7 +244,7 @@ public final class CoordinationSpace: Sendable {
             guard !record.left else { return }
             if let listening { record.listening = listening }
             if let claims { record.claims = claims }
-            try files.writeRecord(SpaceProtocol.ProcessRecord(pid: getpid(), listening: record.listening, claims: record.claims))
+            try files.writeRecord(SpaceProtocol.ProcessRecord(pid: files.pid, listening: record.listening, claims: record.claims))
         }
     }
 
@@ -404,7 +404,7 @@ struct SpaceFiles: Sendable {
         let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
         made.hidden = true
         processFD = procFD
-        let bytes = SpaceProtocol.ProcessRecord(pid: getpid(), listening: false).encoded().encoded()
+        let bytes = SpaceProtocol.ProcessRecord(pid: pid, listening: false).encoded().encoded()
         switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
         case .success(let written) where written == bytes.count: break
         case .success: throw fail("write", directory.appending(hidden), .noSpace)

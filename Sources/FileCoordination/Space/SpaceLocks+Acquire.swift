@@ -239,11 +239,11 @@ extension SpaceLocks {
         }
     }
 
-    /// Uncounts `bytes` (a claim's), shard by shard under each shard's lock once. Bytes a
-    /// few apart whose kernel locks go, with nothing of this process's between them, are
+    /// Uncounts `bytes` (a claim's), shard by shard under each shard's lock once. Bytes of
+    /// one slot whose kernel locks go, with nothing of this process's between them, are
     /// unlocked in one call: a write's item and queue bytes (slot+0 and slot+2, its
-    /// inside byte unheld between) are one `F_OFD_SETLK` instead of two. Returns whether
-    /// any kernel lock changed.
+    /// inside byte unheld between) are one `F_OFD_SETLK` instead of two. (Slots of one
+    /// shard lie 256 bytes apart.) Returns whether any kernel lock changed.
     func give(_ bytes: [Byte]) -> Bool {
         if bytes.count == 1 { return give(bytes[0]) }
         let ordered = bytes.sorted { (Self.shard($0.offset), $0.offset) < (Self.shard($1.offset), $1.offset) }

@@ -117,6 +117,8 @@ final class SpaceLocks: Sendable {
     /// The space's directory, where `claims/<shard>` are opened.
     let directoryFD: Int32
     let directory: FilePath
+    /// Whom the shard files must belong to: the effective uid the process joined with.
+    let owner: uid_t
     let state = Locked(State())
     let shards = (0 ..< SpaceLocks.shardCount).map { _ in Shard() }
     /// One bit per open shard, changed under the shard's lock with its `fd` (a hint for
@@ -148,8 +150,10 @@ final class SpaceLocks: Sendable {
     static let longestPoll: Duration = .milliseconds(50)
 
     /// `shardBudget` nil: ``defaultShardBudget()``.
-    init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil) {
+    init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil,
+         owner: uid_t = geteuid()) {
         self.fd = fd
+        self.owner = owner
         self.path = path
         self.directoryFD = directoryFD
         self.directory = directory
@@ -225,7 +229,7 @@ final class SpaceLocks: Sendable {
             let shard = missing[index]
             let name = Self.shardName(shard)
             let fd: Int32
-            switch OwnedFiles.open(directoryFD, name, O_RDWR | O_CREAT, kind: .regularFile, privateOnly: false) {
+            switch OwnedFiles.open(directoryFD, name, O_RDWR | O_CREAT, kind: .regularFile, privateOnly: false, owner: owner) {
             case .success(let value): fd = value
             case .failure(.system(let code)):
                 if code == .tooManyOpenFiles, !madeRoom {
