@@ -25,6 +25,30 @@ struct IOThreadPoolTests {
         #expect(names[2].hasPrefix("filecoord-io"))
     }
 
+    @Test("a thread that stays awake for expected work takes it, and jobs before, during and after its wait all run")
+    func expectedWork() async throws {
+        let pool = IOThreadPool(name: "test-expect", maximumThreads: 1)
+        // On a thread that may block (the delays are the scenario: a job that comes at
+        // once, within the wait, at its end or after it).
+        let (late, lost) = try await IOThreadPool.shared.run { () -> (Int, Int) in
+            var late = 0, lost = 0
+            for round in 0 ..< 300 {
+                pool.expectWork(withinMicroseconds: 50)
+                let delay = [0, 10, 40, 60, 200][round % 5]
+                if delay > 0 { usleep(useconds_t(delay)) }
+                let done = DispatchSemaphore(value: 0)
+                pool.submit { done.signal() }
+                if done.wait(timeout: .now() + .milliseconds(100)) == .timedOut {
+                    late += 1
+                    if done.wait(timeout: .now() + .seconds(10)) == .timedOut { lost += 1 }
+                }
+            }
+            return (late, lost)
+        }
+        #expect(lost == 0, "jobs never run")
+        #expect(late == 0, "jobs that waited 100 ms for a thread")
+    }
+
     /// `O_DIRECT`, which Glibc's Swift module does not export (it needs `_GNU_SOURCE`).
     #if arch(arm64) || arch(arm)
     private let directIO: Int32 = 0o200000

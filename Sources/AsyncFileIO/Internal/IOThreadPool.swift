@@ -23,6 +23,12 @@ final class IOThreadPool: @unchecked Sendable {
     private var head = 0
     private var idle = 0
     private var threads = 0
+    /// Until when (`CLOCK_MONOTONIC`, ns) one thread looks for work instead of parking,
+    /// and whether one does (``expectWork(withinMicroseconds:)``).
+    private var spinUntil: UInt64 = 0
+    private var spinning = 0
+    // A job is signalled to a parked thread only when more are pending than threads
+    // looking for them (`submit`).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
@@ -51,7 +57,7 @@ final class IOThreadPool: @unchecked Sendable {
         let pending = jobs.count - head
         let spawn = pending > idle && threads < maximumThreads
         if spawn { threads += 1 }
-        let (wake, number) = (idle > 0, threads)
+        let (wake, number) = (idle > 0 && pending > spinning, threads)
         pthread_mutex_unlock(mutex)
         // Signalled after unlocking: a thread woken while the mutex is still held, on the
         // same CPU, runs at once, blocks on the mutex and is woken a second time (two
@@ -75,10 +81,40 @@ final class IOThreadPool: @unchecked Sendable {
         }
     }
 
+    private static func monotonicNow() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
+    }
+
+    /// Work is expected within `microseconds`: one parked thread wakes now and looks for
+    /// it until then (yielding its CPU between looks), so that the job does not wait for a
+    /// thread's wake-up. On this 2-vCPU VM, a parked thread's wake costs 20-40 us when its
+    /// vCPU has halted; woken ahead, that happens while the work is still being prepared.
+    /// The price is the CPU of the wait (docs/performance.md, "The whole call").
+    func expectWork(withinMicroseconds microseconds: Int) {
+        let until = Self.monotonicNow() + UInt64(microseconds) * 1000
+        pthread_mutex_lock(mutex)
+        spinUntil = max(spinUntil, until)
+        let wake = spinning == 0 && idle > 0
+        pthread_mutex_unlock(mutex)
+        if wake { pthread_cond_signal(condition) }
+    }
+
     private func workLoop() {
         pthread_mutex_lock(mutex)
         while true {
             while head == jobs.count {
+                if spinning == 0, Self.monotonicNow() < spinUntil {
+                    spinning += 1
+                    while head == jobs.count, Self.monotonicNow() < spinUntil {
+                        pthread_mutex_unlock(mutex)
+                        sched_yield()
+                        pthread_mutex_lock(mutex)
+                    }
+                    spinning -= 1
+                    continue
+                }
                 idle += 1
                 pthread_cond_wait(condition, mutex)
                 idle -= 1
@@ -212,6 +248,13 @@ private final class CancellableJob<T: Sendable>: Sendable {
 @_spi(FileCoordinationInternal)
 public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await IOThreadPool.shared.run(body)
+}
+
+/// Work for the I/O threads is expected within `microseconds`: one of them stays awake
+/// for it (see `IOThreadPool.expectWork(withinMicroseconds:)`).
+@_spi(FileCoordinationInternal)
+public func expectIOWork(withinMicroseconds microseconds: Int) {
+    IOThreadPool.shared.expectWork(withinMicroseconds: microseconds)
 }
 
 /// Runs blocking `work` on the library's I/O threads without waiting for it (the caller
