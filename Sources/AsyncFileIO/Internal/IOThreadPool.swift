@@ -55,7 +55,7 @@ final class IOThreadPool: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         jobs.append(work)
         let pending = jobs.count - head
-        let spawn = pending > idle && threads < maximumThreads
+        let spawn = pending > idle + spinning && threads < maximumThreads
         if spawn { threads += 1 }
         let (wake, number) = (idle > 0 && pending > spinning, threads)
         pthread_mutex_unlock(mutex)
@@ -87,13 +87,15 @@ final class IOThreadPool: @unchecked Sendable {
         return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
     }
 
-    /// Work is expected within `microseconds`: one parked thread wakes now and looks for
-    /// it until then (yielding its CPU between looks), so that the job does not wait for a
-    /// thread's wake-up. On this 2-vCPU VM, a parked thread's wake costs 20-40 us when its
-    /// vCPU has halted; woken ahead, that happens while the work is still being prepared.
-    /// The price is the CPU of the wait (docs/performance.md, "The whole call").
+    /// Work is expected within `microseconds`: a parked thread, if there is one, wakes
+    /// now, and one thread looks for work until then (yielding its CPU between looks; a
+    /// thread that finishes a job meanwhile looks again), so that the job does not wait for
+    /// a thread's wake-up. On this 2-vCPU VM, a parked thread's wake costs 20-40 us when
+    /// its vCPU has halted; woken ahead, that happens while the work is still being
+    /// prepared. The price is the CPU of the wait (docs/performance.md, "The remote write,
+    /// step by step").
     func expectWork(withinMicroseconds microseconds: Int) {
-        let until = Self.monotonicNow() + UInt64(microseconds) * 1000
+        let until = Self.monotonicNow() + UInt64(max(0, microseconds)) * 1000
         pthread_mutex_lock(mutex)
         spinUntil = max(spinUntil, until)
         let wake = spinning == 0 && idle > 0
