@@ -90,10 +90,9 @@ final class IOThreadPool: @unchecked Sendable {
     /// Work is expected within `microseconds`: a parked thread, if there is one, wakes
     /// now, and one thread looks for work until then (yielding its CPU between looks; a
     /// thread that finishes a job meanwhile looks again), so that the job does not wait for
-    /// a thread's wake-up. On this 2-vCPU VM, a parked thread's wake costs 20-40 us when
-    /// its vCPU has halted; woken ahead, that happens while the work is still being
-    /// prepared. The price is the CPU of the wait (docs/performance.md, "The remote write,
-    /// step by step").
+    /// a thread's wake-up, which is slow when the thread's CPU has halted meanwhile: woken
+    /// ahead, it wakes while the work is still being prepared. The price is the CPU of the
+    /// wait (figures in docs/performance.md, "The remote write, step by step").
     func expectWork(withinMicroseconds microseconds: Int) {
         let until = Self.monotonicNow() + UInt64(max(0, microseconds)) * 1000
         pthread_mutex_lock(mutex)
