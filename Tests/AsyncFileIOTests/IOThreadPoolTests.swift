@@ -25,18 +25,20 @@ struct IOThreadPoolTests {
         #expect(names[2].hasPrefix("filecoord-io"))
     }
 
-    @Test("a thread that stays awake for expected work takes it, and jobs before, during and after its wait all run")
+    @Test("a thread that stays awake for expected work takes it, and jobs before, during, after and once it was ended all run")
     func expectedWork() async throws {
         let pool = IOThreadPool(name: "test-expect", maximumThreads: 1)
         // On a thread that may block. The delays are the scenario: a job that comes at once,
-        // within the 20 ms wait, at its end, or after it (a wait far longer than the timer
-        // slack of `usleep` and a thread's wake-up, so each case happens as named).
+        // within the 20 ms wait, at its end, after it, or after the wait was ended early (a
+        // wait far longer than the timer slack of `usleep` and a thread's wake-up, so each
+        // case happens as named).
         let lost = try await IOThreadPool.shared.run { () -> Int in
             var lost = 0
-            for round in 0 ..< 20 {
+            for round in 0 ..< 25 {
                 pool.expectWork(withinMicroseconds: 20_000)
-                let delay = [0, 5_000, 19_900, 25_000][round % 4]
+                let delay = [0, 5_000, 19_900, 25_000, 5_000][round % 5]
                 if delay > 0 { usleep(useconds_t(delay)) }
+                if round % 5 == 4 { pool.endExpectedWork() }
                 let done = DispatchSemaphore(value: 0)
                 pool.submit { done.signal() }
                 if done.wait(timeout: .now() + .seconds(10)) == .timedOut { lost += 1 }

@@ -88,11 +88,12 @@ final class IOThreadPool: @unchecked Sendable {
     }
 
     /// Work is expected within `microseconds`: a parked thread, if there is one, wakes
-    /// now, and one thread looks for work until then (yielding its CPU between looks; a
-    /// thread that finishes a job meanwhile looks again), so that the job does not wait for
-    /// a thread's wake-up, which is slow when the thread's CPU has halted meanwhile: woken
-    /// ahead, it wakes while the work is still being prepared. The price is the CPU of the
-    /// wait (figures in docs/performance.md, "The remote write, step by step").
+    /// now, and one thread looks for work until then or until ``endExpectedWork()``
+    /// (yielding its CPU between looks; a thread that finishes a job meanwhile looks
+    /// again), so that the job does not wait for a thread's wake-up, which is slow when the
+    /// thread's CPU has halted meanwhile: woken ahead, it wakes while the work is still
+    /// being prepared. The price is the CPU of the wait (figures in docs/performance.md,
+    /// "The remote write, step by step").
     func expectWork(withinMicroseconds microseconds: Int) {
         let until = Self.monotonicNow() + UInt64(max(0, microseconds)) * 1000
         pthread_mutex_lock(mutex)
@@ -100,6 +101,13 @@ final class IOThreadPool: @unchecked Sendable {
         let wake = spinning == 0 && idle > 0
         pthread_mutex_unlock(mutex)
         if wake { pthread_cond_signal(condition) }
+    }
+
+    /// The work expected has come: a thread looking for more parks once it finds none.
+    func endExpectedWork() {
+        pthread_mutex_lock(mutex)
+        spinUntil = 0
+        pthread_mutex_unlock(mutex)
     }
 
     private func workLoop() {
@@ -256,6 +264,12 @@ public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> 
 @_spi(FileCoordinationInternal)
 public func expectIOWork(withinMicroseconds microseconds: Int) {
     IOThreadPool.shared.expectWork(withinMicroseconds: microseconds)
+}
+
+/// The work announced by ``expectIOWork(withinMicroseconds:)`` has come.
+@_spi(FileCoordinationInternal)
+public func endExpectedIOWork() {
+    IOThreadPool.shared.endExpectedWork()
 }
 
 /// Runs blocking `work` on the library's I/O threads without waiting for it (the caller

@@ -70,7 +70,11 @@ extension SpaceMail {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
                 let queued = outboxes.withLock { boxes -> Bool in
                     guard boxes[target] != nil else { return false }
-                    boxes[target]?.append { continuation.resume() }
+                    boxes[target]?.append {
+                        // The coordination's messages are written: no more are expected.
+                        endExpectedIOWork()
+                        continuation.resume()
+                    }
                     return true
                 }
                 if !queued { continuation.resume() }

@@ -185,7 +185,7 @@ final class SpaceMail: Sendable {
         case .reply(let reply):
             // The coordination that asked goes on to its accessor, then posts its `did…`
             // messages and `reacquire` for an I/O thread to write: one stays awake for them
-            // (after a short accessor they come soon after this reply).
+            // (after a short accessor they come soon after this reply), until its flush.
             expectIOWork(withinMicroseconds: 100)
             resolve(reply.re, with: .success(message.body))
         case .statusReply(let report):
