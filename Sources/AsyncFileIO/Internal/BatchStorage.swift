@@ -164,7 +164,7 @@ final class BatchStorage: Sendable {
             let now = state.withLock { state in
                 if state.deliverable || state.activeWorkers == 0 || cancelled.load(ordering: .relaxed) { return true }
                 state.waiter = continuation
-                state.waitingSince = Self.now()
+                state.waitingSince = monotonicNanoseconds()
                 consumerWaiting.store(true, ordering: .relaxed)
                 return false
             }
@@ -265,7 +265,7 @@ final class BatchStorage: Sendable {
                 guard state.deliverable else { return nil }
                 let tail = nextIndex.load(ordering: .relaxed) >= inputs.count && givenBackCount.load(ordering: .relaxed) == 0
                 guard tail || state.worthWaking(groupSize: Self.wakeGroup, groupBytes: Self.wakeBytes)
-                    || Self.now() - state.waitingSince >= Self.wakeLatency
+                    || monotonicNanoseconds() - state.waitingSince >= Self.wakeLatency
                 else { return nil }
             }
             consumerWaiting.store(false, ordering: .relaxed)
@@ -273,13 +273,6 @@ final class BatchStorage: Sendable {
             return state.waiter
         }
         waiter?.resume()
-    }
-
-    /// Monotonic nanoseconds (vDSO, no system call).
-    private static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
     private func startWorker() {
@@ -326,13 +319,13 @@ final class BatchStorage: Sendable {
                             }
                             break
                         }
-                        let started = Self.now()
+                        let started = monotonicNanoseconds()
                         var probe = FileOperations.CacheProbe.notProbed
                         let result = readBlocking(file.index, file.input, askingGate: gate != nil && token == nil, probe: &probe)
                         if finished.isEmpty { oldest = started }
                         if probe == .unsupported { cacheProbes.store(false, ordering: .relaxed) }
                         if !blocking.load(ordering: .relaxed) && (probe == .waitedForDevice
-                            || (!cacheProbes.load(ordering: .relaxed) && Self.now() - started > 200_000)) {
+                            || (!cacheProbes.load(ordering: .relaxed) && monotonicNanoseconds() - started > 200_000)) {
                             blocking.store(true, ordering: .relaxed)
                         }
                         let size = Self.size(of: result)
@@ -342,7 +335,7 @@ final class BatchStorage: Sendable {
                         // Publishing takes the lock and may wake the consumer: do it for a group
                         // of results, for a large one, or when the consumer has waited a while.
                         if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
-                            || (consumerWaiting.load(ordering: .relaxed) && Self.now() - oldest >= 100_000)
+                            || (consumerWaiting.load(ordering: .relaxed) && monotonicNanoseconds() - oldest >= 100_000)
                         {
                             publish(&finished, exiting: false)
                             finishedBytes = 0

@@ -27,8 +27,6 @@ final class IOThreadPool: @unchecked Sendable {
     /// and whether one does (``expectWork(withinMicroseconds:)``).
     private var spinUntil: UInt64 = 0
     private var spinning = 0
-    // A job is signalled to a parked thread only when more are pending than threads
-    // looking for them (`submit`).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
@@ -57,6 +55,8 @@ final class IOThreadPool: @unchecked Sendable {
         let pending = jobs.count - head
         let spawn = pending > idle + spinning && threads < maximumThreads
         if spawn { threads += 1 }
+        // A thread looking for work (``expectWork(withinMicroseconds:)``) takes one job: a
+        // parked one is signalled, or a new one started, only for more than that.
         let (wake, number) = (idle > 0 && pending > spinning, threads)
         pthread_mutex_unlock(mutex)
         // Signalled after unlocking: a thread woken while the mutex is still held, on the
@@ -81,12 +81,6 @@ final class IOThreadPool: @unchecked Sendable {
         }
     }
 
-    private static func monotonicNow() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
-    }
-
     /// Work is expected within `microseconds`: a parked thread, if there is one, wakes
     /// now, and one thread looks for work until then or until ``endExpectedWork()``
     /// (yielding its CPU between looks; a thread that finishes a job meanwhile looks
@@ -95,7 +89,7 @@ final class IOThreadPool: @unchecked Sendable {
     /// being prepared. The price is the CPU of the wait (figures in docs/performance.md,
     /// "The remote write, step by step").
     func expectWork(withinMicroseconds microseconds: Int) {
-        let until = Self.monotonicNow() + UInt64(max(0, microseconds)) * 1000
+        let until = monotonicNanoseconds() + UInt64(max(0, microseconds)) * 1000
         pthread_mutex_lock(mutex)
         spinUntil = max(spinUntil, until)
         let wake = spinning == 0 && idle > 0
@@ -114,9 +108,9 @@ final class IOThreadPool: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         while true {
             while head == jobs.count {
-                if spinning == 0, Self.monotonicNow() < spinUntil {
+                if spinning == 0, monotonicNanoseconds() < spinUntil {
                     spinning += 1
-                    while head == jobs.count, Self.monotonicNow() < spinUntil {
+                    while head == jobs.count, monotonicNanoseconds() < spinUntil {
                         pthread_mutex_unlock(mutex)
                         sched_yield()
                         pthread_mutex_lock(mutex)

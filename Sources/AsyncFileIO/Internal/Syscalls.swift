@@ -16,6 +16,13 @@ extension Result where Failure == Errno {
     }
 }
 
+/// Monotonic nanoseconds (`CLOCK_MONOTONIC` through the vDSO: no system call).
+func monotonicNanoseconds() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return UInt64(time.tv_sec) &* 1_000_000_000 &+ UInt64(time.tv_nsec)
+}
+
 /// The file type bits of `st_mode`.
 enum FileType: Equatable {
     case regular, directory, fifo, socket, characterDevice, blockDevice, symbolicLink, unknown
