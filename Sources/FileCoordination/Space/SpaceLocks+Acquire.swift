@@ -216,6 +216,12 @@ extension SpaceLocks {
         }
     }
 
+    /// Whether a byte no task holds any more may stay locked, idle: only while the process
+    /// hears the doorbell, no waiter has asked for idle bytes back, and it has not left.
+    private var keepsIdleBytes: Bool {
+        listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+    }
+
     /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
     /// whether the kernel lock changed.
     @discardableResult
@@ -223,7 +229,7 @@ extension SpaceLocks {
         shards[Self.shard(byte.offset)].state.withLock { state in
             // Kept idle, the shared kernel lock stays for the next task that needs it; past
             // the limit, every idle byte goes (``release(_:)``).
-            let mayKeepIdle = listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+            let mayKeepIdle = keepsIdleBytes
             let idleBefore = state.bytes.idle
             switch state.bytes.give(at: byte.offset, exclusive: byte.exclusive, mayKeepIdle: mayKeepIdle) {
             case .none:
@@ -256,7 +262,7 @@ extension SpaceLocks {
             let group = ordered[start ..< end]
             start = end
             let kept = shards[shard].state.withLock { state -> (changed: Bool, newlyIdle: Int) in
-                let mayKeepIdle = listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+                let mayKeepIdle = keepsIdleBytes
                 let idleBefore = state.bytes.idle
                 var unlocks: [Int64] = []
                 var changed = false
