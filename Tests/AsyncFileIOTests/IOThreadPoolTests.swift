@@ -59,7 +59,9 @@ struct IOThreadPoolTests {
             var ran = 0
             for _ in 0 ..< 10 {
                 pool.expectWork(withinMicroseconds: 20_000)
-                usleep(2_000)
+                // Until a thread looks for the work (within the 20 ms it may look).
+                let asked = DispatchTime.now().uptimeNanoseconds
+                while !pool.isLookingForWork, DispatchTime.now().uptimeNanoseconds - asked < 20_000_000 { sched_yield() }
                 let release = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
                 // The first job holds its thread until the second has run elsewhere.
                 pool.submit { release.wait(); done.signal() }

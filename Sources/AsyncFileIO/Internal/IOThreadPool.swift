@@ -97,6 +97,13 @@ final class IOThreadPool: @unchecked Sendable {
         if wake { pthread_cond_signal(condition) }
     }
 
+    /// Whether a thread is looking for expected work now (for tests).
+    var isLookingForWork: Bool {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return spinning > 0
+    }
+
     /// The work expected has come: a thread looking for more parks once it finds none.
     func endExpectedWork() {
         pthread_mutex_lock(mutex)
