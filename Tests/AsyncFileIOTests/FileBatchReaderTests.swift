@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import SystemPackage
 import Testing
 @_spi(FileCoordinationInternal) @testable import AsyncFileIO
@@ -43,6 +44,44 @@ struct FileBatchReaderTests {
             index += 1
         }
         #expect(index == files.count)
+    }
+
+    @Test("through a gate, the sequence ends only after every group the gate let in has left it (a slow leave included)")
+    func gateLeftBeforeTheEnd() async throws {
+        /// A gate that lets every group in and takes its time to let one out, as a release
+        /// that has to give back kernel locks may.
+        final class SlowGate: InPlaceGate {
+            let open = Mutex(0)
+            func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? {
+                open.withLock { $0 += 1 }
+                return 1
+            }
+            func leave(_ token: UInt64) {
+                usleep(2_000)
+                open.withLock { $0 -= 1 }
+            }
+            func skip(_ index: Int) {}
+        }
+        // Files of 1 MiB: a worker publishes each result as soon as it is read (see
+        // `BatchStorage`), the last of its group too, before the group leaves the gate.
+        let directory = TemporaryDirectory("gate")
+        let files = try await offThePool {
+            try (0 ..< 40).map { index in
+                let content = pattern(1 << 20, seed: UInt64(index))
+                return (try directory.make("f\(index)", content), content)
+            }
+        }
+        for _ in 0 ..< 5 {
+            let gate = SlowGate()
+            let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 2)).makeAsyncIterator(gate: gate)
+            var count = 0
+            while let result = try await iterator.next() {
+                #expect(try result.get() == files[result.index].1)
+                count += 1
+            }
+            #expect(count == files.count)
+            #expect(gate.open.withLock { $0 } == 0, "groups still inside the gate when the sequence ended")
+        }
     }
 
     @Test("completion order delivers every file exactly once", arguments: [2, 16])

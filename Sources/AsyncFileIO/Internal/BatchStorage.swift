@@ -284,6 +284,15 @@ final class BatchStorage: Sendable {
                 finished.reserveCapacity(Self.publishEvery)
                 var finishedBytes = 0
                 var oldest: UInt64 = 0
+                // Publishing takes the lock and may wake the consumer: do it for a group
+                // of results, for a large one, or when the consumer has waited a while.
+                func publishIfDue() {
+                    guard finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
+                        || (consumerWaiting.load(ordering: .relaxed) && monotonicNanoseconds() - oldest >= 100_000)
+                    else { return }
+                    publish(&finished, exiting: false)
+                    finishedBytes = 0
+                }
                 while let indices = claim() {
                     let group = indices.map { (index: $0, input: inputs[$0]) }
                     // With a gate: one question for a group of several files, else one per file.
@@ -332,16 +341,14 @@ final class BatchStorage: Sendable {
                         if chunk > 1 { largestFile.max(size) }
                         finishedBytes += size
                         finished.append(consume result)
-                        // Publishing takes the lock and may wake the consumer: do it for a group
-                        // of results, for a large one, or when the consumer has waited a while.
-                        if finished.count >= Self.publishEvery || finishedBytes >= 1 << 20
-                            || (consumerWaiting.load(ordering: .relaxed) && monotonicNanoseconds() - oldest >= 100_000)
-                        {
-                            publish(&finished, exiting: false)
-                            finishedBytes = 0
-                        }
+                        // A group's last result waits until the group has left the gate: the
+                        // consumer, once it has every result, must find every claim given back.
+                        if token == nil || position < group.count - 1 { publishIfDue() }
                     }
-                    if let token { gate?.leave(token) }
+                    if let token {
+                        gate?.leave(token)
+                        publishIfDue()
+                    }
                 }
                 descriptors.workerEnded()
                 publish(&finished, exiting: true)
