@@ -39,7 +39,9 @@ enum CanonicalPaths {
         var made: ContinuousClock.Instant
     }
 
-    private static let cache = Locked<[[UInt8]: Entry]>([:])
+    /// Keyed by ``PathKey``, hashed once outside the lock with `combine(bytes:)` (an array
+    /// key would hash byte by byte).
+    private static let cache = Locked<[PathKey: Entry]>([:])
 
     /// The last item resolved whose last component was no link, with its key and until
     /// when its directory's resolution is trusted: a coordination of the same item again
@@ -271,8 +273,9 @@ enum CanonicalPaths {
     private static func cached(_ directory: [UInt8]) -> Entry? {
         let now = ContinuousClock.now
         if directory.isEmpty { return Entry(resolved: directory, made: now) }
+        let key = PathKey(directory)
         return cache.withLock { cache in
-            guard let entry = cache[directory], now - entry.made < lifetime else { return nil }
+            guard let entry = cache[key], now - entry.made < lifetime else { return nil }
             return entry
         }
     }
@@ -289,10 +292,10 @@ enum CanonicalPaths {
         } else {
             resolved = directory
         }
-        let entry = Entry(resolved: resolved, made: .now)
+        let (key, entry) = (PathKey(directory), Entry(resolved: resolved, made: .now))
         cache.withLock { cache in
             if cache.count >= limit { cache.removeAll(keepingCapacity: true) }
-            cache[directory] = entry
+            cache[key] = entry
         }
         return resolved
     }
