@@ -467,12 +467,13 @@ private final class ClaimGate: InPlaceGate {
     func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? {
         var claims: [CoordinationRules.Claim] = []
         claims.reserveCapacity(files.count)
+        var directory = CanonicalPaths.DirectoryMemo()
         for (_, given) in files {
             // The claim names the path with its directories resolved and its last component
             // as it is: the workers open it without following a link there (no `readlink`
             // per file) and leave a link to the full coordination, which claims its
             // target. A file a presenter is concerned by is left to the full coordination.
-            let key = PathKey(CanonicalPaths.canonicalNow(FileCoordinator.normalizedBytes(given), followingLast: false))
+            let key = PathKey(CanonicalPaths.canonicalNameNow(FileCoordinator.normalizedBytes(given), memo: &directory))
             guard !center.hasPresenters(concerning: key) else { break }
             claims.append(CoordinationRules.Claim(key: key, access: .reading))
         }

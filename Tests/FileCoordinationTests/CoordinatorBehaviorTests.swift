@@ -1,6 +1,8 @@
 import Foundation
 import Synchronization
+import SystemPackage
 import Testing
+@_spi(FileCoordinationInternal) import AsyncFileIO
 @testable import FileCoordination
 import TestSupport
 
@@ -87,6 +89,22 @@ struct CoordinatorBehaviorTests {
             releaseHolder.open()
             try await holder.value
             try await writer.coordinate(writingItemAt: item) { _ in }
+        }
+    }
+
+    @Test("files of a batch's group in several directories, one reached through a link, resolve as each does alone")
+    func groupResolvesEachDirectory() throws {
+        let box = Sandbox()
+        for name in ["dir/a", "dir/b", "dir2/a", "dir2/b"] { box.file(name) }
+        // `dlnk` has the length of `dir2`: a group must compare directories, not lengths.
+        try FileManager.default.createSymbolicLink(atPath: box.url.path + "/dlnk", withDestinationPath: "dir")
+        let names = ["dir/a", "dir2/a", "dlnk/a", "dlnk/b", "dir2/b", "dir/b", "dlnk/missing", "dir2/a"]
+        var memo = CanonicalPaths.DirectoryMemo()
+        for name in names {
+            let path = FileCoordinator.normalizedBytes(PlatformPath(FilePath(box.url.path + "/" + name)))
+            let alone = String(decoding: CanonicalPaths.canonicalNow(path, followingLast: false), as: UTF8.self)
+            #expect(String(decoding: CanonicalPaths.canonicalNameNow(path, memo: &memo), as: UTF8.self) == alone, "\(name)")
+            #expect(alone.hasSuffix("/" + name.replacingOccurrences(of: "dlnk/", with: "dir/")), "\(name)")
         }
     }
 

@@ -256,6 +256,31 @@ enum CanonicalPaths {
         return path
     }
 
+    /// The last directory that ``canonicalNameNow(_:memo:)`` resolved, for the files of
+    /// one group claimed together (a batch's), which mostly share it.
+    struct DirectoryMemo {
+        fileprivate var directory: [UInt8]?
+        fileprivate var resolved: [UInt8] = []
+        init() {}
+    }
+
+    /// ``canonicalNow(_:followingLast:)`` of a name itself (`followingLast: false`): a file
+    /// in the directory `memo` resolved last makes no lookup, lock or clock reading.
+    /// `memo` serves one group at one instant, not beyond the cache's trust.
+    static func canonicalNameNow(_ path: [UInt8], memo: inout DirectoryMemo) -> [UInt8] {
+        guard path.count > 1, let slash = path.lastIndex(of: UInt8(ascii: "/")) else { return path }
+        let name = path[(slash + 1)...]
+        if let known = memo.directory, known.count == slash,
+           known.withUnsafeBytes({ known in path.withUnsafeBytes { memcmp(known.baseAddress!, $0.baseAddress!, slash) == 0 } }) {
+            return join(memo.resolved, name)
+        }
+        let directory = Array(path[..<slash])
+        let resolved = cached(directory)?.resolved ?? resolveDirectory(directory)
+        memo.directory = directory
+        memo.resolved = resolved
+        return join(resolved, name)
+    }
+
     /// The directory part (empty for an item in `/`) and the name; nil for `/` itself.
     private static func split(_ bytes: [UInt8]) -> ([UInt8], ArraySlice<UInt8>)? {
         guard bytes.count > 1, let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return nil }
