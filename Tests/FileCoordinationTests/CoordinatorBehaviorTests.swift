@@ -106,6 +106,10 @@ struct CoordinatorBehaviorTests {
             #expect(String(decoding: CanonicalPaths.canonicalNameNow(path, memo: &memo), as: UTF8.self) == alone, "\(name)")
             #expect(alone.hasSuffix("/" + name.replacingOccurrences(of: "dlnk/", with: "dir/")), "\(name)")
         }
+        // Two items in `/` in a row: the directory remembered is `/` itself (no bytes).
+        for name in ["/filecoord-none-\(getpid())-a", "/filecoord-none-\(getpid())-b"] {
+            #expect(CanonicalPaths.canonicalNameNow(Array(name.utf8), memo: &memo) == Array(name.utf8))
+        }
     }
 
     @Test("64 concurrent readers of one item are all inside at once")

@@ -256,7 +256,7 @@ enum CanonicalPaths {
         return path
     }
 
-    /// The last directory that ``canonicalNameNow(_:memo:)`` resolved, for the files of
+    /// The directory that ``canonicalNameNow(_:memo:)`` looked up last, for the files of
     /// one group claimed together (a batch's), which mostly share it.
     struct DirectoryMemo {
         fileprivate var directory: [UInt8]?
@@ -265,13 +265,14 @@ enum CanonicalPaths {
     }
 
     /// ``canonicalNow(_:followingLast:)`` of a name itself (`followingLast: false`): a file
-    /// in the directory `memo` resolved last makes no lookup, lock or clock reading.
-    /// `memo` serves one group at one instant, not beyond the cache's trust.
+    /// in the directory `memo` looked up last makes no lookup, lock or clock reading.
+    /// Keep a memo for one group only: it does not check the cache's trust again.
     static func canonicalNameNow(_ path: [UInt8], memo: inout DirectoryMemo) -> [UInt8] {
         guard path.count > 1, let slash = path.lastIndex(of: UInt8(ascii: "/")) else { return path }
         let name = path[(slash + 1)...]
-        if let known = memo.directory, known.count == slash,
-           known.withUnsafeBytes({ known in path.withUnsafeBytes { memcmp(known.baseAddress!, $0.baseAddress!, slash) == 0 } }) {
+        // `slash == 0`: both directories are `/` (empty), whose buffers may have no address.
+        if let known = memo.directory, known.count == slash, slash == 0
+            || known.withUnsafeBytes({ known in path.withUnsafeBytes { memcmp(known.baseAddress!, $0.baseAddress!, slash) == 0 } }) {
             return join(memo.resolved, name)
         }
         let directory = Array(path[..<slash])
