@@ -165,6 +165,10 @@ final class SpaceMail: Sendable {
                 && hasRecord(message.string(SpaceProtocol.fromKey)): break
             default: _ = Self.withCString(name) { Syscall.unlinkat(files.mailboxFD, $0) }
             }
+            // Closed right after the truncation, not kept: on ext4 the next release of a file
+            // truncated to zero allocates its delayed blocks and starts their writeback
+            // (`auto_da_alloc`). Here that release finds the slot empty; were it the
+            // sender's close after its next message, every message would start a writeback.
             if fd >= 0 { _ = Syscall.close(fd) }
         }
         var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
