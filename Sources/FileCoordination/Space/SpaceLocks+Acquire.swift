@@ -225,25 +225,7 @@ extension SpaceLocks {
     /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
     /// whether the kernel lock changed.
     @discardableResult
-    func give(_ byte: Byte) -> Bool {
-        shards[Self.shard(byte.offset)].state.withLock { state in
-            // Kept idle, the shared kernel lock stays for the next task that needs it; past
-            // the limit, every idle byte goes (``release(_:)``).
-            let mayKeepIdle = keepsIdleBytes
-            let idleBefore = state.bytes.idle
-            switch state.bytes.give(at: byte.offset, exclusive: byte.exclusive, mayKeepIdle: mayKeepIdle) {
-            case .none:
-                if state.bytes.idle > idleBefore { idleTotal.add(1, ordering: .relaxed) }
-                return false
-            case .unlock:
-                _ = Syscall.lock(state.fd, fc_F_UNLCK, byte.offset, 1)
-                return true
-            case .downgrade:
-                _ = Syscall.lock(state.fd, fc_F_RDLCK, byte.offset, 1) // a downgrade always succeeds
-                return true
-            }
-        }
-    }
+    func give(_ byte: Byte) -> Bool { give([byte]) }
 
     /// Uncounts `bytes` (a claim's), shard by shard under each shard's lock once. Bytes of
     /// one slot whose kernel locks go, with nothing of this process's between them, are
@@ -251,7 +233,6 @@ extension SpaceLocks {
     /// inside byte unheld between) are one `F_OFD_SETLK` instead of two. (Slots of one
     /// shard lie 256 bytes apart.) Returns whether any kernel lock changed.
     func give(_ bytes: [Byte]) -> Bool {
-        if bytes.count == 1 { return give(bytes[0]) }
         let ordered = bytes.sorted { (Self.shard($0.offset), $0.offset) < (Self.shard($1.offset), $1.offset) }
         var changed = false
         var start = 0
@@ -262,6 +243,8 @@ extension SpaceLocks {
             let group = ordered[start ..< end]
             start = end
             let kept = shards[shard].state.withLock { state -> (changed: Bool, newlyIdle: Int) in
+                // Kept idle, a shared kernel lock stays for the next task that needs it; past
+                // the limit, every idle byte goes (``release(_:)``).
                 let mayKeepIdle = keepsIdleBytes
                 let idleBefore = state.bytes.idle
                 var unlocks: [Int64] = []
