@@ -249,7 +249,7 @@ enum CanonicalPaths {
         var bytes = path
         for _ in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return path }
-            let joined = join(cached(directory)?.resolved ?? resolveDirectory(directory), name)
+            let joined = join(directoryNow(directory), name)
             guard followingLast, let next = followOnce(joined) else { return joined }
             bytes = next
         }
@@ -276,7 +276,7 @@ enum CanonicalPaths {
             return join(memo.resolved, name)
         }
         let directory = Array(path[..<slash])
-        let resolved = cached(directory)?.resolved ?? resolveDirectory(directory)
+        let resolved = directoryNow(directory)
         memo.directory = directory
         memo.resolved = resolved
         return join(resolved, name)
@@ -306,6 +306,11 @@ enum CanonicalPaths {
         }
     }
 
+    /// The directory's resolution, remembered or made now (on the calling thread).
+    private static func directoryNow(_ directory: [UInt8]) -> [UInt8] {
+        cached(directory)?.resolved ?? resolveDirectory(directory)
+    }
+
     /// `realpath(3)` of the directory, or, where it does not exist (yet), of the nearest
     /// directory above it that does, with the rest appended. Remembered.
     private static func resolveDirectory(_ directory: [UInt8]) -> [UInt8] {
@@ -314,7 +319,7 @@ enum CanonicalPaths {
         if let real = realPath(directory) {
             resolved = real == [UInt8(ascii: "/")] ? [] : real
         } else if let (parent, name) = split(directory) {
-            resolved = join(cached(parent)?.resolved ?? resolveDirectory(parent), name)
+            resolved = join(directoryNow(parent), name)
         } else {
             resolved = directory
         }
