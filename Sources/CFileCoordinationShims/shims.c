@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <sys/stat.h>
 
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
@@ -34,6 +35,26 @@ int fc_open_tmpfile(const char *directory, unsigned int mode) {
 ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset) {
     struct iovec iov = { buffer, count };
     return preadv2(fd, &iov, 1, (off_t)offset, RWF_NOWAIT);
+}
+
+int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
+#ifdef SYS_openat2
+    /* struct open_how of <linux/openat2.h>: flags, mode, resolve. */
+    struct { uint64_t flags, mode, resolve; } how = {
+        (uint64_t)(unsigned)(flags | O_CLOEXEC), 0, 0x20 /* RESOLVE_CACHED */ | (same_mount ? 0x01 /* RESOLVE_NO_XDEV */ : 0)
+    };
+    return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+#else
+    (void)dirfd; (void)path; (void)flags; (void)same_mount;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+int fc_device_major_cached(int fd) {
+    struct statx info;
+    if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &info) != 0) return -1;
+    return (int)info.stx_dev_major;
 }
 
 int fc_set_nonblocking(int fd, int on) {

@@ -57,6 +57,10 @@ package enum Faults {
         storage.armed.subtract(count, ordering: .releasing)
     }
 
+    /// Whether any fault is armed: a fast path that makes calls ``check(_:_:)`` does not
+    /// see stands aside while one is.
+    package static var isArmed: Bool { storage.armed.load(ordering: .acquiring) > 0 }
+
     /// The errno `call` on `name` must fail with, if a fault is armed for it.
     @inline(__always)
     package static func check(_ call: SystemCall, _ name: UnsafePointer<CChar>? = nil) -> Errno? {

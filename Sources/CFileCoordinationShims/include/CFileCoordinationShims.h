@@ -16,6 +16,16 @@ int fc_open_tmpfile(const char *directory, unsigned int mode);
 /// preadv2(2) with RWF_NOWAIT: reads only what is already in the page cache and
 /// returns -1/EAGAIN instead of blocking on the device.
 ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset);
+/// openat2(2) that only resolves `path` from the kernel's lookup cache (RESOLVE_CACHED):
+/// -1/EAGAIN instead of reading a directory from a device or asking a server. With
+/// `same_mount`, a path crossing a mount point fails with EXDEV (RESOLVE_NO_XDEV).
+/// O_CLOEXEC is added. -1/ENOSYS on kernels without openat2 (before 5.6; RESOLVE_CACHED
+/// needs 5.12 and fails with EINVAL before).
+int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
+/// The major number of the device holding an open descriptor's file, from what the
+/// kernel has cached (statx with AT_STATX_DONT_SYNC: no server is asked), or -1.
+/// 0 is an anonymous device: a network, FUSE, in-memory or pseudo file system.
+int fc_device_major_cached(int fd);
 /// Sets or clears O_NONBLOCK on an open descriptor.
 int fc_set_nonblocking(int fd, int on);
 /// Takes (type F_RDLCK / F_WRLCK) or releases (F_UNLCK) an OFD lock on [start, start+length).
