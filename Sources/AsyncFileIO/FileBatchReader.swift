@@ -193,6 +193,8 @@ public struct FileBatchReader: AsyncSequence, Sendable {
         /// sequence's time.
         private var local: [BatchReadResult?] = []
         private var localIndex = 0
+        /// Reads files while `next()` would wait (see `BatchStorage.readOnConsumer`).
+        private let cachedReads = CachedWholeFileReader()
 
         init(storage: BatchStorage) {
             self.storage = storage
@@ -219,6 +221,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
                 // (A batch cancelled before, when the iterator is used from another task
                 // since, stays cancelled: it would otherwise wait for results forever.)
                 if Task.isCancelled || storage.isCancelled {
+                    cachedReads.close()
                     storage.cancel()
                     await storage.waitUntilStopped()
                     throw CancellationError()
@@ -229,8 +232,10 @@ public struct FileBatchReader: AsyncSequence, Sendable {
                     localIndex = 1
                     return local[0].take()
                 case .finished:
+                    cachedReads.close()
                     return nil
                 case .pending:
+                    if storage.readOnConsumer(cachedReads) { continue }
                     await withTaskCancellationHandler {
                         await storage.waitForResults()
                     } onCancel: { [storage] in

@@ -9,8 +9,9 @@ import TestSupport
 final class TemporaryDirectory: Sendable {
     let path: FilePath
 
-    init(_ name: String = "t") {
-        var template = Array("\(NSTemporaryDirectory())/filecoord-\(name)-XXXXXX".utf8CString)
+    /// Made under `base` (the system's temporary directory by default).
+    init(_ name: String = "t", under base: String = NSTemporaryDirectory()) {
+        var template = Array("\(base)/filecoord-\(name)-XXXXXX".utf8CString)
         let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
         precondition(created != nil, "mkdtemp failed")
         path = template.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }

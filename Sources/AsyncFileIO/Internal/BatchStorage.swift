@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -86,7 +87,7 @@ final class BatchStorage: Sendable {
     /// gate), sorted; `givenBackCount` mirrors their number, read without the lock.
     private let givenBack = Locked<[Int]>([])
     private let givenBackCount = Atomic<Int>(0)
-    /// How many times a group was given back (for tests).
+    /// How many times a group was given back at the buffer limit (for tests).
     private let givenBackTotal = Atomic<Int>(0)
     var groupsGivenBack: Int { givenBackTotal.load(ordering: .relaxed) }
     /// Set once a read had to wait for a device (its file was not all in the page cache):
@@ -96,6 +97,17 @@ final class BatchStorage: Sendable {
     private let blocking = Atomic<Bool>(false)
     /// False once a read found that the file system cannot tell (no `RWF_NOWAIT`).
     private let cacheProbes = Atomic<Bool>(true)
+    /// Whether the consumer reads files itself while no result is ready
+    /// (``readOnConsumer(_:)``): with the thread-pool engine and no gate, until the
+    /// kernel or a file system turns out unable to tell a read that would wait.
+    private let consumerReads: Atomic<Bool>
+    /// Whether the consumer's last attempt read a file: while it does, it is one of the
+    /// threads reading from the page cache (a directory on a tmpfs, say, leaves every
+    /// file to the workers, which are then one a core again).
+    private let consumerReading = Atomic<Bool>(true)
+    /// How many files the consumer read itself (for tests).
+    private let consumerReadTotal = Atomic<Int>(0)
+    var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
     private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     private let state: Locked<State>
 
@@ -106,6 +118,7 @@ final class BatchStorage: Sendable {
         // (No more workers than files: a huge `concurrency` would size the window and the ring.)
         concurrency = max(1, min(options.concurrency, inputs.count))
         chunk = self.gate != nil ? 32 : inputs.ungatedClaim(workers: concurrency)
+        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil)
         // Room for every worker's private group plus as much again in the shared ring,
         // so that workers pause for a slow consumer, not for each other. (Smaller
         // windows, meant to keep buffers in the CPU caches, measured no better.) And
@@ -145,7 +158,10 @@ final class BatchStorage: Sendable {
             let givenBack = givenBackCount.load(ordering: .acquiring)
             if !cancelled.load(ordering: .relaxed) && (buffered < options.maximumBufferedBytes || givenBack > 0) {
                 let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
-                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, Self.processors)
+                // From the page cache, one thread a core, the consumer's included when it reads.
+                let cores = consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed)
+                    ? Self.processors - 1 : Self.processors
+                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, cores)
                 // Given-back files are read whatever the window and the buffer (see `claim`).
                 let room = max(window - (claimed - state.handed), givenBack)
                 spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed + givenBack, room))
@@ -156,6 +172,46 @@ final class BatchStorage: Sendable {
         }
         for _ in 0 ..< spawn { startWorker() }
         return take
+    }
+
+    /// Reads files on the consumer's thread while no result is ready, as far as no step
+    /// can wait (``CachedWholeFileReader``), and publishes them as a worker would. On a
+    /// machine with few cores a consumer that waits for workers is a thread more than
+    /// there are cores; reading, it does one worker's share, its files need no hand-off,
+    /// and the buffers it frees come back to it warm. A file it cannot read so is given
+    /// back to the workers. Returns whether it read any (false: the consumer waits).
+    func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
+        // (A fault armed for a test applies to the workers' calls.)
+        guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
+              let indices = claim()
+        else { return false }
+        var results: [BatchReadResult] = []
+        var bytes = 0
+        reading: for index in indices {
+            let unread = index ..< indices.upperBound
+            guard !cancelled.load(ordering: .relaxed), case .path(let path) = inputs[index] else {
+                giveBack(unread, atLimit: false)
+                break
+            }
+            switch reader.read(path, maximumSize: options.maximumFileSize) {
+            case .read(let data):
+                bytes = max(bytes, data.count)
+                results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
+            case .elsewhere:
+                giveBack(unread, atLimit: false)
+                break reading
+            case .unsupported:
+                consumerReads.store(false, ordering: .relaxed)
+                giveBack(unread, atLimit: false)
+                break reading
+            }
+        }
+        if chunk > 1 { largestFile.max(bytes) }
+        consumerReading.store(!results.isEmpty, ordering: .relaxed)
+        guard !results.isEmpty else { return false }
+        consumerReadTotal.add(results.count, ordering: .relaxed)
+        publish(&results, exiting: false)
+        return true
     }
 
     /// Suspends until a result can be taken, the workers have all stopped, or the batch is cancelled.
@@ -227,14 +283,15 @@ final class BatchStorage: Sendable {
         return start < inputs.count ? start ..< Swift.min(start + size, inputs.count) : nil
     }
 
-    /// Returns claimed indices left unread, to be claimed again (lowest first) before new ones.
-    private func giveBack(_ indices: some Sequence<Int>) {
+    /// Returns claimed indices left unread, to be claimed again (lowest first) before new
+    /// ones; `atLimit` counts it as a group stopped at the buffer limit.
+    private func giveBack(_ indices: some Sequence<Int>, atLimit: Bool = true) {
         givenBack.withLock { list in
             list.append(contentsOf: indices)
             list.sort()
             givenBackCount.store(list.count, ordering: .releasing)
         }
-        givenBackTotal.add(1, ordering: .relaxed)
+        if atLimit { givenBackTotal.add(1, ordering: .relaxed) }
     }
 
     /// Publishes a worker's finished results; with `exiting`, also retires the worker.

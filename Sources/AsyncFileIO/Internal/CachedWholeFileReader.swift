@@ -1,0 +1,118 @@
+import CFileCoordinationShims
+import Foundation
+import SystemCalls
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Reads a whole file on the calling thread, but only where no step can wait: the same
+/// non-blocking first attempt that io_uring makes before it hands an open or a read to
+/// a worker, so a batch's consumer may read while it would otherwise wait for workers.
+///
+/// - The file's directory is looked up from the kernel's lookup cache alone (`openat2`
+///   with `RESOLVE_CACHED`, an `O_PATH` descriptor: no file system open runs), and only a
+///   directory on a block device's file system is read from (`statx` with
+///   `AT_STATX_DONT_SYNC`: major number not 0). Network, FUSE and in-memory file systems
+///   sit on anonymous devices, and their opens may ask a server.
+/// - The file is opened from the lookup cache alone, within that directory's mount
+///   (`RESOLVE_NO_XDEV`: nothing mounted over it, and a link that leads out of the mount
+///   fails) and without blocking (`O_NONBLOCK`: a FIFO or a lease does not hold it up);
+///   only a non-empty regular file within the size limit is read.
+/// - Its bytes are copied from the page cache alone (`preadv2(RWF_NOWAIT)`).
+///
+/// Anything else is ``Outcome/elsewhere``: a worker reads the file as every file is read
+/// there, and reports its errors, so a result never depends on which thread read it.
+/// Owned by one consumer (not thread-safe); keeps its last directory open.
+final class CachedWholeFileReader {
+    enum Outcome {
+        case read(Data)
+        /// Not read here: a worker must read it.
+        case elsewhere
+        /// Not read here, and nothing will be: the kernel cannot tell without waiting
+        /// (no `RESOLVE_CACHED`, or no `RWF_NOWAIT` on this file system).
+        case unsupported
+    }
+
+    /// The directory last looked up, NUL-terminated, and its descriptor: nil when its
+    /// files are not read here.
+    private var directory: [CChar] = []
+    private var directoryFD: Int32?
+
+    deinit { close() }
+
+    /// Closes the directory kept open (at the batch's end); a later read opens it again.
+    func close() {
+        if let directoryFD { _ = Syscall.close(directoryFD) }
+        directoryFD = nil
+        directory = []
+    }
+
+    func read(_ path: PlatformPath, maximumSize: Int) -> Outcome {
+        path.withCString { path in
+            let length = strlen(path)
+            // A name without a directory, or a path ending in a slash, goes to a worker.
+            guard let found = strrchr(path, Int32(UInt8(ascii: "/"))) else { return .elsewhere }
+            let slash = UnsafePointer(found) - path
+            guard slash + 1 < length else { return .elsewhere }
+            // (The root's files: the directory is "/".)
+            let directoryLength = max(slash, 1)
+            if directory.count != directoryLength + 1 || memcmp(directory, path, directoryLength) != 0 {
+                if let outcome = lookUp(path, directoryLength) { return outcome }
+            }
+            guard let directoryFD else { return .elsewhere }
+            return readFile(in: directoryFD, path + slash + 1, maximumSize: maximumSize)
+        }
+    }
+
+    /// Makes the first `length` bytes of `path` the directory; an outcome when the
+    /// file cannot be read here on that account.
+    private func lookUp(_ path: UnsafePointer<CChar>, _ length: Int) -> Outcome? {
+        close()
+        directory = Array(UnsafeBufferPointer(start: path, count: length)) + [0]
+        switch Syscall.openCached(at: fc_AT_FDCWD, directory, fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
+        case .success(let fd):
+            if let major = Syscall.deviceMajorCached(fd), major != 0 {
+                directoryFD = fd
+            } else {
+                _ = Syscall.close(fd)
+            }
+            return nil
+        case .failure(.noFunction), .failure(.invalidArgument):
+            directory = []
+            return .unsupported
+        case .failure:
+            // Not cached yet (a worker's read of its first file will bring it in), or
+            // not there: looked up again with the next file.
+            directory = []
+            return .elsewhere
+        }
+    }
+
+    private func readFile(in directoryFD: Int32, _ name: UnsafePointer<CChar>, maximumSize: Int) -> Outcome {
+        guard case .success(let fd) = Syscall.openCached(at: directoryFD, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
+        else { return .elsewhere }
+        defer { _ = Syscall.close(fd) }
+        guard case .success(let info) = Syscall.fstat(fd), FileType.isRegular(info.st_mode),
+              info.st_size > 0, info.st_size <= Int64(maximumSize),
+              let buffer = BufferRecycler.allocate(Int(info.st_size))
+        else { return .elsewhere }
+        let size = Int(info.st_size)
+        var got = 0
+        while got < size {
+            switch Syscall.preadNoWait(fd, buffer + got, size - got, Int64(got)) {
+            case .success(let n) where n > 0:
+                got += n
+                continue
+            case .failure(.notSupported), .failure(.invalidArgument):
+                BufferRecycler.release(buffer, count: size)
+                return .unsupported
+            default:
+                // Not all cached, an error, or the file shrank: a worker reads it.
+                BufferRecycler.release(buffer, count: size)
+                return .elsewhere
+            }
+        }
+        return .read(BufferRecycler.data(buffer, count: size))
+    }
+}
