@@ -105,6 +105,10 @@ final class BatchStorage: Sendable {
     /// threads reading from the page cache (a directory on a tmpfs, say, leaves every
     /// file to the workers, which are then one a core again).
     private let consumerReading = Atomic<Bool>(true)
+    /// The largest file the consumer reads itself: a larger one's copy would hold the
+    /// caller's thread (the main thread, it may be) for milliseconds, and a hand-off
+    /// costs such a file nothing to speak of.
+    private static let consumerReadsUpTo = 1 << 20
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
@@ -179,7 +183,9 @@ final class BatchStorage: Sendable {
     /// machine with few cores a consumer that waits for workers is a thread more than
     /// there are cores; reading, it does one worker's share, its files need no hand-off,
     /// and the buffers it frees come back to it warm. A file it cannot read so is given
-    /// back to the workers. Returns whether it read any (false: the consumer waits).
+    /// back to the workers, as is a file over ``consumerReadsUpTo``. The consumer reads at
+    /// most until the read-ahead window is full. Returns whether to look for results again
+    /// before waiting: it read some, or it just stopped reading.
     func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
         // (A fault armed for a test applies to the workers' calls.)
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
@@ -193,7 +199,7 @@ final class BatchStorage: Sendable {
                 giveBack(unread, atLimit: false)
                 break
             }
-            switch reader.read(path, maximumSize: options.maximumFileSize) {
+            switch reader.read(path, maximumSize: min(options.maximumFileSize, Self.consumerReadsUpTo)) {
             case .read(let data):
                 bytes = max(bytes, data.count)
                 results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
@@ -207,8 +213,10 @@ final class BatchStorage: Sendable {
             }
         }
         if chunk > 1 { largestFile.max(bytes) }
-        consumerReading.store(!results.isEmpty, ordering: .relaxed)
-        guard !results.isEmpty else { return false }
+        let wasReading = consumerReading.exchange(!results.isEmpty, ordering: .relaxed)
+        // A consumer that stops reading looks again at once: `take()` then starts the
+        // worker it stood in for.
+        guard !results.isEmpty else { return wasReading }
         consumerReadTotal.add(results.count, ordering: .relaxed)
         publish(&results, exiting: false)
         return true
