@@ -86,7 +86,10 @@ public struct BatchReadOptions: Sendable {
 /// ``BatchReadOptions/concurrency`` files are open at once, so a batch of 10,000 files
 /// runs under `ulimit -n 64`; a worker that still meets `EMFILE` waits for a descriptor
 /// to free up while others are open. Reading stays a bounded distance ahead of the
-/// consumer. Cancelling the consuming task (or dropping the iterator) stops the batch:
+/// consumer. When no result is ready, `next()` reads the next few files itself where no
+/// step can wait (opened from the kernel's lookup cache on a local disk's file system,
+/// copied from the page cache, up to 1 MiB each) instead of waiting for a worker; it
+/// keeps that file's directory open until the batch ends. Cancelling the consuming task (or dropping the iterator) stops the batch:
 /// `next()` throws `CancellationError` once every file still being read is closed.
 public struct FileBatchReader: AsyncSequence, Sendable {
     public typealias Element = BatchReadResult

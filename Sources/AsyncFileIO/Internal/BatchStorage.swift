@@ -122,7 +122,8 @@ final class BatchStorage: Sendable {
         // (No more workers than files: a huge `concurrency` would size the window and the ring.)
         concurrency = max(1, min(options.concurrency, inputs.count))
         chunk = self.gate != nil ? 32 : inputs.ungatedClaim(workers: concurrency)
-        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil)
+        // (The consumer's file counts against `concurrency`, which must leave a worker.)
+        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil && concurrency >= 2)
         // Room for every worker's private group plus as much again in the shared ring,
         // so that workers pause for a slow consumer, not for each other. (Smaller
         // windows, meant to keep buffers in the CPU caches, measured no better.) And
@@ -162,10 +163,10 @@ final class BatchStorage: Sendable {
             let givenBack = givenBackCount.load(ordering: .acquiring)
             if !cancelled.load(ordering: .relaxed) && (buffered < options.maximumBufferedBytes || givenBack > 0) {
                 let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
-                // From the page cache, one thread a core, the consumer's included when it reads.
-                let cores = consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed)
-                    ? Self.processors - 1 : Self.processors
-                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, cores)
+                // From the page cache, one thread a core; the consumer, when it reads, is
+                // one of them, and its file one of the `concurrency` open at once.
+                let consumer = consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed) ? 1 : 0
+                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, Self.processors) - consumer
                 // Given-back files are read whatever the window and the buffer (see `claim`).
                 let room = max(window - (claimed - state.handed), givenBack)
                 spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed + givenBack, room))
