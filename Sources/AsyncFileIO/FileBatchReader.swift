@@ -238,7 +238,11 @@ public struct FileBatchReader: AsyncSequence, Sendable {
                     cachedReads.close()
                     return nil
                 case .pending:
-                    if storage.readOnConsumer(cachedReads) { continue }
+                    if let read = storage.readOnConsumer(cachedReads) {
+                        // A consumer that never has to wait must still let others run.
+                        if CachedWholeFileReader.shouldYield(afterReading: read.files, bytes: read.bytes) { await Task.yield() }
+                        continue
+                    }
                     await withTaskCancellationHandler {
                         await storage.waitForResults()
                     } onCancel: { [storage] in

@@ -57,6 +57,11 @@ int fc_device_major_cached(int fd) {
     return (int)info.stx_dev_major;
 }
 
+uint64_t *fc_thread_read_counters(void) {
+    static __thread uint64_t counters[2];
+    return counters;
+}
+
 int fc_set_nonblocking(int fd, int on) {
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0) return -1;

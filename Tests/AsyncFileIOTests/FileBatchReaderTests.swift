@@ -1,4 +1,3 @@
-import CFileCoordinationShims
 import Foundation
 import Synchronization
 import SystemPackage
@@ -47,41 +46,18 @@ struct FileBatchReaderTests {
         #expect(index == files.count)
     }
 
-    /// A directory on a block device's file system, where the consumer may read files
-    /// itself: under the package's `.build` (the system's temporary directory may be a
-    /// tmpfs, whose files the consumer leaves to the workers). Nil when there is none.
-    static func blockDeviceDirectory(_ name: String) -> TemporaryDirectory? {
-        let build = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-            .deletingLastPathComponent().appendingPathComponent(".build").path
-        for base in [build, "/var/tmp", NSTemporaryDirectory()] {
-            let fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard fd >= 0 else { continue }
-            defer { close(fd) }
-            if fc_device_major_cached(fd) > 0 { return TemporaryDirectory(name, under: base) }
-        }
-        return nil
-    }
-
     @Test("the consumer reads cached files itself while it would wait, and every kind of input reads as a worker reads it",
           arguments: [BatchReadOptions.Order.given, .completion])
     func consumerReads(order: BatchReadOptions.Order) async throws {
-        let directory = try #require(Self.blockDeviceDirectory("consumer"), "no directory on a block device's file system")
+        let directory = try #require(blockDeviceDirectory("consumer"), "no directory on a block device's file system")
         let files = try await Self.makeFiles(directory, count: 1200, maximumSize: 9000)
         let elsewhere = TemporaryDirectory("consumer-tmp")
-        // Odd inputs, most of which the consumer leaves to a worker, each read there as
-        // before: a link, an empty file, one over the size limit, one missing, a
-        // directory, a FIFO, a file in the system's temporary directory (a tmpfs on some
-        // machines), a name without a directory and a path with a trailing slash.
-        try FileManager.default.createSymbolicLink(atPath: directory.file("link").string, withDestinationPath: files[3].0.string)
-        let empty = try directory.make("empty", Data())
-        let large = try directory.make("large", pattern(9500))
-        try makeFIFO(directory.file("fifo"))
-        let other = try elsewhere.make("other", pattern(700))
-        let odd: [FilePath] = [directory.file("link"), empty, large, directory.file("missing"), directory.path,
-                               directory.file("fifo"), other, FilePath("relative-missing"), FilePath(files[5].0.string + "/")]
-        var paths = files.map(\.0)
+        let odd = try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3].0, overLimit: 9500, nextTo: files[5].0)
+        // Regular files first (not f0, which is empty): the consumer's first claim, made
+        // before any result can be ready, reads one of them whatever the machine's load.
+        var paths = files.dropFirst().map(\.0)
         // Each about ten times, so that the consumer meets each whatever share it reads.
-        for (count, position) in stride(from: paths.count, to: 0, by: -13).enumerated() { paths.insert(odd[count % odd.count], at: position) }
+        for (count, position) in stride(from: paths.count, to: 20, by: -13).enumerated() { paths.insert(odd[count % odd.count], at: position) }
         let reader = FileBatchReader(paths: paths, options: .init(concurrency: 16, order: order, maximumFileSize: 9000))
         let iterator = reader.makeAsyncIterator()
         // Taken as fast as they come, so that the consumer waits (and reads) as a quick one

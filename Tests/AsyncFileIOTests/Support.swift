@@ -79,3 +79,33 @@ func makeFIFO(_ path: FilePath) throws {
         throw FileCoordinationError("mkfifo", errno: Errno(rawValue: errno), path: path)
     }
 }
+
+/// A directory on a block device's file system, where cached files are read on the
+/// caller's thread: under the package's `.build` (the system's temporary directory may be
+/// a tmpfs, whose files go to the I/O threads). Nil when there is none.
+func blockDeviceDirectory(_ name: String) -> TemporaryDirectory? {
+    let build = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent(".build").path
+    for base in [build, "/var/tmp", NSTemporaryDirectory()] {
+        let fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { continue }
+        defer { close(fd) }
+        if fc_device_major_cached(fd) > 0 { return TemporaryDirectory(name, under: base) }
+    }
+    return nil
+}
+
+/// Odd inputs for a read that may run on the caller's thread, most of which it leaves to
+/// the I/O threads (to be read there as always): a link to `target`, an empty file, one
+/// of `overLimit` bytes, one missing, a directory, a FIFO, a file in `elsewhere` (a
+/// tmpfs on some machines), a name without a directory and `file` with a trailing slash.
+func oddInputs(in directory: TemporaryDirectory, elsewhere: TemporaryDirectory, linkTo target: FilePath,
+               overLimit: Int, nextTo file: FilePath) throws -> [FilePath] {
+    try FileManager.default.createSymbolicLink(atPath: directory.file("link").string, withDestinationPath: target.string)
+    let empty = try directory.make("empty", Data())
+    let large = try directory.make("large", pattern(overLimit))
+    try makeFIFO(directory.file("fifo"))
+    let other = try elsewhere.make("other", pattern(700))
+    return [directory.file("link"), empty, large, directory.file("missing"), directory.path,
+            directory.file("fifo"), other, FilePath("relative-missing"), FilePath(file.string + "/")]
+}

@@ -105,10 +105,6 @@ final class BatchStorage: Sendable {
     /// threads reading from the page cache (a directory on a tmpfs, say, leaves every
     /// file to the workers, which are then one a core again).
     private let consumerReading = Atomic<Bool>(true)
-    /// The largest file the consumer reads itself: a larger one's copy would hold the
-    /// caller's thread (the main thread, it may be) for milliseconds, and a hand-off
-    /// costs such a file nothing to speak of.
-    private static let consumerReadsUpTo = 1 << 20
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
@@ -184,43 +180,51 @@ final class BatchStorage: Sendable {
     /// machine with few cores a consumer that waits for workers is a thread more than
     /// there are cores; reading, it does one worker's share, its files need no hand-off,
     /// and the buffers it frees come back to it warm. A file it cannot read so is given
-    /// back to the workers, as is a file over ``consumerReadsUpTo``. The consumer reads at
-    /// most until the read-ahead window is full. Returns whether to look for results again
-    /// before waiting: it read some, or it just stopped reading.
-    func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
+    /// back to the workers (and not claimed by the consumer again), as is a file over
+    /// ``CachedWholeFileReader/inlineLimit``. The consumer reads at most until the
+    /// read-ahead window is full. Returns what it read when the consumer should look for
+    /// results again before waiting (it read some, or it just stopped reading), else nil.
+    func readOnConsumer(_ reader: CachedWholeFileReader) -> (files: Int, bytes: Int)? {
         // (A fault armed for a test applies to the workers' calls.)
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
-              let indices = claim()
-        else { return false }
+              let indices = claim(givenBackToo: false)
+        else { return nil }
         var results: [BatchReadResult] = []
-        var bytes = 0
+        var unread: [Int] = []
+        var largest = 0, bytes = 0
         reading: for index in indices {
-            let unread = index ..< indices.upperBound
-            guard !cancelled.load(ordering: .relaxed), case .path(let path) = inputs[index] else {
-                giveBack(unread, atLimit: false)
+            guard !cancelled.load(ordering: .relaxed) else {
+                unread += index ..< indices.upperBound
                 break
             }
-            switch reader.read(path, maximumSize: min(options.maximumFileSize, Self.consumerReadsUpTo)) {
+            guard case .path(let path) = inputs[index] else {
+                unread.append(index)
+                continue
+            }
+            switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
             case .read(let data):
-                bytes = max(bytes, data.count)
+                largest = max(largest, data.count)
+                bytes += data.count
                 results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
             case .elsewhere:
-                giveBack(unread, atLimit: false)
-                break reading
+                unread.append(index)
             case .unsupported:
                 consumerReads.store(false, ordering: .relaxed)
-                giveBack(unread, atLimit: false)
+                unread += index ..< indices.upperBound
                 break reading
             }
         }
-        if chunk > 1 { largestFile.max(bytes) }
+        // (Not claimed by the consumer again: given-back files are the workers'.)
+        if !unread.isEmpty { giveBack(unread, atLimit: false) }
+        if chunk > 1 { largestFile.max(largest) }
         let wasReading = consumerReading.exchange(!results.isEmpty, ordering: .relaxed)
         // A consumer that stops reading looks again at once: `take()` then starts the
         // worker it stood in for.
-        guard !results.isEmpty else { return wasReading }
-        consumerReadTotal.add(results.count, ordering: .relaxed)
+        guard !results.isEmpty else { return wasReading ? (0, 0) : nil }
+        let files = results.count
+        consumerReadTotal.add(files, ordering: .relaxed)
         publish(&results, exiting: false)
-        return true
+        return (files, bytes)
     }
 
     /// Suspends until a result can be taken, the workers have all stopped, or the batch is cancelled.
@@ -268,13 +272,14 @@ final class BatchStorage: Sendable {
         return 0
     }
 
-    /// Claims the next `chunk` indices (or one given back), or nil when the worker should
-    /// stop: the batch is done or cancelled, or reading is too far ahead of the consumer.
-    private func claim() -> Range<Int>? {
+    /// Claims the next `chunk` indices (or one given back, unless not `givenBackToo`), or
+    /// nil when the worker should stop: the batch is done or cancelled, or reading is too
+    /// far ahead of the consumer.
+    private func claim(givenBackToo: Bool = true) -> Range<Int>? {
         guard !cancelled.load(ordering: .relaxed) else { return nil }
         // A given-back index is read even past the buffer limit: it lies behind results
         // already buffered, which in the given order cannot be taken before it.
-        if givenBackCount.load(ordering: .acquiring) > 0,
+        if givenBackToo, givenBackCount.load(ordering: .acquiring) > 0,
            let index = givenBack.withLock({ $0.isEmpty ? nil : $0.removeFirst() })
         {
             givenBackCount.subtract(1, ordering: .relaxed)

@@ -34,6 +34,26 @@ final class CachedWholeFileReader {
         case unsupported
     }
 
+    /// The largest file read on a caller's thread: a larger one's copy would hold that
+    /// thread (the main thread, it may be) for milliseconds, and a hand-off to another
+    /// thread costs such a file nothing to speak of.
+    static let inlineLimit = 1 << 20
+
+    /// Whether a caller that just read `files` files of `bytes` on its thread should now yield: a loop of
+    /// such reads, which never suspends by itself, would otherwise hold its thread (one
+    /// of the cooperative pool's two on this machine, or the main thread) until it ends.
+    /// Counted per thread (a task's loop runs on one): every 16 files or 1 MiB, so that a
+    /// yield (about 40 us on the main actor) costs a loop of small files little.
+    static func shouldYield(afterReading files: Int = 1, bytes: Int) -> Bool {
+        let counters = fc_thread_read_counters()!
+        counters[0] += UInt64(files)
+        counters[1] += UInt64(bytes)
+        guard counters[0] >= 16 || counters[1] >= 1 << 20 else { return false }
+        counters[0] = 0
+        counters[1] = 0
+        return true
+    }
+
     /// The directory last looked up, NUL-terminated, and its descriptor: nil when its
     /// files are not read here.
     private var directory: [CChar] = []
