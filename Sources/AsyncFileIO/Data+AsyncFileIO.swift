@@ -10,11 +10,27 @@ extension Data {
     /// `Data` without a copy. Devices and size-less pseudo-files (`/proc`) are read to
     /// their end.
     ///
-    /// - Parameter maximumSize: the most bytes to accept; a larger file throws
-    ///   ``FileCoordinationError/Code/fileTooLarge``.
-    public init(asyncContentsOf path: FilePath, maximumSize: Int = .max, engine: FileIOEngine = .default) async throws {
+    /// A file of up to 1 MiB that the kernel's caches hold (its name in the lookup cache,
+    /// on a local disk's file system, its bytes in the page cache) is read on the calling
+    /// thread, in the caller's isolation (no executor hop), with calls that cannot wait;
+    /// any other goes to the library's I/O threads.
+    ///
+    /// - Parameters:
+    ///   - maximumSize: the most bytes to accept; a larger file throws
+    ///     ``FileCoordinationError/Code/fileTooLarge``.
+    ///   - isolation: the caller's actor, where a cached file is read (the default).
+    public init(asyncContentsOf path: FilePath, maximumSize: Int = .max, engine: FileIOEngine = .default,
+                isolation: isolated (any Actor)? = #isolation) async throws {
         switch engine {
         case .threadPool:
+            // (A fault armed for a test applies to the I/O threads' calls.)
+            if !Faults.isArmed, case .read(let data) = CachedWholeFileReader()
+                .read(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))
+            {
+                if CachedWholeFileReader.shouldYield(bytes: data.count) { await Task.yield() }
+                self = data
+                return
+            }
             self = try await IOThreadPool.shared.run { FileOperations.readWholeFile(path, maximumSize: maximumSize) }
         case .dispatchIO:
             let stream = try await path.openForReading(engine: .dispatchIO)
@@ -24,9 +40,10 @@ extension Data {
         }
     }
 
-    /// Reads the whole file at a `file:` URL. See ``Foundation/Data/init(asyncContentsOf:maximumSize:engine:)-6bb0e``.
-    public init(asyncContentsOf url: URL, maximumSize: Int = .max, engine: FileIOEngine = .default) async throws {
-        try await self.init(asyncContentsOf: FilePath(fileURL: url), maximumSize: maximumSize, engine: engine)
+    /// Reads the whole file at a `file:` URL. See ``Foundation/Data/init(asyncContentsOf:maximumSize:engine:isolation:)-(FilePath,_,_,_)``.
+    public init(asyncContentsOf url: URL, maximumSize: Int = .max, engine: FileIOEngine = .default,
+                isolation: isolated (any Actor)? = #isolation) async throws {
+        try await self.init(asyncContentsOf: FilePath(fileURL: url), maximumSize: maximumSize, engine: engine, isolation: isolation)
     }
 
     /// Writes the data to a file without blocking the Swift cooperative thread pool.

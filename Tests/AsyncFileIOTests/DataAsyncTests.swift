@@ -2,9 +2,51 @@ import Foundation
 import SystemPackage
 import Testing
 @testable import AsyncFileIO
+import TestSupport
 
 @Suite("Data async read and write")
 struct DataAsyncTests {
+    /// Reads each of `paths` with `Data(asyncContentsOf:)` in the caller's isolation and
+    /// checks it against the I/O threads' read of it.
+    static func readsAsAlone(_ paths: [FilePath], maximumSize: Int, isolation: isolated (any Actor)? = #isolation) async {
+        for path in paths {
+            let read: Result<Data, any Error>
+            do { read = .success(try await Data(asyncContentsOf: path, maximumSize: maximumSize)) } catch { read = .failure(error) }
+            switch (read, FileOperations.readWholeFile(path, maximumSize: maximumSize)) {
+            case (.success(let data), .success(let expected)): #expect(data == expected, "\(path)")
+            case (.failure(let error as FileCoordinationError), .failure(let expected)):
+                #expect(error.code == expected.code, "\(path)")
+                #expect(error.path == path)
+            case (let read, let alone): Issue.record("\(path): \(read) on the caller's thread, \(alone) alone")
+            }
+        }
+    }
+
+    @Test("a small cached file is read on the caller's thread as the I/O threads read it, odd inputs included")
+    func readsCachedInline() async throws {
+        let directory = try #require(blockDeviceDirectory("inline"), "no directory on a block device's file system")
+        let elsewhere = TemporaryDirectory("inline-tmp")
+        let files = try (0 ..< 20).map { try directory.make("f\($0)", pattern(1 + $0 * 450, seed: UInt64($0))) }
+        let paths = files + (try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3], overLimit: 9500, nextTo: files[5]))
+        await Self.readsAsAlone(paths, maximumSize: 9000)
+        await Self.readsAsAlone(paths, maximumSize: 9000, isolation: MainActor.shared)
+    }
+
+    @Test("a loop of cached reads on the main actor lets the actor's other jobs run")
+    @MainActor
+    func cachedReadsYield() async throws {
+        let directory = try #require(blockDeviceDirectory("yield"), "no directory on a block device's file system")
+        let path = try directory.make("small", pattern(100))
+        var ran = false
+        Task { @MainActor in ran = true }
+        var reads = 0
+        while !ran && reads < 10_000 {
+            _ = try await Data(asyncContentsOf: path)
+            reads += 1
+        }
+        #expect(ran, "the main actor's other job waited for \(reads) reads")
+    }
+
     @Test("atomic write replaces the content, keeps the mode and leaves nothing else", arguments: [FileIOEngine.threadPool, .dispatchIO])
     func atomicWrite(engine: FileIOEngine) async throws {
         let directory = TemporaryDirectory("atomicwrite")

@@ -164,6 +164,21 @@ func filecoordInPlace(_ paths: [FilePath]) async throws -> Tally {
     }
 }
 
+/// Each file read with `Data(asyncContentsOf:)`, one after another, as a loop in a task does.
+func oneAtATime(_ paths: [FilePath]) async throws -> Tally {
+    var tally = Tally()
+    for path in paths { tally.add(try await Data(asyncContentsOf: path)) }
+    return tally
+}
+
+/// The same loop on the main actor, as top-level code and apps call it.
+@MainActor
+func oneAtATimeOnMainActor(_ paths: [FilePath]) async throws -> Tally {
+    var tally = Tally()
+    for path in paths { tally.add(try await Data(asyncContentsOf: path)) }
+    return tally
+}
+
 func inGroup(_ paths: [String], _ read: @escaping @Sendable (String) async throws -> Data) async throws -> Tally {
     try await withThrowingTaskGroup(of: Tally.self) { group in
         var iterator = paths.makeIterator()
@@ -237,6 +252,10 @@ func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escap
         ("filecoord dispatchIO", { try await filecoord(filePaths, engine: .dispatchIO) }),
         ("foundation in task group", { try await foundationParallel(paths) }),
         ("swift-nio FileSystem", { try await nio(paths) }),
+        // One file after another, the way a plain loop reads: against the C loop doing the same.
+        ("c loop (1 thread)", { cPool(paths, threads: 1) }),
+        ("filecoord one by one", { try await oneAtATime(filePaths) }),
+        ("filecoord one by one, main actor", { try await oneAtATimeOnMainActor(filePaths) }),
     ]
     var expected: Tally?
     let methods = allMethods.filter { only == nil || $0.0.hasPrefix(only!) || ($0.0.hasPrefix("c ") && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil) }
@@ -259,6 +278,14 @@ func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escap
         let ratios = zip(ours.values, floor.values).map { $0 / $1 }.sorted()
         print(String(format: "  through the sequence: %.2fx of the C pool with a hand-off (what delivering each file to one consumer costs in C)",
                      ratios[ratios.count / 2]))
+    }
+    if let loop = samples.first(where: { $0.method == "c loop (1 thread)" }) {
+        for method in ["filecoord one by one", "filecoord one by one, main actor"] {
+            guard let ours = samples.first(where: { $0.method == method }) else { continue }
+            let ratios = zip(ours.values, loop.values).map { $0 / $1 }.sorted()
+            print(String(format: "  %@ (Data(asyncContentsOf:) in a loop): %.2fx of the C loop (1 thread)",
+                         String(method.dropFirst("filecoord ".count)), ratios[ratios.count / 2]))
+        }
     }
 }
 
