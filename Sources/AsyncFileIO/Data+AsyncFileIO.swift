@@ -27,7 +27,7 @@ extension Data {
             if !Faults.isArmed, case .read(let data) = CachedWholeFileReader()
                 .read(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))
             {
-                if CachedWholeFileReader.shouldYield(bytes: data.count) { await Task.yield() }
+                if CachedWholeFileReader.shouldYield() { await Task.yield() }
                 self = data
                 return
             }

@@ -238,9 +238,9 @@ public struct FileBatchReader: AsyncSequence, Sendable {
                     cachedReads.close()
                     return nil
                 case .pending:
-                    if let read = storage.readOnConsumer(cachedReads) {
+                    if storage.readOnConsumer(cachedReads) {
                         // A consumer that never has to wait must still let others run.
-                        if CachedWholeFileReader.shouldYield(afterReading: read.files, bytes: read.bytes) { await Task.yield() }
+                        if CachedWholeFileReader.shouldYield() { await Task.yield() }
                         continue
                     }
                     await withTaskCancellationHandler {

@@ -57,9 +57,9 @@ int fc_device_major_cached(int fd) {
     return (int)info.stx_dev_major;
 }
 
-uint64_t *fc_thread_read_counters(void) {
-    static __thread uint64_t counters[2];
-    return counters;
+uint64_t *fc_thread_read_since(void) {
+    static __thread uint64_t since;
+    return &since;
 }
 
 int fc_set_nonblocking(int fd, int on) {

@@ -182,16 +182,16 @@ final class BatchStorage: Sendable {
     /// and the buffers it frees come back to it warm. A file it cannot read so is given
     /// back to the workers (and not claimed by the consumer again), as is a file over
     /// ``CachedWholeFileReader/inlineLimit``. The consumer reads at most until the
-    /// read-ahead window is full. Returns what it read when the consumer should look for
-    /// results again before waiting (it read some, or it just stopped reading), else nil.
-    func readOnConsumer(_ reader: CachedWholeFileReader) -> (files: Int, bytes: Int)? {
+    /// read-ahead window is full. Returns whether to look for results again before
+    /// waiting: it read some, or it just stopped reading.
+    func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
         // (A fault armed for a test applies to the workers' calls.)
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
               let indices = claim(givenBackToo: false)
-        else { return nil }
+        else { return false }
         var results: [BatchReadResult] = []
         var unread: [Int] = []
-        var largest = 0, bytes = 0
+        var largest = 0
         reading: for index in indices {
             guard !cancelled.load(ordering: .relaxed) else {
                 unread += index ..< indices.upperBound
@@ -204,7 +204,6 @@ final class BatchStorage: Sendable {
             switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
             case .read(let data):
                 largest = max(largest, data.count)
-                bytes += data.count
                 results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
             case .elsewhere:
                 unread.append(index)
@@ -220,11 +219,10 @@ final class BatchStorage: Sendable {
         let wasReading = consumerReading.exchange(!results.isEmpty, ordering: .relaxed)
         // A consumer that stops reading looks again at once: `take()` then starts the
         // worker it stood in for.
-        guard !results.isEmpty else { return wasReading ? (0, 0) : nil }
-        let files = results.count
-        consumerReadTotal.add(files, ordering: .relaxed)
+        guard !results.isEmpty else { return wasReading }
+        consumerReadTotal.add(results.count, ordering: .relaxed)
         publish(&results, exiting: false)
-        return (files, bytes)
+        return true
     }
 
     /// Suspends until a result can be taken, the workers have all stopped, or the batch is cancelled.

@@ -39,18 +39,22 @@ final class CachedWholeFileReader {
     /// thread costs such a file nothing to speak of.
     static let inlineLimit = 1 << 20
 
-    /// Whether a caller that just read `files` files of `bytes` on its thread should now yield: a loop of
-    /// such reads, which never suspends by itself, would otherwise hold its thread (one
-    /// of the cooperative pool's two on this machine, or the main thread) until it ends.
-    /// Counted per thread (a task's loop runs on one): every 16 files or 1 MiB, so that a
-    /// yield (about 40 us on the main actor) costs a loop of small files little.
-    static func shouldYield(afterReading files: Int = 1, bytes: Int) -> Bool {
-        let counters = fc_thread_read_counters()!
-        counters[0] += UInt64(files)
-        counters[1] += UInt64(bytes)
-        guard counters[0] >= 16 || counters[1] >= 1 << 20 else { return false }
-        counters[0] = 0
-        counters[1] = 0
+    /// Whether a caller that just read a file on its thread should now yield: a loop of
+    /// such reads, which never suspends by itself, would otherwise hold its thread (one of
+    /// the cooperative pool's two on this machine, or the main thread) until it ends. Once
+    /// 2 ms have passed since the first read after the thread's last yield (a task's loop
+    /// runs on one thread): well within a frame for a main thread, and seldom enough that
+    /// the yield costs a loop little (every 500 us, the batch read 2-4% fewer files a
+    /// second).
+    static func shouldYield() -> Bool {
+        let since = fc_thread_read_since()!
+        let now = monotonicNanoseconds()
+        if since.pointee == 0 {
+            since.pointee = now
+            return false
+        }
+        guard now - since.pointee >= 2_000_000 else { return false }
+        since.pointee = 0
         return true
     }
 

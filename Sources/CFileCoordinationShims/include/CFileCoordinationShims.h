@@ -26,9 +26,9 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
 /// kernel has cached (statx with AT_STATX_DONT_SYNC: no server is asked), or -1.
 /// 0 is an anonymous device: a network, FUSE, in-memory or pseudo file system.
 int fc_device_major_cached(int fd);
-/// This thread's own pair of counters (files and bytes read on it since it last let
-/// others run); Swift has no thread-local storage of its own.
-uint64_t *fc_thread_read_counters(void);
+/// This thread's own word (when its run of reads without a yield began); Swift has no
+/// thread-local storage of its own.
+uint64_t *fc_thread_read_since(void);
 /// Sets or clears O_NONBLOCK on an open descriptor.
 int fc_set_nonblocking(int fd, int on);
 /// Takes (type F_RDLCK / F_WRLCK) or releases (F_UNLCK) an OFD lock on [start, start+length).
