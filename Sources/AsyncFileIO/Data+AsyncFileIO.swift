@@ -24,6 +24,8 @@ extension Data {
         switch engine {
         case .threadPool:
             // (A fault armed for a test applies to the I/O threads' calls.)
+            // (As a read on the I/O threads, a cancelled task's read throws.)
+            try Task.checkCancellation()
             if !Faults.isArmed, case .read(let data) = CachedWholeFileReader()
                 .read(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))
             {

@@ -51,10 +51,12 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
 #endif
 }
 
-int fc_device_major_cached(int fd) {
+int fc_device_cached(int fd, unsigned int *major, unsigned int *minor) {
     struct statx info;
     if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &info) != 0) return -1;
-    return (int)info.stx_dev_major;
+    *major = info.stx_dev_major;
+    *minor = info.stx_dev_minor;
+    return 0;
 }
 
 uint64_t *fc_thread_read_since(void) {

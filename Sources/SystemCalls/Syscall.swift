@@ -10,7 +10,8 @@ import Musl
 /// `EINTR` and returns the errno instead of setting a global. Every call here may
 /// block, so callers run them on threads the library owns (``IOThreadPool``), never on
 /// the Swift cooperative pool; the exceptions are ``preadNoWait``, ``openCached(at:_:_:sameMount:)``
-/// and ``deviceMajorCached(_:)``, which answer from the kernel's caches or fail.
+/// and ``deviceCached(_:)``, whose lookups are answered from the kernel's caches (or fail),
+/// for callers that know what else the call does on the file system at hand.
 package enum Syscall {
     @inline(__always)
     package static func retrying<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
@@ -34,19 +35,19 @@ package enum Syscall {
     /// `openat2` that resolves `path` from the kernel's lookup cache alone: `EAGAIN`
     /// instead of reading a directory from a device or asking a server. With
     /// `sameMount`, a path that crosses a mount point fails with `EXDEV`. The file
-    /// system's own open still runs: only callers that know the mount is a local one
-    /// (``deviceMajorCached(_:)``) may call this where a thread must not block.
+    /// system's own open still runs: only callers that know the mount is a local disk's
+    /// (``deviceCached(_:)``) may call this where a thread must not block.
     package static func openCached(at dirfd: Int32, _ path: UnsafePointer<CChar>, _ flags: Int32, sameMount: Bool) -> Result<Int32, Errno> {
         if let fault = Faults.check(.open, path) { return .failure(fault) }
         return retrying { fc_openat2_cached(dirfd, path, flags, sameMount ? 1 : 0) }
     }
 
-    /// The major number of the device holding `fd`'s file, as the kernel has it cached
-    /// (no server asked), or nil. 0 is an anonymous device: a network, FUSE, in-memory
-    /// or pseudo file system; any other is a block device's.
-    package static func deviceMajorCached(_ fd: Int32) -> Int32? {
-        let major = fc_device_major_cached(fd)
-        return major >= 0 ? major : nil
+    /// The device (major, minor) holding `fd`'s file, as the kernel has it cached (no
+    /// server asked), or nil. Major 0 is an anonymous device: a network, FUSE, in-memory
+    /// or pseudo file system.
+    package static func deviceCached(_ fd: Int32) -> (major: UInt32, minor: UInt32)? {
+        var major: UInt32 = 0, minor: UInt32 = 0
+        return fc_device_cached(fd, &major, &minor) == 0 ? (major, minor) : nil
     }
 
     package static func close(_ fd: Int32) -> Result<Void, Errno> {

@@ -22,9 +22,10 @@ struct DataAsyncTests {
         }
     }
 
-    @Test("a small cached file is read on the caller's thread as the I/O threads read it, odd inputs included")
+    @Test("a small cached file is read on the caller's thread as the I/O threads read it, odd inputs included",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
     func readsCachedInline() async throws {
-        let directory = try #require(blockDeviceDirectory("inline"), "no directory on a block device's file system")
+        let directory = TemporaryDirectory("inline", under: localDiskBase!)
         let elsewhere = TemporaryDirectory("inline-tmp")
         let files = try (0 ..< 20).map { try directory.make("f\($0)", pattern(1 + $0 * 450, seed: UInt64($0))) }
         let paths = files + (try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3], overLimit: 9500, nextTo: files[5]))
@@ -32,10 +33,11 @@ struct DataAsyncTests {
         await Self.readsAsAlone(paths, maximumSize: 9000, isolation: MainActor.shared)
     }
 
-    @Test("a loop of cached reads on the main actor lets the actor's other jobs run")
+    @Test("a loop of cached reads on the main actor lets the actor's other jobs run",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
     @MainActor
     func cachedReadsYield() async throws {
-        let directory = try #require(blockDeviceDirectory("yield"), "no directory on a block device's file system")
+        let directory = TemporaryDirectory("yield", under: localDiskBase!)
         let path = try directory.make("small", pattern(100))
         var ran = false
         Task { @MainActor in ran = true }

@@ -47,9 +47,10 @@ struct FileBatchReaderTests {
     }
 
     @Test("the consumer reads cached files itself while it would wait, and every kind of input reads as a worker reads it",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"),
           arguments: [BatchReadOptions.Order.given, .completion])
     func consumerReads(order: BatchReadOptions.Order) async throws {
-        let directory = try #require(blockDeviceDirectory("consumer"), "no directory on a block device's file system")
+        let directory = TemporaryDirectory("consumer", under: localDiskBase!)
         let files = try await Self.makeFiles(directory, count: 1200, maximumSize: 9000)
         let elsewhere = TemporaryDirectory("consumer-tmp")
         let odd = try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3].0, overLimit: 9500, nextTo: files[5].0)

@@ -105,6 +105,9 @@ final class BatchStorage: Sendable {
     /// threads reading from the page cache (a directory on a tmpfs, say, leaves every
     /// file to the workers, which are then one a core again).
     private let consumerReading = Atomic<Bool>(true)
+    /// The most workers that may run while the consumer reads: one thread a core in all,
+    /// and at most `concurrency` descriptors (the consumer holds two).
+    private var workersBesideConsumer: Int { min(concurrency - 2, Self.processors - 1) }
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
@@ -118,8 +121,9 @@ final class BatchStorage: Sendable {
         // (No more workers than files: a huge `concurrency` would size the window and the ring.)
         concurrency = max(1, min(options.concurrency, inputs.count))
         chunk = self.gate != nil ? 32 : inputs.ungatedClaim(workers: concurrency)
-        // (The consumer's file counts against `concurrency`, which must leave a worker.)
-        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil && concurrency >= 2)
+        // (The consumer's file and directory count against `concurrency`, which must
+        // leave a worker.)
+        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil && concurrency >= 3)
         // Room for every worker's private group plus as much again in the shared ring,
         // so that workers pause for a slow consumer, not for each other. (Smaller
         // windows, meant to keep buffers in the CPU caches, measured no better.) And
@@ -160,9 +164,10 @@ final class BatchStorage: Sendable {
             if !cancelled.load(ordering: .relaxed) && (buffered < options.maximumBufferedBytes || givenBack > 0) {
                 let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
                 // From the page cache, one thread a core; the consumer, when it reads, is
-                // one of them, and its file one of the `concurrency` open at once.
-                let consumer = consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed) ? 1 : 0
-                let threads = blocking.load(ordering: .relaxed) ? concurrency : min(concurrency, Self.processors) - consumer
+                // one of them, and its two descriptors among the `concurrency` open.
+                let threads = blocking.load(ordering: .relaxed) ? concurrency
+                    : consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed) ? workersBesideConsumer
+                    : min(concurrency, Self.processors)
                 // Given-back files are read whatever the window and the buffer (see `claim`).
                 let room = max(window - (claimed - state.handed), givenBack)
                 spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed + givenBack, room))
@@ -186,14 +191,23 @@ final class BatchStorage: Sendable {
     /// waiting: it read some, or it just stopped reading.
     func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
         // (A fault armed for a test applies to the workers' calls.)
+        // Not beside more workers than that: after it stopped reading, `take()` started
+        // the worker it stood in for (and the ring has room for `concurrency` claimants).
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
+              state.withLock({ $0.activeWorkers }) <= workersBesideConsumer,
               let indices = claim(givenBackToo: false)
         else { return false }
+        // The directory is looked up again by the next call: a path renamed or relinked
+        // meanwhile is read where it now leads, and no descriptor is kept between calls.
+        defer { reader.close() }
         var results: [BatchReadResult] = []
         var unread: [Int] = []
-        var largest = 0
+        var largest = 0, read = 0
         reading: for index in indices {
-            guard !cancelled.load(ordering: .relaxed) else {
+            // Past the buffer limit, the rest goes back as a worker's group would.
+            guard !cancelled.load(ordering: .relaxed),
+                  index == indices.lowerBound || bufferedBytes.load(ordering: .relaxed) + read < options.maximumBufferedBytes
+            else {
                 unread += index ..< indices.upperBound
                 break
             }
@@ -204,6 +218,7 @@ final class BatchStorage: Sendable {
             switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
             case .read(let data):
                 largest = max(largest, data.count)
+                read += data.count
                 results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
             case .elsewhere:
                 unread.append(index)

@@ -6,15 +6,15 @@ import SystemPackage
 import Glibc
 #endif
 
-/// Reads a whole file on the calling thread, but only where no step can wait: the same
-/// non-blocking first attempt that io_uring makes before it hands an open or a read to
-/// a worker, so a batch's consumer may read while it would otherwise wait for workers.
+/// Reads a whole file on the calling thread, but only where no step waits for a device,
+/// a server or a daemon: the same non-blocking first attempt that io_uring makes before
+/// it hands an open or a read to a worker, so a caller may read without a thread hop.
 ///
 /// - The file's directory is looked up from the kernel's lookup cache alone (`openat2`
 ///   with `RESOLVE_CACHED`, an `O_PATH` descriptor: no file system open runs), and only a
-///   directory on a block device's file system is read from (`statx` with
-///   `AT_STATX_DONT_SYNC`: major number not 0). Network, FUSE and in-memory file systems
-///   sit on anonymous devices, and their opens may ask a server.
+///   directory on a local disk's file system (ext4, XFS and a few more, by the type
+///   `/proc/self/mountinfo` gives its device) is read from. Network, FUSE and in-memory
+///   file systems are not: their opens may ask a server or a daemon.
 /// - The file is opened from the lookup cache alone, within that directory's mount
 ///   (`RESOLVE_NO_XDEV`: nothing mounted over it, and a link that leads out of the mount
 ///   fails) and without blocking (`O_NONBLOCK`: a FIFO or a lease does not hold it up);
@@ -23,7 +23,13 @@ import Glibc
 ///
 /// Anything else is ``Outcome/elsewhere``: a worker reads the file as every file is read
 /// there, and reports its errors, so a result never depends on which thread read it.
-/// Owned by one consumer (not thread-safe); keeps its last directory open.
+/// What the kernel may still do on the way is its own short work: the first read after
+/// a write updates the access time (a journal handle, on ext4), the last close of a file
+/// deleted meanwhile frees it, and a device node's driver sees the open (with
+/// `O_NONBLOCK`) before `fstat` turns it away.
+///
+/// Owned by one caller (not thread-safe); keeps its last directory open until ``close()``.
+
 final class CachedWholeFileReader {
     enum Outcome {
         case read(Data)
@@ -56,6 +62,43 @@ final class CachedWholeFileReader {
         guard now - since.pointee >= 2_000_000 else { return false }
         since.pointee = 0
         return true
+    }
+
+    /// The file systems whose open of a cached file asks no one: a disk's, run by the
+    /// kernel. (FUSE on a block device, `fuseblk`, has the device's numbers too, and its
+    /// opens go to a daemon; btrfs and the others on anonymous devices are left out.)
+    private static let localDiskTypes: Set<String> = ["ext2", "ext3", "ext4", "xfs", "f2fs", "jfs"]
+    /// Devices (major << 32 | minor) seen, and whether they hold such a file system.
+    private static let devices = Locked<[UInt64: Bool]>([:])
+
+    /// Whether `fd`'s file lies on a local disk's file system: its device as the kernel
+    /// has it cached (`statx`, `AT_STATX_DONT_SYNC`), looked up in `/proc/self/mountinfo`
+    /// (read again when a device is new: memory only, no file system's call).
+    static func isOnLocalDisk(_ fd: Int32) -> Bool {
+        guard let device = Syscall.deviceCached(fd), device.major != 0 else { return false }
+        let key = UInt64(device.major) << 32 | UInt64(device.minor)
+        if let known = devices.withLock({ $0[key] }) { return known }
+        var found = mountedDevices()
+        if found[key] == nil { found[key] = false }
+        devices.withLock { $0.merge(found) { _, new in new } }
+        return found[key] ?? false
+    }
+
+    /// Each mount's device in `/proc/self/mountinfo`, and whether its type is a local
+    /// disk's: `ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [TAGS...] - TYPE SOURCE OPTIONS`.
+    private static func mountedDevices() -> [UInt64: Bool] {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [:] }
+        var found: [UInt64: Bool] = [:]
+        for line in text.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 3, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
+            let numbers = fields[2].split(separator: ":")
+            guard numbers.count == 2, let major = UInt64(numbers[0]), let minor = UInt64(numbers[1]) else { continue }
+            let local = localDiskTypes.contains(String(fields[dash + 1]))
+            // (Several mounts of one device: any that is not a local disk's type wins.)
+            found[major << 32 | minor] = (found[major << 32 | minor] ?? true) && local
+        }
+        return found
     }
 
     /// The directory last looked up, NUL-terminated, and its descriptor: nil when its
@@ -96,7 +139,7 @@ final class CachedWholeFileReader {
         directory = Array(UnsafeBufferPointer(start: path, count: length)) + [0]
         switch Syscall.openCached(at: fc_AT_FDCWD, directory, fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
         case .success(let fd):
-            if let major = Syscall.deviceMajorCached(fd), major != 0 {
+            if Self.isOnLocalDisk(fd) {
                 directoryFD = fd
             } else {
                 _ = Syscall.close(fd)

@@ -22,10 +22,9 @@ ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset);
 /// O_CLOEXEC is added. -1/ENOSYS on kernels without openat2 (before 5.6; RESOLVE_CACHED
 /// needs 5.12 and fails with EINVAL before).
 int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
-/// The major number of the device holding an open descriptor's file, from what the
-/// kernel has cached (statx with AT_STATX_DONT_SYNC: no server is asked), or -1.
-/// 0 is an anonymous device: a network, FUSE, in-memory or pseudo file system.
-int fc_device_major_cached(int fd);
+/// The device (major, minor) holding an open descriptor's file, from what the kernel has
+/// cached (statx with AT_STATX_DONT_SYNC: no server is asked). 0, or -1 with errno set.
+int fc_device_cached(int fd, unsigned int *major, unsigned int *minor);
 /// This thread's own word (when its run of reads without a yield began); Swift has no
 /// thread-local storage of its own.
 uint64_t *fc_thread_read_since(void);
