@@ -12,8 +12,8 @@ extension Data {
     ///
     /// A file of up to 1 MiB that the kernel's caches hold (its name in the lookup cache,
     /// on a local disk's file system, its bytes in the page cache) is read on the calling
-    /// thread, in the caller's isolation (no executor hop), with calls that cannot wait;
-    /// any other goes to the library's I/O threads.
+    /// thread, in the caller's isolation (no executor hop), with calls that wait for no
+    /// device, server or daemon; any other goes to the library's I/O threads.
     ///
     /// - Parameters:
     ///   - maximumSize: the most bytes to accept; a larger file throws
@@ -23,8 +23,8 @@ extension Data {
                 isolation: isolated (any Actor)? = #isolation) async throws {
         switch engine {
         case .threadPool:
-            // (A fault armed for a test applies to the I/O threads' calls.)
-            // (As a read on the I/O threads, a cancelled task's read throws.)
+            // As on the I/O threads, a cancelled task's read throws; a fault armed for a
+            // test applies to the I/O threads' calls.
             try Task.checkCancellation()
             if !Faults.isArmed, case .read(let data) = CachedWholeFileReader()
                 .read(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))

@@ -87,10 +87,11 @@ public struct BatchReadOptions: Sendable {
 /// runs under `ulimit -n 64`; a worker that still meets `EMFILE` waits for a descriptor
 /// to free up while others are open. Reading stays a bounded distance ahead of the
 /// consumer. When no result is ready, `next()` reads the next few files itself where no
-/// step can wait (opened from the kernel's lookup cache on a local disk's file system,
-/// copied from the page cache, up to 1 MiB each) instead of waiting for a worker; it
-/// keeps that file's directory open until the batch ends. Cancelling the consuming task (or dropping the iterator) stops the batch:
-/// `next()` throws `CancellationError` once every file still being read is closed.
+/// step waits for a device, a server or a daemon (opened from the kernel's lookup cache
+/// on a local disk's file system, copied from the page cache, up to 1 MiB each) instead
+/// of waiting for a worker. Cancelling the consuming task (or dropping the iterator)
+/// stops the batch: `next()` throws `CancellationError` once every file still being read
+/// is closed.
 public struct FileBatchReader: AsyncSequence, Sendable {
     public typealias Element = BatchReadResult
 

@@ -59,9 +59,9 @@ int fc_device_cached(int fd, unsigned int *major, unsigned int *minor) {
     return 0;
 }
 
-uint64_t *fc_thread_read_since(void) {
-    static __thread uint64_t since;
-    return &since;
+uint64_t *fc_thread_read_run(void) {
+    static __thread uint64_t run[2];
+    return run;
 }
 
 int fc_set_nonblocking(int fd, int on) {

@@ -181,7 +181,8 @@ final class BatchStorage: Sendable {
     }
 
     /// Reads files on the consumer's thread while no result is ready, as far as no step
-    /// can wait (``CachedWholeFileReader``), and publishes them as a worker would. On a
+    /// waits for a device, a server or a daemon (``CachedWholeFileReader``), and
+    /// publishes them as a worker would. On a
     /// machine with few cores a consumer that waits for workers is a thread more than
     /// there are cores; reading, it does one worker's share, its files need no hand-off,
     /// and the buffers it frees come back to it warm. A file it cannot read so is given
@@ -190,9 +191,10 @@ final class BatchStorage: Sendable {
     /// read-ahead window is full. Returns whether to look for results again before
     /// waiting: it read some, or it just stopped reading.
     func readOnConsumer(_ reader: CachedWholeFileReader) -> Bool {
-        // (A fault armed for a test applies to the workers' calls.)
-        // Not beside more workers than that: after it stopped reading, `take()` started
-        // the worker it stood in for (and the ring has room for `concurrency` claimants).
+        // Not while a fault is armed for a test (it applies to the workers' calls), nor
+        // beside more than `workersBesideConsumer` workers: after it stopped reading,
+        // `take()` started the worker it stood in for (and the ring has room for
+        // `concurrency` claimants).
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
               state.withLock({ $0.activeWorkers }) <= workersBesideConsumer,
               let indices = claim(givenBackToo: false)

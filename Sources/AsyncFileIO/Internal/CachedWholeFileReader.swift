@@ -48,19 +48,21 @@ final class CachedWholeFileReader {
     /// Whether a caller that just read a file on its thread should now yield: a loop of
     /// such reads, which never suspends by itself, would otherwise hold its thread (one of
     /// the cooperative pool's two on this machine, or the main thread) until it ends. Once
-    /// 2 ms have passed since the first read after the thread's last yield (a task's loop
-    /// runs on one thread): well within a frame for a main thread, and seldom enough that
-    /// the yield costs a loop little (every 500 us, the batch read 2-4% fewer files a
-    /// second).
+    /// a run of such reads on the thread (reads less than 2 ms apart, a task's loop runs on
+    /// one thread) has lasted 2 ms: well within a frame for a main thread, and seldom
+    /// enough that the yield costs a loop little (every 500 us, the batch read 2-4% fewer
+    /// files a second).
     static func shouldYield() -> Bool {
-        let since = fc_thread_read_since()!
+        // [0]: when the run began (0: none), [1]: the run's last read.
+        let run = fc_thread_read_run()!
         let now = monotonicNanoseconds()
-        if since.pointee == 0 {
-            since.pointee = now
+        defer { run[1] = now }
+        if run[0] == 0 || now - run[1] >= 2_000_000 {
+            run[0] = now
             return false
         }
-        guard now - since.pointee >= 2_000_000 else { return false }
-        since.pointee = 0
+        guard now - run[0] >= 2_000_000 else { return false }
+        run[0] = 0
         return true
     }
 

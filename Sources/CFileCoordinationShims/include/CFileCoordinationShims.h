@@ -25,9 +25,9 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
 /// The device (major, minor) holding an open descriptor's file, from what the kernel has
 /// cached (statx with AT_STATX_DONT_SYNC: no server is asked). 0, or -1 with errno set.
 int fc_device_cached(int fd, unsigned int *major, unsigned int *minor);
-/// This thread's own word (when its run of reads without a yield began); Swift has no
-/// thread-local storage of its own.
-uint64_t *fc_thread_read_since(void);
+/// This thread's own two words (when its run of reads without a yield began, and its
+/// last read); Swift has no thread-local storage of its own.
+uint64_t *fc_thread_read_run(void);
 /// Sets or clears O_NONBLOCK on an open descriptor.
 int fc_set_nonblocking(int fd, int on);
 /// Takes (type F_RDLCK / F_WRLCK) or releases (F_UNLCK) an OFD lock on [start, start+length).
