@@ -29,7 +29,6 @@ import Glibc
 /// `O_NONBLOCK`) before `fstat` turns it away.
 ///
 /// Owned by one caller (not thread-safe); keeps its last directory open until ``close()``.
-
 final class CachedWholeFileReader {
     enum Outcome {
         case read(Data)
@@ -110,7 +109,8 @@ final class CachedWholeFileReader {
 
     deinit { close() }
 
-    /// Closes the directory kept open (at the batch's end); a later read opens it again.
+    /// Closes the directory kept open (after each claim the batch's consumer reads, and
+    /// at the batch's end); a later read opens it again.
     func close() {
         if let directoryFD { _ = Syscall.close(directoryFD) }
         directoryFD = nil
