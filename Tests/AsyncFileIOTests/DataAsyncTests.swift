@@ -12,13 +12,7 @@ struct DataAsyncTests {
         for path in paths {
             let read: Result<Data, any Error>
             do { read = .success(try await Data(asyncContentsOf: path, maximumSize: maximumSize)) } catch { read = .failure(error) }
-            switch (read, FileOperations.readWholeFile(path, maximumSize: maximumSize)) {
-            case (.success(let data), .success(let expected)): #expect(data == expected, "\(path)")
-            case (.failure(let error as FileCoordinationError), .failure(let expected)):
-                #expect(error.code == expected.code, "\(path)")
-                #expect(error.path == path)
-            case (let read, let alone): Issue.record("\(path): \(read) on the caller's thread, \(alone) alone")
-            }
+            expectReadsAsAlone(read, path, maximumSize: maximumSize)
         }
     }
 

@@ -70,14 +70,7 @@ struct FileBatchReaderTests {
         if order == .given { #expect(results.map(\.index) == Array(paths.indices)) }
         for result in results {
             #expect(result.path == paths[result.index])
-            let alone = FileOperations.readWholeFile(paths[result.index], maximumSize: 9000)
-            switch (result.result, alone) {
-            case (.success(let data), .success(let expected)): #expect(data == expected, "\(paths[result.index])")
-            case (.failure(let error), .failure(let expected)):
-                #expect(error.code == expected.code, "\(paths[result.index])")
-                #expect(error.path == paths[result.index])
-            default: Issue.record("\(paths[result.index]): \(result.result) in the batch, \(alone) alone")
-            }
+            expectReadsAsAlone(result.result.mapError { $0 }, paths[result.index], maximumSize: 9000)
         }
         #expect(iterator.storage.filesReadByConsumer > 0, "the consumer read no file itself")
     }

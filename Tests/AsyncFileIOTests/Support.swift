@@ -109,3 +109,16 @@ func oddInputs(in directory: TemporaryDirectory, elsewhere: TemporaryDirectory, 
     return [directory.file("link"), empty, large, directory.file("missing"), directory.path,
             directory.file("fifo"), other, FilePath("relative-missing"), FilePath(file.string + "/")]
 }
+
+/// Expects `read` (of `path`, on whichever thread) to be what the I/O threads' read of
+/// `path` alone gives: the same bytes, or an error of the same code naming `path`.
+func expectReadsAsAlone(_ read: Result<Data, any Error>, _ path: FilePath, maximumSize: Int,
+                        sourceLocation: SourceLocation = #_sourceLocation) {
+    switch (read, FileOperations.readWholeFile(path, maximumSize: maximumSize)) {
+    case (.success(let data), .success(let expected)): #expect(data == expected, "\(path)", sourceLocation: sourceLocation)
+    case (.failure(let error as FileCoordinationError), .failure(let expected)):
+        #expect(error.code == expected.code, "\(path)", sourceLocation: sourceLocation)
+        #expect(error.path == path, sourceLocation: sourceLocation)
+    case (let read, let alone): Issue.record("\(path): \(read), \(alone) alone", sourceLocation: sourceLocation)
+    }
+}
