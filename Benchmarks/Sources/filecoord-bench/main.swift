@@ -164,16 +164,9 @@ func filecoordInPlace(_ paths: [FilePath]) async throws -> Tally {
     }
 }
 
-/// Each file read with `Data(asyncContentsOf:)`, one after another, as a loop in a task does.
-func oneAtATime(_ paths: [FilePath]) async throws -> Tally {
-    var tally = Tally()
-    for path in paths { tally.add(try await Data(asyncContentsOf: path)) }
-    return tally
-}
-
-/// The same loop on the main actor, as top-level code and apps call it.
-@MainActor
-func oneAtATimeOnMainActor(_ paths: [FilePath]) async throws -> Tally {
+/// Each file read with `Data(asyncContentsOf:)`, one after another, as a loop in a task
+/// does, or (`isolation: MainActor.shared`) as top-level code and apps call it.
+func oneAtATime(_ paths: [FilePath], isolation: isolated (any Actor)? = #isolation) async throws -> Tally {
     var tally = Tally()
     for path in paths { tally.add(try await Data(asyncContentsOf: path)) }
     return tally
@@ -255,7 +248,7 @@ func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escap
         // One file after another, the way a plain loop reads: against the C loop doing the same.
         ("c loop (1 thread)", { cPool(paths, threads: 1) }),
         ("filecoord one by one", { try await oneAtATime(filePaths) }),
-        ("filecoord one by one, main actor", { try await oneAtATimeOnMainActor(filePaths) }),
+        ("filecoord one by one, main actor", { try await oneAtATime(filePaths, isolation: MainActor.shared) }),
     ]
     var expected: Tally?
     let methods = allMethods.filter { only == nil || $0.0.hasPrefix(only!) || ($0.0.hasPrefix("c ") && ProcessInfo.processInfo.environment["FILECOORD_BENCH_NOPEER"] == nil) }
