@@ -27,7 +27,7 @@ extension Data {
             // test applies to the I/O threads' calls.
             try Task.checkCancellation()
             if !Faults.isArmed, case .read(let data) = CachedWholeFileReader()
-                .read(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))
+                .readAlone(PlatformPath(path), maximumSize: Swift.min(maximumSize, CachedWholeFileReader.inlineLimit))
             {
                 if CachedWholeFileReader.shouldYield() { await Task.yield() }
                 self = data

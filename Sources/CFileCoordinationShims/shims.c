@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
@@ -51,12 +52,16 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
 #endif
 }
 
-int fc_device_cached(int fd, unsigned int *major, unsigned int *minor) {
+int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor) {
     struct statx info;
-    if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &info) != 0) return -1;
+    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &info) != 0) return -1;
     *major = info.stx_dev_major;
     *minor = info.stx_dev_minor;
     return 0;
+}
+
+uint64_t fc_device_number(unsigned int major, unsigned int minor) {
+    return makedev(major, minor);
 }
 
 uint64_t *fc_thread_read_run(void) {

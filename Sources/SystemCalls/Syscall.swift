@@ -46,8 +46,15 @@ package enum Syscall {
     /// server asked), or nil. Major 0 is an anonymous device: a network, FUSE, in-memory
     /// or pseudo file system.
     package static func deviceCached(_ fd: Int32) -> (major: UInt32, minor: UInt32)? {
+        deviceCached(at: fd, "")
+    }
+
+    /// The device holding the file at `path` relative to `dirfd`, as ``deviceCached(_:)``.
+    /// The path is looked up as `stat` would: only a path without a step to look up
+    /// (`/`, or an empty one) is answered from the caches alone.
+    package static func deviceCached(at dirfd: Int32, _ path: UnsafePointer<CChar>) -> (major: UInt32, minor: UInt32)? {
         var major: UInt32 = 0, minor: UInt32 = 0
-        return fc_device_cached(fd, &major, &minor) == 0 ? (major, minor) : nil
+        return fc_device_cached(dirfd, path, &major, &minor) == 0 ? (major, minor) : nil
     }
 
     package static func close(_ fd: Int32) -> Result<Void, Errno> {

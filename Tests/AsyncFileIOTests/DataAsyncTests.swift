@@ -22,9 +22,59 @@ struct DataAsyncTests {
         let directory = TemporaryDirectory("inline", under: localDiskBase!)
         let elsewhere = TemporaryDirectory("inline-tmp")
         let files = try (0 ..< 20).map { try directory.make("f\($0)", pattern(1 + $0 * 450, seed: UInt64($0))) }
-        let paths = files + (try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3], overLimit: 9500, nextTo: files[5]))
+        // Through `..` and through a link to the directory, as well.
+        try FileManager.default.createSymbolicLink(atPath: elsewhere.file("to-inline").string, withDestinationPath: directory.path.string)
+        let roundabout = [directory.path.appending("..").appending(directory.path.lastComponent!).appending("f1"),
+                          elsewhere.file("to-inline").appending("f2")]
+        let paths = files + roundabout + (try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3], overLimit: 9500, nextTo: files[5]))
+        let openedBefore = CachedWholeFileReader.filesOpenedOnRootMount
         await Self.readsAsAlone(paths, maximumSize: 9000)
         await Self.readsAsAlone(paths, maximumSize: 9000, isolation: MainActor.shared)
+        if onRootMount(directory.path) {
+            #expect(CachedWholeFileReader.filesOpenedOnRootMount > openedBefore, "no file was opened in one call")
+        }
+    }
+
+    @Test("a file on another mount than the root's is not opened in one call, even one mounted after reads",
+          .enabled(if: localDiskBase != nil && canBindMount, "needs a local disk and bind mounts (root)"))
+    func readsSeeMounts() async throws {
+        let base = TemporaryDirectory("mounts", under: localDiskBase!)
+        for name in ["a", "b", "a/sub", "d"] {
+            try FileManager.default.createDirectory(atPath: base.file(name).string, withIntermediateDirectories: false)
+            try base.make("\(name)/f", Data("from \(name)".utf8))
+        }
+        let point = base.file("d")
+        var mounted: [String] = []
+        defer { for target in mounted.reversed() { _ = try? runMount(["-l", target], umount: true) } }
+        func mount(_ arguments: [String]) throws {
+            try runMount(arguments)
+            mounted.append(arguments.last!)
+        }
+        func read(_ name: String) async throws -> String {
+            String(decoding: try await Data(asyncContentsOf: point.appending(name)), as: UTF8.self)
+        }
+        func opensInOneCall(_ path: FilePath) -> Bool {
+            let opened = path.withPlatformString { CachedWholeFileReader.openOnRootMount($0, length: strlen($0)) }
+            if let opened { close(opened.fd) }
+            return opened != nil
+        }
+
+        #expect(try await read("f") == "from d")
+        #expect(opensInOneCall(point.appending("f")) == onRootMount(base.path))
+        // The same disk, mounted again: another mount all the same.
+        try mount(["--bind", base.file("a").string, point.string])
+        #expect(!opensInOneCall(point.appending("f")))
+        #expect(try await read("f") == "from a")
+        try mount(["--bind", base.file("b").string, point.string])
+        #expect(try await read("f") == "from b")
+        try runMount(["-l", point.string], umount: true)
+        mounted.removeLast()
+        #expect(try await read("f") == "from a")
+        // An in-memory file system below it, whose files are never read inline.
+        try mount(["-t", "tmpfs", "-o", "size=1m", "tmpfs", point.appending("sub").string])
+        try base.make("d/sub/f", Data("in memory".utf8))
+        #expect(!opensInOneCall(point.appending("sub/f")))
+        #expect(try await read("sub/f") == "in memory")
     }
 
     @Test("a loop of cached reads on the main actor lets the actor's other jobs run",

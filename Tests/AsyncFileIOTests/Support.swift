@@ -95,6 +95,37 @@ let localDiskBase: String? = {
     }
 }()
 
+/// Whether `path` (just used: its lookups are cached) lies on the root directory's mount,
+/// with no mount point between (`RESOLVE_NO_XDEV` from `/`).
+func onRootMount(_ path: FilePath) -> Bool {
+    let fd = path.withPlatformString { fc_openat2_cached(fc_AT_FDCWD, $0, fc_O_PATH, 1) }
+    guard fd >= 0 else { return false }
+    close(fd)
+    return true
+}
+
+/// Runs `mount` (or `umount`) with `arguments`, waiting for it; throws when it fails.
+func runMount(_ arguments: [String], umount: Bool = false) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: umount ? "/bin/umount" : "/bin/mount")
+    process.arguments = arguments
+    try process.run()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+        throw FileCoordinationError(code: .invalidArgument, path: FilePath(arguments.last ?? ""), operation: umount ? "umount" : "mount",
+                                    message: "exited with \(process.terminationStatus)")
+    }
+}
+
+/// Whether this process may bind-mount (root, with the capability): a directory is
+/// mounted on itself and unmounted again.
+let canBindMount: Bool = {
+    guard geteuid() == 0, let base = localDiskBase else { return false }
+    let probe = TemporaryDirectory("mount-probe", under: base)
+    guard (try? runMount(["--bind", probe.path.string, probe.path.string])) != nil else { return false }
+    return (try? runMount([probe.path.string], umount: true)) != nil
+}()
+
 /// Odd inputs for a read that may run on the caller's thread, most of which it leaves to
 /// the I/O threads (to be read there as always): a link to `target`, an empty file, one
 /// of `overLimit` bytes, one missing, a directory, a FIFO, a file in `elsewhere` (a

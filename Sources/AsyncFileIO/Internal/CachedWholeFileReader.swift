@@ -1,5 +1,6 @@
 import CFileCoordinationShims
 import Foundation
+import Synchronization
 import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
@@ -76,13 +77,56 @@ final class CachedWholeFileReader {
     /// has it cached (`statx`, `AT_STATX_DONT_SYNC`), looked up in `/proc/self/mountinfo`
     /// (read again when a device is new: memory only, no file system's call).
     static func isOnLocalDisk(_ fd: Int32) -> Bool {
-        guard let device = Syscall.deviceCached(fd), device.major != 0 else { return false }
+        guard let device = Syscall.deviceCached(fd) else { return false }
+        return isLocalDisk(device)
+    }
+
+    private static func isLocalDisk(_ device: (major: UInt32, minor: UInt32)) -> Bool {
+        guard device.major != 0 else { return false }
         let key = UInt64(device.major) << 32 | UInt64(device.minor)
         if let known = devices.withLock({ $0[key] }) { return known }
         var found = mountedDevices()
         if found[key] == nil { found[key] = false }
         devices.withLock { $0.merge(found) { _, new in new } }
         return found[key] ?? false
+    }
+
+    private static let openedOnRootMount = Atomic<Int>(0)
+    /// Files opened by ``openOnRootMount(_:length:)`` so far (for tests).
+    static var filesOpenedOnRootMount: Int { openedOnRootMount.load(ordering: .relaxed) }
+    /// The root directory's device (`dev_t`) plus 2 while it is a local disk's, 1 when it
+    /// is not, 0 when not known (yet, or again: a file opened on the root's mount lay on
+    /// another device, after a `chroot(2)`).
+    private static let rootDevice = Atomic<UInt64>(0)
+
+    /// Opens the file at the absolute `path` (`length` bytes) for reading, without
+    /// blocking, when it lies on the same mount as the process's root directory and that
+    /// mount is a local disk's: the descriptor and the root's device, which the caller
+    /// checks against the file's (``readOpened(_:maximumSize:rootDevice:)``); else nil.
+    /// One lookup from the cache (`RESOLVE_NO_XDEV`: a path into any other mount fails, a
+    /// mount made over a directory on the way included) instead of the directory's open,
+    /// check and close. No descriptor is kept (one would hold its file system busy, and an
+    /// unmount would fail), and the lookup starts from the process's root as it is now.
+    static func openOnRootMount(_ path: UnsafePointer<CChar>, length: Int) -> (fd: Int32, rootDevice: UInt64)? {
+        guard length > 1, path[0] == CChar(UInt8(ascii: "/")) else { return nil }
+        var root = rootDevice.load(ordering: .relaxed)
+        if root == 0 {
+            // A statx of `/` looks nothing up, but costs as much as the open: asked once.
+            if let device = Syscall.deviceCached(at: fc_AT_FDCWD, "/"), isLocalDisk(device) {
+                root = fc_device_number(device.major, device.minor) + 2
+            } else {
+                root = 1
+            }
+            rootDevice.store(root, ordering: .relaxed)
+        }
+        guard root >= 2 else { return nil }
+        switch Syscall.openCached(at: fc_AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true) {
+        case .success(let fd):
+            openedOnRootMount.add(1, ordering: .relaxed)
+            return (fd, root - 2)
+        case .failure:
+            return nil
+        }
     }
 
     /// Each mount's device in `/proc/self/mountinfo`, and whether its type is a local
@@ -117,21 +161,38 @@ final class CachedWholeFileReader {
         directory = []
     }
 
+    /// Reads the file at `path` (a batch's next file: its directory is kept for the next).
     func read(_ path: PlatformPath, maximumSize: Int) -> Outcome {
+        path.withCString { read($0, length: strlen($0), maximumSize: maximumSize) }
+    }
+
+    /// Reads the file at `path` alone (`Data(asyncContentsOf:)`): opened in one call when
+    /// it lies on the root directory's mount (``openOnRootMount(_:length:)``), else by its
+    /// directory.
+    func readAlone(_ path: PlatformPath, maximumSize: Int) -> Outcome {
         path.withCString { path in
             let length = strlen(path)
-            // A name without a directory, or a path ending in a slash, goes to a worker.
-            guard let found = strrchr(path, Int32(UInt8(ascii: "/"))) else { return .elsewhere }
-            let slash = UnsafePointer(found) - path
-            guard slash + 1 < length else { return .elsewhere }
-            // (The root's files: the directory is "/".)
-            let directoryLength = max(slash, 1)
-            if directory.count != directoryLength + 1 || memcmp(directory, path, directoryLength) != 0 {
-                if let outcome = lookUp(path, directoryLength) { return outcome }
+            if let (fd, root) = Self.openOnRootMount(path, length: length) {
+                return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
             }
-            guard let directoryFD else { return .elsewhere }
-            return readFile(in: directoryFD, path + slash + 1, maximumSize: maximumSize)
+            return read(path, length: length, maximumSize: maximumSize)
         }
+    }
+
+    private func read(_ path: UnsafePointer<CChar>, length: Int, maximumSize: Int) -> Outcome {
+        // A name without a directory, or a path ending in a slash, goes to a worker.
+        guard let found = strrchr(path, Int32(UInt8(ascii: "/"))) else { return .elsewhere }
+        let slash = UnsafePointer(found) - path
+        guard slash + 1 < length else { return .elsewhere }
+        // (The root's files: the directory is "/".)
+        let directoryLength = max(slash, 1)
+        if directory.count != directoryLength + 1 || memcmp(directory, path, directoryLength) != 0 {
+            if let outcome = lookUp(path, directoryLength) { return outcome }
+        }
+        guard let directoryFD else { return .elsewhere }
+        guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
+        else { return .elsewhere }
+        return readOpened(fd, maximumSize: maximumSize)
     }
 
     /// Makes the first `length` bytes of `path` the directory; an outcome when the
@@ -158,11 +219,17 @@ final class CachedWholeFileReader {
         }
     }
 
-    private func readFile(in directoryFD: Int32, _ name: UnsafePointer<CChar>, maximumSize: Int) -> Outcome {
-        guard case .success(let fd) = Syscall.openCached(at: directoryFD, name, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
-        else { return .elsewhere }
+    /// Reads the file opened as `fd` (without blocking, on a local disk) and closes it.
+    /// With `rootDevice`, a file on another device is not read (the process's root is no
+    /// longer the one asked for), and the root is asked for again by the next call.
+    private func readOpened(_ fd: Int32, maximumSize: Int, rootDevice: UInt64? = nil) -> Outcome {
         defer { _ = Syscall.close(fd) }
-        guard case .success(let info) = Syscall.fstat(fd), FileType.isRegular(info.st_mode),
+        guard case .success(let info) = Syscall.fstat(fd) else { return .elsewhere }
+        if let rootDevice, UInt64(info.st_dev) != rootDevice {
+            Self.rootDevice.store(0, ordering: .relaxed)
+            return .elsewhere
+        }
+        guard FileType.isRegular(info.st_mode),
               info.st_size > 0, info.st_size <= Int64(maximumSize),
               let buffer = BufferRecycler.allocate(Int(info.st_size))
         else { return .elsewhere }
