@@ -98,6 +98,9 @@ final class CachedWholeFileReader {
     /// is not, 0 when not known (yet, or again: a file opened on the root's mount lay on
     /// another device, after a `chroot(2)`).
     private static let rootDevice = Atomic<UInt64>(0)
+    /// Set once `openat2` with `RESOLVE_CACHED` turned out to be missing (a kernel before
+    /// 5.12, or a filter that refuses the call): no call tries it again.
+    private static let cachedLookupsMissing = Atomic<Bool>(false)
 
     /// Opens the file at the absolute `path` (`length` bytes) for reading, without
     /// blocking, when it lies on the same mount as the process's root directory and that
@@ -124,6 +127,9 @@ final class CachedWholeFileReader {
         case .success(let fd):
             openedOnRootMount.add(1, ordering: .relaxed)
             return (fd, root - 2)
+        case .failure(.noFunction), .failure(.invalidArgument):
+            cachedLookupsMissing.store(true, ordering: .relaxed)
+            return nil
         case .failure:
             return nil
         }
@@ -170,7 +176,8 @@ final class CachedWholeFileReader {
     /// it lies on the root directory's mount (``openOnRootMount(_:length:)``), else by its
     /// directory.
     func readAlone(_ path: PlatformPath, maximumSize: Int) -> Outcome {
-        path.withCString { path in
+        guard !Self.cachedLookupsMissing.load(ordering: .relaxed) else { return .unsupported }
+        return path.withCString { path in
             let length = strlen(path)
             if let (fd, root) = Self.openOnRootMount(path, length: length) {
                 return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
@@ -210,6 +217,7 @@ final class CachedWholeFileReader {
             return nil
         case .failure(.noFunction), .failure(.invalidArgument):
             directory = []
+            Self.cachedLookupsMissing.store(true, ordering: .relaxed)
             return .unsupported
         case .failure:
             // Not cached yet (a worker's read of its first file will bring it in), or
