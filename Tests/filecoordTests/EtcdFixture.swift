@@ -15,25 +15,46 @@ final class EtcdServer: Sendable {
     func address(_ prefix: String) -> String { "etcd://\(endpoint)/\(prefix)" }
 
     /// Starts a single-member server, or member `name` of `cluster` (`NAME=http://127.0.0.1:PEER,...`),
-    /// and returns once it serves clients (its log says so).
+    /// and returns once it serves clients (its log says so). Ports chosen here are chosen
+    /// again when another process took one first (a port is free when chosen, and the
+    /// suites start servers in parallel).
     init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil,
          alsoListeningOn extra: String? = nil, tls: TestCertificates? = nil) async throws {
         self.name = name
-        self.clientPort = try clientPort ?? freePort()
-        self.peerPort = try peerPort ?? freePort()
-        // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters make
-        // thousands of writes while other suites use the same disk. What it keeps is thrown
-        // away after the test in any case.
-        scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
-        let port = self.clientPort
+        var attempt = 0
+        while true {
+            attempt += 1
+            let ports = (client: try clientPort ?? freePort(), peer: try peerPort ?? freePort())
+            // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters make
+            // thousands of writes while other suites use the same disk. What it keeps is thrown
+            // away after the test in any case.
+            let scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
+            let process = try Self.start(name: name, ports: ports, cluster: cluster, extra: extra, tls: tls, dataDirectory: scratch.path + "/data")
+            var log: [String] = []
+            for await line in process.lines {
+                if line.contains("serving client traffic") {
+                    (self.clientPort, self.peerPort, self.process, self.scratch) = (ports.client, ports.peer, process, scratch)
+                    return
+                }
+                log = Array((log + [line]).suffix(5))
+            }
+            let (status, errors) = await process.wait()
+            let portTaken = log.contains { $0.contains("address already in use") }
+            if portTaken, clientPort == nil, peerPort == nil, cluster == nil, attempt < 3 { continue }
+            throw EtcdServerFailed(description: "etcd exited (\(status)) before serving: \(errors.suffix(400)) \(log.joined(separator: " | ").suffix(800))")
+        }
+    }
+
+    private static func start(name: String, ports: (client: Int, peer: Int), cluster: String?, extra: String?,
+                              tls: TestCertificates?, dataDirectory: String) throws -> LineProcess {
         let scheme = tls == nil ? "http" : "https"
         var arguments = [
-            "--name", name, "--data-dir", scratch.path + "/data",
-            "--listen-client-urls", "\(scheme)://127.0.0.1:\(self.clientPort)" + (extra.map { ",\(scheme)://\($0):\(port)" } ?? ""),
-            "--advertise-client-urls", "\(scheme)://127.0.0.1:\(self.clientPort)",
-            "--listen-peer-urls", "http://127.0.0.1:\(self.peerPort)",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:\(self.peerPort)",
-            "--initial-cluster", cluster ?? "\(name)=http://127.0.0.1:\(self.peerPort)",
+            "--name", name, "--data-dir", dataDirectory,
+            "--listen-client-urls", "\(scheme)://127.0.0.1:\(ports.client)" + (extra.map { ",\(scheme)://\($0):\(ports.client)" } ?? ""),
+            "--advertise-client-urls", "\(scheme)://127.0.0.1:\(ports.client)",
+            "--listen-peer-urls", "http://127.0.0.1:\(ports.peer)",
+            "--initial-advertise-peer-urls", "http://127.0.0.1:\(ports.peer)",
+            "--initial-cluster", cluster ?? "\(name)=http://127.0.0.1:\(ports.peer)",
             "--initial-cluster-state", "new", "--initial-cluster-token", "filecoord-test",
             "--logger", "zap", "--log-outputs", "stdout",
             // The least bcrypt cost: the authentication test adds a user and checks its
@@ -44,11 +65,7 @@ final class EtcdServer: Sendable {
             arguments += ["--cert-file", tls.serverCertificate, "--key-file", tls.serverKey,
                           "--trusted-ca-file", tls.ca, "--client-cert-auth"]
         }
-        process = try LineProcess(arguments, executable: Self.binary)
-        // Its log's line once the client port serves (zap's wording in etcd 3.4).
-        for await line in process.lines where line.contains("serving client traffic") { return }
-        let (status, errors) = await process.wait()
-        throw EtcdServerFailed(description: "etcd exited (\(status)) before serving: \(errors.suffix(400))")
+        return try LineProcess(arguments, executable: binary)
     }
 
     struct EtcdServerFailed: Error, CustomStringConvertible { var description: String }
