@@ -24,22 +24,28 @@ final class EtcdServer: Sendable {
         var attempt = 0
         while true {
             attempt += 1
-            let ports = (client: try clientPort ?? freePort(), peer: try peerPort ?? freePort())
+            let client = try clientPort ?? freePort()
+            var peer = try peerPort ?? freePort()
+            // Closed once chosen, a port may be chosen again at once.
+            while peerPort == nil, peer == client { peer = try freePort() }
+            let ports = (client: client, peer: peer)
             // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters make
             // thousands of writes while other suites use the same disk. What it keeps is thrown
             // away after the test in any case.
             let scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
             let process = try Self.start(name: name, ports: ports, cluster: cluster, extra: extra, tls: tls, dataDirectory: scratch.path + "/data")
             var log: [String] = []
+            var portTaken = false
             for await line in process.lines {
                 if line.contains("serving client traffic") {
                     (self.clientPort, self.peerPort, self.process, self.scratch) = (ports.client, ports.peer, process, scratch)
                     return
                 }
+                portTaken = portTaken || line.contains("address already in use")
                 log = Array((log + [line]).suffix(5))
             }
             let (status, errors) = await process.wait()
-            let portTaken = log.contains { $0.contains("address already in use") }
+            portTaken = portTaken || errors.contains("address already in use")
             if portTaken, clientPort == nil, peerPort == nil, cluster == nil, attempt < 3 { continue }
             throw EtcdServerFailed(description: "etcd exited (\(status)) before serving: \(errors.suffix(400)) \(log.joined(separator: " | ").suffix(800))")
         }
