@@ -52,11 +52,12 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
 #endif
 }
 
-int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor) {
+int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id) {
     struct statx info;
-    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &info) != 0) return -1;
+    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | 0x1000 /* STATX_MNT_ID */, &info) != 0) return -1;
     *major = info.stx_dev_major;
     *minor = info.stx_dev_minor;
+    *mount_id = (info.stx_mask & 0x1000) ? info.stx_mnt_id : 0;
     return 0;
 }
 

@@ -42,19 +42,19 @@ package enum Syscall {
         return retrying { fc_openat2_cached(dirfd, path, flags, sameMount ? 1 : 0) }
     }
 
-    /// The device (major, minor) holding `fd`'s file, as the kernel has it cached (no
-    /// server asked), or nil. Major 0 is an anonymous device: a network, FUSE, in-memory
-    /// or pseudo file system.
-    package static func deviceCached(_ fd: Int32) -> (major: UInt32, minor: UInt32)? {
+    /// The device (major, minor) holding `fd`'s file, and its mount's ID (0 when the
+    /// kernel does not say), as the kernel has them cached (no server asked), or nil.
+    /// Major 0 is an anonymous device: a network, FUSE, in-memory or pseudo file system.
+    package static func deviceCached(_ fd: Int32) -> (major: UInt32, minor: UInt32, mount: UInt64)? {
         deviceCached(at: fd, "")
     }
 
-    /// The device holding the file at `path` relative to `dirfd`, as ``deviceCached(_:)``.
-    /// The path is looked up as `stat` would: only a path without a step to look up
-    /// (`/`, or an empty one) is answered from the caches alone.
-    package static func deviceCached(at dirfd: Int32, _ path: UnsafePointer<CChar>) -> (major: UInt32, minor: UInt32)? {
-        var major: UInt32 = 0, minor: UInt32 = 0
-        return fc_device_cached(dirfd, path, &major, &minor) == 0 ? (major, minor) : nil
+    /// The same for the file at `path` relative to `dirfd`. The path is looked up as
+    /// `stat` would: only a path without a step to look up (`/`, or an empty one) is
+    /// answered from the caches alone.
+    package static func deviceCached(at dirfd: Int32, _ path: UnsafePointer<CChar>) -> (major: UInt32, minor: UInt32, mount: UInt64)? {
+        var major: UInt32 = 0, minor: UInt32 = 0, mount: UInt64 = 0
+        return fc_device_cached(dirfd, path, &major, &minor, &mount) == 0 ? (major, minor, mount) : nil
     }
 
     package static func close(_ fd: Int32) -> Result<Void, Errno> {

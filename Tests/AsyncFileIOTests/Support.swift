@@ -95,35 +95,48 @@ let localDiskBase: String? = {
     }
 }()
 
-/// Whether `path` (just used: its lookups are cached) lies on the root directory's mount,
-/// with no mount point between (`RESOLVE_NO_XDEV` from `/`).
+/// Whether `path` lies on the root directory's mount: the mount whose point is the
+/// longest prefix of its real path, in `/proc/self/mountinfo`, is `/`'s.
 func onRootMount(_ path: FilePath) -> Bool {
-    let fd = path.withPlatformString { fc_openat2_cached(fc_AT_FDCWD, $0, fc_O_PATH, 1) }
-    guard fd >= 0 else { return false }
-    close(fd)
-    return true
+    guard let real = realpath(path.string, nil) else { return false }
+    defer { free(real) }
+    let resolved = String(cString: real)
+    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+    let points = table.split(separator: "\n").compactMap { line -> String? in
+        let fields = line.split(separator: " ")
+        return fields.count > 4 ? String(fields[4]) : nil
+    }
+    let longest = points.filter { point in
+        point == "/" || resolved == point || resolved.hasPrefix(point + "/")
+    }.max { $0.count < $1.count }
+    return longest == "/"
 }
 
-/// Runs `mount` (or `umount`) with `arguments`, waiting for it; throws when it fails.
-func runMount(_ arguments: [String], umount: Bool = false) throws {
+/// Runs `mount` (or `umount`) with `arguments` and waits for it without holding a thread;
+/// throws when it fails.
+func runMount(_ arguments: [String], umount: Bool = false) async throws {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: umount ? "/bin/umount" : "/bin/mount")
     process.arguments = arguments
-    try process.run()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0 else {
+    let status: Int32 = try await withCheckedThrowingContinuation { continuation in
+        process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
+        do { try process.run() } catch { continuation.resume(throwing: error) }
+    }
+    guard status == 0 else {
         throw FileCoordinationError(code: .invalidArgument, path: FilePath(arguments.last ?? ""), operation: umount ? "umount" : "mount",
-                                    message: "exited with \(process.terminationStatus)")
+                                    message: "exited with \(status)")
     }
 }
 
-/// Whether this process may bind-mount (root, with the capability): a directory is
-/// mounted on itself and unmounted again.
+/// Whether this process may mount: `mount` is there and the process has
+/// `CAP_SYS_ADMIN` (bit 21 of `CapEff` in `/proc/self/status`).
 let canBindMount: Bool = {
-    guard geteuid() == 0, let base = localDiskBase else { return false }
-    let probe = TemporaryDirectory("mount-probe", under: base)
-    guard (try? runMount(["--bind", probe.path.string, probe.path.string])) != nil else { return false }
-    return (try? runMount([probe.path.string], umount: true)) != nil
+    guard FileManager.default.isExecutableFile(atPath: "/bin/mount"),
+          let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("CapEff:") }),
+          let mask = UInt64(line.dropFirst("CapEff:".count).trimmingCharacters(in: .whitespaces), radix: 16)
+    else { return false }
+    return mask & (1 << 21) != 0
 }()
 
 /// Odd inputs for a read that may run on the caller's thread, most of which it leaves to

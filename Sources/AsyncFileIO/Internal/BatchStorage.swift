@@ -217,7 +217,7 @@ final class BatchStorage: Sendable {
                 unread.append(index)
                 continue
             }
-            switch reader.readAlone(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
+            switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
             case .read(let data):
                 largest = max(largest, data.count)
                 read += data.count

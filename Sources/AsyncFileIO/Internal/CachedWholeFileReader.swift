@@ -11,15 +11,16 @@ import Glibc
 /// a server or a daemon: the same non-blocking first attempt that io_uring makes before
 /// it hands an open or a read to a worker, so a caller may read without a thread hop.
 ///
-/// - The file's directory is looked up from the kernel's lookup cache alone (`openat2`
-///   with `RESOLVE_CACHED`, an `O_PATH` descriptor: no file system open runs), and only a
-///   directory on a local disk's file system (ext4, XFS and a few more, by the type
-///   `/proc/self/mountinfo` gives its device) is read from. Network, FUSE and in-memory
-///   file systems are not: their opens may ask a server or a daemon.
-/// - The file is opened from the lookup cache alone, within that directory's mount
-///   (`RESOLVE_NO_XDEV`: nothing mounted over it, and a link that leads out of the mount
-///   fails) and without blocking (`O_NONBLOCK`: a FIFO or a lease does not hold it up);
-///   only a non-empty regular file within the size limit is read.
+/// - A file on a local disk's file system (ext4, XFS and a few more, by the type
+///   `/proc/self/mountinfo` gives its device) is opened; network, FUSE and in-memory file
+///   systems are not: their opens may ask a server or a daemon. When the root directory
+///   is on such a disk, an absolute path is opened in one call from the kernel's lookup
+///   cache alone (`openat2` with `RESOLVE_CACHED`), within the root's mount
+///   (`RESOLVE_NO_XDEV`). Any other path is opened through its directory: the directory
+///   looked up from the cache alone (an `O_PATH` descriptor: no file system open runs)
+///   and checked, the file opened from the cache alone within the directory's mount.
+///   Each open is made without blocking (`O_NONBLOCK`: a FIFO or a lease does not hold it
+///   up), and only a non-empty regular file within the size limit is read.
 /// - Its bytes are copied from the page cache alone (`preadv2(RWF_NOWAIT)`).
 ///
 /// Anything else is ``Outcome/elsewhere``: a worker reads the file as every file is read
@@ -78,7 +79,7 @@ final class CachedWholeFileReader {
     /// (read again when a device is new: memory only, no file system's call).
     static func isOnLocalDisk(_ fd: Int32) -> Bool {
         guard let device = Syscall.deviceCached(fd) else { return false }
-        return isLocalDisk(device)
+        return isLocalDisk((device.major, device.minor))
     }
 
     private static func isLocalDisk(_ device: (major: UInt32, minor: UInt32)) -> Bool {
@@ -92,47 +93,48 @@ final class CachedWholeFileReader {
     }
 
     private static let openedOnRootMount = Atomic<Int>(0)
-    /// Files opened by ``openOnRootMount(_:length:)`` so far (for tests).
+    /// Files opened by ``openOnRootMount(_:)`` so far (for tests).
     static var filesOpenedOnRootMount: Int { openedOnRootMount.load(ordering: .relaxed) }
-    /// The root directory's device (`dev_t`) plus 2 while it is a local disk's, 1 when it
-    /// is not, 0 when not known (yet, or again: a file opened on the root's mount lay on
-    /// another device, after a `chroot(2)`).
-    private static let rootDevice = Atomic<UInt64>(0)
     /// Set once `openat2` with `RESOLVE_CACHED` turned out to be missing (a kernel before
     /// 5.12, or a filter that refuses the call): no call tries it again.
     private static let cachedLookupsMissing = Atomic<Bool>(false)
+    /// The directory (NUL-terminated) last found on another mount than the root's: its
+    /// files go through it without trying the one call first.
+    private static let offRootDirectory = Locked<[CChar]>([])
 
-    /// Opens the file at the absolute `path` (`length` bytes) for reading, without
-    /// blocking, when it lies on the same mount as the process's root directory and that
-    /// mount is a local disk's: the descriptor and the root's device, which the caller
-    /// checks against the file's (``readOpened(_:maximumSize:rootDevice:)``); else nil.
-    /// One lookup from the cache (`RESOLVE_NO_XDEV`: a path into any other mount fails, a
-    /// mount made over a directory on the way included) instead of the directory's open,
-    /// check and close. No descriptor is kept (one would hold its file system busy, and an
-    /// unmount would fail), and the lookup starts from the process's root as it is now.
-    static func openOnRootMount(_ path: UnsafePointer<CChar>, length: Int) -> (fd: Int32, rootDevice: UInt64)? {
-        guard length > 1, path[0] == CChar(UInt8(ascii: "/")) else { return nil }
-        var root = rootDevice.load(ordering: .relaxed)
-        if root == 0 {
-            // A statx of `/` looks nothing up, but costs as much as the open: asked once.
-            if let device = Syscall.deviceCached(at: fc_AT_FDCWD, "/"), isLocalDisk(device) {
-                root = fc_device_number(device.major, device.minor) + 2
-            } else {
-                root = 1
-            }
-            rootDevice.store(root, ordering: .relaxed)
-        }
-        guard root >= 2 else { return nil }
-        switch Syscall.openCached(at: fc_AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true) {
-        case .success(let fd):
-            openedOnRootMount.add(1, ordering: .relaxed)
-            return (fd, root - 2)
-        case .failure(.noFunction), .failure(.invalidArgument):
-            cachedLookupsMissing.store(true, ordering: .relaxed)
-            return nil
-        case .failure:
-            return nil
-        }
+    /// Whether a file is known to lie in a directory off the root's mount (for tests).
+    static func isKnownOffRoot(_ path: FilePath) -> Bool {
+        let directory = path.removingLastComponent().withPlatformString { Array(UnsafeBufferPointer(start: $0, count: strlen($0) + 1)) }
+        return offRootDirectory.withLock { $0 == directory }
+    }
+
+    enum RootMountOpen {
+        /// Opened; the root's device, which the file must lie on too.
+        case opened(Int32, rootDevice: UInt64)
+        /// Not opened here (the root is not a local disk's, the path leads into another
+        /// mount, is not cached or not there, or an error): the caller tries its directory.
+        /// The root's mount, when the root is a local disk's.
+        case no(rootMount: UInt64?)
+    }
+
+    /// Opens the file at the absolute `path` for reading, without blocking, when it lies on
+    /// the same mount as the process's root directory and that mount is a local disk's. One
+    /// lookup from the cache (`RESOLVE_NO_XDEV`: a path into any other mount fails, a mount
+    /// made over a directory on the way included) instead of the directory's open, check
+    /// and close. The root's device is asked for each time (a `statx` of `/` looks
+    /// nothing up), before the open, so the open follows the root of the calling thread as
+    /// it is then (after a `chroot(2)` too); no descriptor is kept, which would hold its
+    /// file system busy (an unmount would fail).
+    static func openOnRootMount(_ path: UnsafePointer<CChar>) -> RootMountOpen {
+        guard path[0] == CChar(UInt8(ascii: "/")),
+              let root = Syscall.deviceCached(at: fc_AT_FDCWD, "/"), isLocalDisk((root.major, root.minor))
+        else { return .no(rootMount: nil) }
+        // (A path into another mount fails with EAGAIN, as one not cached does: the
+        // lookup from the cache stops at the mount point.)
+        guard case .success(let fd) = Syscall.openCached(at: fc_AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
+        else { return .no(rootMount: root.mount) }
+        openedOnRootMount.add(1, ordering: .relaxed)
+        return .opened(fd, rootDevice: fc_device_number(root.major, root.minor))
     }
 
     /// Each mount's device in `/proc/self/mountinfo`, and whether its type is a local
@@ -167,49 +169,61 @@ final class CachedWholeFileReader {
         directory = []
     }
 
-    /// Reads the file at `path` (a batch's next file: its directory is kept for the next).
+    /// Reads the file at `path` through its directory, which is kept for the next file (a
+    /// batch's: the directory's open, check and close are made once for a run of its files).
     func read(_ path: PlatformPath, maximumSize: Int) -> Outcome {
-        path.withCString { read($0, length: strlen($0), maximumSize: maximumSize) }
+        read(path, maximumSize: maximumSize, alone: false)
     }
 
-    /// Reads the file at `path` alone (`Data(asyncContentsOf:)`): opened in one call when
-    /// it lies on the root directory's mount (``openOnRootMount(_:length:)``), else by its
+    /// Reads the file at `path` alone (`Data(asyncContentsOf:)`): opened in one call when it
+    /// lies on the root directory's mount (``openOnRootMount(_:)``), else through its
     /// directory.
     func readAlone(_ path: PlatformPath, maximumSize: Int) -> Outcome {
+        read(path, maximumSize: maximumSize, alone: true)
+    }
+
+    private func read(_ path: PlatformPath, maximumSize: Int, alone: Bool) -> Outcome {
         guard !Self.cachedLookupsMissing.load(ordering: .relaxed) else { return .unsupported }
         return path.withCString { path in
             let length = strlen(path)
-            if let (fd, root) = Self.openOnRootMount(path, length: length) {
-                return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
+            // A name without a directory, or a path ending in a slash, goes to a worker.
+            guard let found = strrchr(path, Int32(UInt8(ascii: "/"))) else { return .elsewhere }
+            let slash = UnsafePointer(found) - path
+            guard slash + 1 < length else { return .elsewhere }
+            // (The root's files: the directory is "/".)
+            let directoryLength = max(slash, 1)
+            func isDirectory(_ known: [CChar]) -> Bool {
+                known.count == directoryLength + 1 && memcmp(known, path, directoryLength) == 0
             }
-            return read(path, length: length, maximumSize: maximumSize)
+            var rootMount: UInt64?
+            if alone, !Self.offRootDirectory.withLock({ isDirectory($0) }) {
+                switch Self.openOnRootMount(path) {
+                case .opened(let fd, let root): return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
+                case .no(let mount): rootMount = mount
+                }
+            }
+            if !isDirectory(directory), let outcome = lookUp(path, directoryLength, rootMount: rootMount) { return outcome }
+            guard let directoryFD else { return .elsewhere }
+            guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
+            else { return .elsewhere }
+            return readOpened(fd, maximumSize: maximumSize)
         }
-    }
-
-    private func read(_ path: UnsafePointer<CChar>, length: Int, maximumSize: Int) -> Outcome {
-        // A name without a directory, or a path ending in a slash, goes to a worker.
-        guard let found = strrchr(path, Int32(UInt8(ascii: "/"))) else { return .elsewhere }
-        let slash = UnsafePointer(found) - path
-        guard slash + 1 < length else { return .elsewhere }
-        // (The root's files: the directory is "/".)
-        let directoryLength = max(slash, 1)
-        if directory.count != directoryLength + 1 || memcmp(directory, path, directoryLength) != 0 {
-            if let outcome = lookUp(path, directoryLength) { return outcome }
-        }
-        guard let directoryFD else { return .elsewhere }
-        guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
-        else { return .elsewhere }
-        return readOpened(fd, maximumSize: maximumSize)
     }
 
     /// Makes the first `length` bytes of `path` the directory; an outcome when the
     /// file cannot be read here on that account.
-    private func lookUp(_ path: UnsafePointer<CChar>, _ length: Int) -> Outcome? {
+    /// With `rootMount` (the root's mount, a local disk's), a directory on another mount
+    /// becomes ``offRootDirectory``.
+    private func lookUp(_ path: UnsafePointer<CChar>, _ length: Int, rootMount: UInt64? = nil) -> Outcome? {
         close()
         directory = Array(UnsafeBufferPointer(start: path, count: length)) + [0]
         switch Syscall.openCached(at: fc_AT_FDCWD, directory, fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
         case .success(let fd):
-            if Self.isOnLocalDisk(fd) {
+            let device = Syscall.deviceCached(fd)
+            if let device, let rootMount, rootMount != 0, device.mount != rootMount {
+                Self.offRootDirectory.withLock { $0 = directory }
+            }
+            if let device, Self.isLocalDisk((device.major, device.minor)) {
                 directoryFD = fd
             } else {
                 _ = Syscall.close(fd)
@@ -228,16 +242,12 @@ final class CachedWholeFileReader {
     }
 
     /// Reads the file opened as `fd` (without blocking, on a local disk) and closes it.
-    /// With `rootDevice`, a file on another device is not read (the process's root is no
-    /// longer the one asked for), and the root is asked for again by the next call.
+    /// With `rootDevice`, a file on another device is not read: the root changed between
+    /// its `statx` and the open.
     private func readOpened(_ fd: Int32, maximumSize: Int, rootDevice: UInt64? = nil) -> Outcome {
         defer { _ = Syscall.close(fd) }
-        guard case .success(let info) = Syscall.fstat(fd) else { return .elsewhere }
-        if let rootDevice, UInt64(info.st_dev) != rootDevice {
-            Self.rootDevice.store(0, ordering: .relaxed)
-            return .elsewhere
-        }
-        guard FileType.isRegular(info.st_mode),
+        guard case .success(let info) = Syscall.fstat(fd), rootDevice == nil || UInt64(info.st_dev) == rootDevice,
+              FileType.isRegular(info.st_mode),
               info.st_size > 0, info.st_size <= Int64(maximumSize),
               let buffer = BufferRecycler.allocate(Int(info.st_size))
         else { return .elsewhere }

@@ -22,10 +22,11 @@ ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset);
 /// O_CLOEXEC is added. -1/ENOSYS on kernels without openat2 (before 5.6; RESOLVE_CACHED
 /// needs 5.12 and fails with EINVAL before).
 int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
-/// The device (major, minor) holding the file at path relative to dirfd (an empty path:
-/// dirfd's own file), from what the kernel has cached (statx with AT_STATX_DONT_SYNC: no
-/// server is asked). 0, or -1 with errno set.
-int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor);
+/// The device (major, minor) and the mount (its ID; 0 when the kernel does not say)
+/// holding the file at path relative to dirfd (an empty path: dirfd's own file), from
+/// what the kernel has cached (statx with AT_STATX_DONT_SYNC: no server is asked). 0, or
+/// -1 with errno set.
+int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id);
 /// The device number (dev_t, as stat's st_dev) of a major and minor.
 uint64_t fc_device_number(unsigned int major, unsigned int minor);
 /// This thread's own two words (when its run of reads without a yield began, and its
