@@ -92,9 +92,6 @@ final class CachedWholeFileReader {
         return found[key] ?? false
     }
 
-    private static let openedOnRootMount = Atomic<Int>(0)
-    /// Files opened by ``openOnRootMount(_:)`` so far (for tests).
-    static var filesOpenedOnRootMount: Int { openedOnRootMount.load(ordering: .relaxed) }
     /// Set once `openat2` with `RESOLVE_CACHED` turned out to be missing (a kernel before
     /// 5.12, or a filter that refuses the call): no call tries it again.
     private static let cachedLookupsMissing = Atomic<Bool>(false)
@@ -133,7 +130,6 @@ final class CachedWholeFileReader {
         // lookup from the cache stops at the mount point.)
         guard case .success(let fd) = Syscall.openCached(at: fc_AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
         else { return .no(rootMount: root.mount) }
-        openedOnRootMount.add(1, ordering: .relaxed)
         return .opened(fd, rootDevice: fc_device_number(root.major, root.minor))
     }
 
@@ -211,9 +207,8 @@ final class CachedWholeFileReader {
     }
 
     /// Makes the first `length` bytes of `path` the directory; an outcome when the
-    /// file cannot be read here on that account.
-    /// With `rootMount` (the root's mount, a local disk's), a directory on another mount
-    /// becomes ``offRootDirectory``.
+    /// file cannot be read here on that account. With `rootMount` (the root's mount, a
+    /// local disk's), a directory on another mount becomes ``offRootDirectory``.
     private func lookUp(_ path: UnsafePointer<CChar>, _ length: Int, rootMount: UInt64? = nil) -> Outcome? {
         close()
         directory = Array(UnsafeBufferPointer(start: path, count: length)) + [0]
