@@ -118,10 +118,12 @@ final class CachedWholeFileReader {
     /// the same mount as the process's root directory and that mount is a local disk's. One
     /// lookup from the cache (`RESOLVE_NO_XDEV`: a path into any other mount fails, a mount
     /// made over a directory on the way included) instead of the directory's open, check
-    /// and close. The root's device is asked for each time (a `statx` of `/` looks
-    /// nothing up), before the open, so the open follows the root of the calling thread as
-    /// it is then (after a `chroot(2)` too); no descriptor is kept, which would hold its
-    /// file system busy (an unmount would fail).
+    /// and close. The root's device is asked for each time (a `statx` of `/`, a walk of no
+    /// component, which still ends in the root file system's weak revalidation: a 9p root
+    /// in a cached mode may ask its server there), before the open, so the open follows
+    /// the root of the calling thread as it is then (after a `chroot(2)` too, though one
+    /// made between the `statx` and the open is seen only after the open); no descriptor
+    /// is kept, which would hold its file system busy (an unmount would fail).
     static func openOnRootMount(_ path: UnsafePointer<CChar>) -> RootMountOpen {
         guard path[0] == CChar(UInt8(ascii: "/")),
               let root = Syscall.deviceCached(at: fc_AT_FDCWD, "/"), isLocalDisk((root.major, root.minor))
@@ -238,7 +240,7 @@ final class CachedWholeFileReader {
 
     /// Reads the file opened as `fd` (without blocking, on a local disk) and closes it.
     /// With `rootDevice`, a file on another device is not read: the root changed between
-    /// its `statx` and the open.
+    /// its `statx` and the open (the open has run by then).
     private func readOpened(_ fd: Int32, maximumSize: Int, rootDevice: UInt64? = nil) -> Outcome {
         defer { _ = Syscall.close(fd) }
         guard case .success(let info) = Syscall.fstat(fd), rootDevice == nil || UInt64(info.st_dev) == rootDevice,
