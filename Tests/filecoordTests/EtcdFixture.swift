@@ -24,10 +24,10 @@ final class EtcdServer: Sendable {
         var attempt = 0
         while true {
             attempt += 1
-            let client = try clientPort ?? freePort()
-            var peer = try peerPort ?? freePort()
-            // Closed once chosen, a port may be chosen again at once.
-            while peerPort == nil, peer == client { peer = try freePort() }
+            let chosen = try freePorts(3)
+            let client = clientPort ?? chosen[0]
+            // (A port given may be one just chosen: closed once chosen, it is free again.)
+            let peer = peerPort ?? (chosen[1] == client ? chosen[2] : chosen[1])
             let ports = (client: client, peer: peer)
             // Its data in memory (tmpfs): etcd syncs every write to disk, and the counters make
             // thousands of writes while other suites use the same disk. What it keeps is thrown
@@ -85,23 +85,34 @@ final class EtcdServer: Sendable {
     }
 }
 
-/// A TCP port on loopback that nothing listens on now (the kernel's choice). The socket
-/// is close-on-exec, as every descriptor a test opens must be: the suites run in
-/// parallel, and a descriptor open when another test starts a process would be
-/// inherited by it (the descriptor-exhaustion tests count every one).
-func freePort() throws -> Int {
-    let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    defer { close(socket) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socket, $0, length) == 0 && getsockname(socket, $0, &length) == 0 }
+/// TCP ports on loopback that nothing listens on now (the kernel's choice), `count`
+/// different ones: each stays bound until all are chosen. The sockets are close-on-exec,
+/// as every descriptor a test opens must be: the suites run in parallel, and a descriptor
+/// open when another test starts a process would be inherited by it (the
+/// descriptor-exhaustion tests count every one).
+func freePorts(_ count: Int) throws -> [Int] {
+    var sockets: [Int32] = []
+    defer { sockets.forEach { close($0) } }
+    return try (0 ..< count).map { _ in
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard socket >= 0 else { throw POSIXError(.EMFILE) }
+        sockets.append(socket)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socket, $0, length) == 0 && getsockname(socket, $0, &length) == 0 }
+        }
+        guard bound else { throw POSIXError(.EADDRINUSE) }
+        return Int(UInt16(bigEndian: address.sin_port))
     }
-    guard bound else { throw POSIXError(.EADDRINUSE) }
-    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// One such port.
+func freePort() throws -> Int {
+    try freePorts(1)[0]
 }
 
 /// Hosts sharing one volume, on one machine: a shared directory bind-mounted at a root of

@@ -335,8 +335,8 @@ struct EtcdSpaceTests {
           .timeLimit(.minutes(3)))
     func leaderKilledDuringIncrements() async throws {
         let names = ["m0", "m1", "m2"]
-        let peers = try names.map { _ in try freePort() }
-        let clients = try names.map { _ in try freePort() }
+        let ports = try freePorts(2 * names.count)
+        let (peers, clients) = (Array(ports.prefix(names.count)), Array(ports.suffix(names.count)))
         let cluster = zip(names, peers).map { "\($0)=http://127.0.0.1:\($1)" }.joined(separator: ",")
         // A member serves clients once the cluster has a quorum: all three start together.
         let members = try await withThrowingTaskGroup(of: EtcdServer.self) { group in
