@@ -52,12 +52,16 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
 #endif
 }
 
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x1000U /* <linux/stat.h>, Linux 5.8 */
+#endif
+
 int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id) {
     struct statx info;
-    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | 0x1000 /* STATX_MNT_ID */, &info) != 0) return -1;
+    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_MNT_ID, &info) != 0) return -1;
     *major = info.stx_dev_major;
     *minor = info.stx_dev_minor;
-    *mount_id = (info.stx_mask & 0x1000) ? info.stx_mnt_id : 0;
+    *mount_id = (info.stx_mask & STATX_MNT_ID) ? info.stx_mnt_id : 0;
     return 0;
 }
 
@@ -66,7 +70,7 @@ uint64_t fc_device_number(unsigned int major, unsigned int minor) {
 }
 
 uint64_t *fc_thread_read_run(void) {
-    static __thread uint64_t run[2];
+    static __thread uint64_t run[3];
     return run;
 }
 

@@ -9,9 +9,10 @@ import Musl
 /// Typed wrappers over the blocking system calls the library makes. Each retries
 /// `EINTR` and returns the errno instead of setting a global. Every call here may
 /// block, so callers run them on threads the library owns (``IOThreadPool``), never on
-/// the Swift cooperative pool; the exceptions are ``preadNoWait``, ``openCached(at:_:_:sameMount:)``
-/// and ``deviceCached(_:)``, whose lookups are answered from the kernel's caches (or fail),
-/// for callers that know what else the call does on the file system at hand.
+/// the Swift cooperative pool; the exceptions are ``preadNoWait``, ``openCached(at:_:_:sameMount:)``,
+/// ``deviceCached(_:)`` and ``rootDeviceCached()``, whose lookups are answered from the
+/// kernel's caches (or fail), for callers that know what else the call does on the file
+/// system at hand.
 package enum Syscall {
     @inline(__always)
     package static func retrying<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {
@@ -34,7 +35,8 @@ package enum Syscall {
 
     /// `openat2` that resolves `path` from the kernel's lookup cache alone: `EAGAIN`
     /// instead of reading a directory from a device or asking a server. With
-    /// `sameMount`, a path that crosses a mount point fails with `EXDEV`. The file
+    /// `sameMount`, a path that crosses a mount point fails (with `EAGAIN` too: the
+    /// lookup from the cache stops at the mount point before `EXDEV` is decided). The file
     /// system's own open still runs: only callers that know the mount is a local disk's
     /// (``deviceCached(_:)``) may call this where a thread must not block.
     package static func openCached(at dirfd: Int32, _ path: UnsafePointer<CChar>, _ flags: Int32, sameMount: Bool) -> Result<Int32, Errno> {
@@ -42,19 +44,24 @@ package enum Syscall {
         return retrying { fc_openat2_cached(dirfd, path, flags, sameMount ? 1 : 0) }
     }
 
-    /// The device (major, minor) holding `fd`'s file, and its mount's ID (0 when the
-    /// kernel does not say), as the kernel has them cached (no server asked), or nil.
-    /// Major 0 is an anonymous device: a network, FUSE, in-memory or pseudo file system.
-    package static func deviceCached(_ fd: Int32) -> (major: UInt32, minor: UInt32, mount: UInt64)? {
+    /// The device (major, minor) holding `fd`'s file, and its mount, as the kernel has them
+    /// cached (no server asked), or nil. An `fstat`-like call on the descriptor itself: no
+    /// lookup runs.
+    package static func deviceCached(_ fd: Int32) -> CachedDevice? {
         deviceCached(at: fd, "")
     }
 
-    /// The same for the file at `path` relative to `dirfd`. The path is looked up as
-    /// `stat` would: only a path without a step to look up (`/`, or an empty one) is
-    /// answered from the caches alone.
-    package static func deviceCached(at dirfd: Int32, _ path: UnsafePointer<CChar>) -> (major: UInt32, minor: UInt32, mount: UInt64)? {
+    /// The same for the calling thread's root directory (a `statx` of `/`). Its walk has no
+    /// step, but ends in the root file system's weak revalidation, which a network file
+    /// system may answer by asking its server (9p in a cached mode does): only a caller that
+    /// knows the root is a local disk's may call this where a thread must not block.
+    package static func rootDeviceCached() -> CachedDevice? {
+        deviceCached(at: fc_AT_FDCWD, "/")
+    }
+
+    private static func deviceCached(at dirfd: Int32, _ path: UnsafePointer<CChar>) -> CachedDevice? {
         var major: UInt32 = 0, minor: UInt32 = 0, mount: UInt64 = 0
-        return fc_device_cached(dirfd, path, &major, &minor, &mount) == 0 ? (major, minor, mount) : nil
+        return fc_device_cached(dirfd, path, &major, &minor, &mount) == 0 ? CachedDevice(major: major, minor: minor, mount: mount) : nil
     }
 
     package static func close(_ fd: Int32) -> Result<Void, Errno> {
@@ -201,4 +208,19 @@ package enum Syscall {
         var conflicting: Int16 = fc_F_UNLCK
         return retrying { fc_ofd_getlock(fd, type, start, length, &conflicting) }.map { _ in conflicting }
     }
+}
+
+/// A device and a mount as ``Syscall/deviceCached(_:)`` reports them.
+package struct CachedDevice: Sendable, Equatable {
+    package var major: UInt32
+    package var minor: UInt32
+    /// The mount's ID; 0 when the kernel does not say (before Linux 5.8).
+    package var mount: UInt64
+
+    /// The device number, as `stat`'s `st_dev` has it.
+    package var number: UInt64 { fc_device_number(major, minor) }
+
+    /// Whether it is an anonymous device (major 0): a network, FUSE, in-memory or pseudo
+    /// file system's.
+    package var isAnonymous: Bool { major == 0 }
 }

@@ -1,14 +1,36 @@
 import Foundation
 import SystemPackage
 import Testing
-@testable import AsyncFileIO
+@_spi(FileCoordinationInternal) @testable import AsyncFileIO
 import TestSupport
 
-/// Whether `path` opens in one call (``CachedWholeFileReader/openOnRootMount(_:)``).
+/// A verdict on the root found at once, on the caller's thread (tests may block).
+let settledVerdict: RootVerdict = {
+    let verdict = RootVerdict { $0() }
+    _ = verdict.localRoot()
+    return verdict
+}()
+
+/// Whether `path` opens in one call (``CachedWholeFileReader/openOnRootMount(_:verdict:)``).
+/// Tried a few times: while any mount is made (by a test running alongside), a lookup
+/// from the cache fails as a file not cached does.
 func opensInOneCall(_ path: FilePath) -> Bool {
-    guard case .opened(let fd, _) = path.withPlatformString({ CachedWholeFileReader.openOnRootMount($0) }) else { return false }
-    close(fd)
-    return true
+    for _ in 0 ..< 20 {
+        if case .opened(let fd, _) = path.withPlatformString({ CachedWholeFileReader.openOnRootMount($0, verdict: settledVerdict) }) {
+            close(fd)
+            return true
+        }
+    }
+    return false
+}
+
+/// Reads `path` alone with `reader` until it is opened on this thread (a few tries, for
+/// the same reason); the outcome's bytes.
+func readAlone(_ path: FilePath, with reader: CachedWholeFileReader) -> Data? {
+    for _ in 0 ..< 20 {
+        if case .read(let data) = reader.readAlone(PlatformPath(path), maximumSize: 1 << 20) { return data }
+    }
+    return nil
 }
 
 @Suite("Data async read and write")
@@ -36,10 +58,43 @@ struct DataAsyncTests {
         let paths = files + roundabout + (try oddInputs(in: directory, elsewhere: elsewhere, linkTo: files[3], overLimit: 9500, nextTo: files[5]))
         await Self.readsAsAlone(paths, maximumSize: 9000)
         await Self.readsAsAlone(paths, maximumSize: 9000, isolation: MainActor.shared)
-        // On the root directory's mount, each opens in one call.
+        // On the root directory's mount, each opens in one call, `Data(asyncContentsOf:)`'s
+        // own read on the main thread included.
+        let oneCall = rootIsLocalDisk && onRootMount(directory.path)
         for path in [files[0], roundabout[0]] {
-            #expect(opensInOneCall(path) == onRootMount(directory.path), "\(path)")
+            #expect(opensInOneCall(path) == oneCall, "\(path)")
         }
+        let (data, opened) = try await Self.countingOneCallOpens { try await Data(asyncContentsOf: files[1]) }
+        #expect(data == (try Data(contentsOf: URL(fileURLWithPath: files[1].string))))
+        #expect(oneCall ? opened > 0 : opened == 0, "\(opened) of 20 reads opened in one call")
+    }
+
+    /// Runs `read` 20 times on the main actor (a concurrent mount may keep one from being
+    /// read there), and counts the main thread's files opened in one call meanwhile.
+    @MainActor
+    static func countingOneCallOpens(_ read: @MainActor () async throws -> Data) async throws -> (Data, UInt64) {
+        let before = CachedWholeFileReader.oneCallOpensOnThisThread
+        var data = Data()
+        for _ in 0 ..< 20 { data = try await read() }
+        return (data, CachedWholeFileReader.oneCallOpensOnThisThread - before)
+    }
+
+    @Test("the root's file system is first asked for on an I/O thread; until then files open through their directories",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
+    func rootVerdictFromWorker() async throws {
+        let directory = TemporaryDirectory("verdict", under: localDiskBase!)
+        let file = try directory.make("f", pattern(300))
+        let submitted = Locked<[@Sendable () -> Void]>([])
+        let reader = CachedWholeFileReader(verdict: RootVerdict { work in submitted.withLock { $0.append(work) } })
+        for _ in 0 ..< 3 {
+            #expect(readAlone(file, with: reader) == pattern(300))
+            #expect(reader.lastWay == .directory)
+        }
+        let work = submitted.withLock { $0 }
+        try #require(work.count == 1, "one question, asked once")
+        try await runOnIOThread { work[0]() }
+        #expect(readAlone(file, with: reader) == pattern(300))
+        #expect(reader.lastWay == (rootIsLocalDisk && onRootMount(directory.path) ? .oneCall : .directory))
     }
 
     @Test("a file on another mount than the root's is not opened in one call, even one mounted after reads",
@@ -64,10 +119,13 @@ struct DataAsyncTests {
             try await mount(["--bind", base.path.string, base.path.string])
             try await runMount(["--make-private", base.path.string])
 
-            // The same disk, mounted again: another mount all the same, remembered.
+            // The same disk, mounted again: another mount all the same, found so.
+            let reader = CachedWholeFileReader(verdict: settledVerdict)
+            #expect(readAlone(point.appending("f"), with: reader) == Data("from d".utf8))
+            #expect(reader.lastWay == .directory)
+            #expect(reader.foundOffRoot == rootIsLocalDisk)
             #expect(try await read("f") == "from d")
             #expect(!opensInOneCall(point.appending("f")))
-            #expect(CachedWholeFileReader.isKnownOffRoot(point.appending("f")))
             try await mount(["--bind", base.file("a").string, point.string])
             #expect(!opensInOneCall(point.appending("f")))
             #expect(try await read("f") == "from a")

@@ -1,6 +1,7 @@
 import CFileCoordinationShims
 import Foundation
 import SystemPackage
+import SystemCalls
 import Testing
 @testable import AsyncFileIO
 import TestSupport
@@ -91,8 +92,17 @@ let localDiskBase: String? = {
         let fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        return CachedWholeFileReader.isOnLocalDisk(fd)
+        return Syscall.deviceCached(fd).map(CachedWholeFileReader.isLocalDisk) ?? false
     }
+}()
+
+/// Whether the root directory's mount (the last mounted on `/` in `/proc/self/mountinfo`)
+/// has a local disk's file system type.
+let rootIsLocalDisk: Bool = {
+    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+    let root = table.split(separator: "\n").map { $0.split(separator: " ") }.last { fields in fields.count > 4 && fields[4] == "/" }
+    guard let root, let dash = root.firstIndex(of: "-"), dash + 1 < root.count else { return false }
+    return ["ext2", "ext3", "ext4", "xfs", "f2fs", "jfs"].contains(String(root[dash + 1]))
 }()
 
 /// Whether `path` lies on the root directory's mount: the mount whose point is the
@@ -128,15 +138,17 @@ func runMount(_ arguments: [String], umount: Bool = false) async throws {
     }
 }
 
-/// Whether this process may mount: `mount` is there and the process has
-/// `CAP_SYS_ADMIN` (bit 21 of `CapEff` in `/proc/self/status`).
+/// Whether this process may mount: `mount` is there and a bind mount of a fresh
+/// directory on itself succeeds (a capability alone does not say what a security module
+/// allows).
 let canBindMount: Bool = {
-    guard FileManager.default.isExecutableFile(atPath: "/bin/mount"),
-          let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
-          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("CapEff:") }),
-          let mask = UInt64(line.dropFirst("CapEff:".count).trimmingCharacters(in: .whitespaces), radix: 16)
-    else { return false }
-    return mask & (1 << 21) != 0
+    guard FileManager.default.isExecutableFile(atPath: "/bin/mount") else { return false }
+    let directory = TemporaryDirectory("can-mount")
+    return directory.path.withPlatformString { point in
+        guard mount(point, point, nil, UInt(MS_BIND), nil) == 0 else { return false }
+        umount2(point, Int32(MNT_DETACH))
+        return true
+    }
 }()
 
 /// Odd inputs for a read that may run on the caller's thread, most of which it leaves to

@@ -7,16 +7,17 @@ import SystemPackage
 import Glibc
 #endif
 
-/// Reads a whole file on the calling thread, but only where no step waits for a device,
-/// a server or a daemon: the same non-blocking first attempt that io_uring makes before
+/// Reads a whole file on the calling thread, but only where no step waits for a device or
+/// a server: the same non-blocking first attempt that io_uring makes before
 /// it hands an open or a read to a worker, so a caller may read without a thread hop.
 ///
 /// - A file on a local disk's file system (ext4, XFS and a few more, by the type
 ///   `/proc/self/mountinfo` gives its device) is opened; network, FUSE and in-memory file
 ///   systems are not: their opens may ask a server or a daemon. When the root directory
-///   is on such a disk, an absolute path is opened in one call from the kernel's lookup
-///   cache alone (`openat2` with `RESOLVE_CACHED`), within the root's mount
-///   (`RESOLVE_NO_XDEV`). Any other path is opened through its directory: the directory
+///   is on such a disk (``RootVerdict``), a path read alone (``readAlone(_:maximumSize:)``)
+///   is opened in one call from the kernel's lookup cache alone (`openat2` with
+///   `RESOLVE_CACHED`), within the root's mount (`RESOLVE_NO_XDEV`). Any other path, and
+///   every path of a batch, is opened through its directory: the directory
 ///   looked up from the cache alone (an `O_PATH` descriptor: no file system open runs)
 ///   and checked, the file opened from the cache alone within the directory's mount.
 ///   Each open is made without blocking (`O_NONBLOCK`: a FIFO or a lease does not hold it
@@ -28,7 +29,9 @@ import Glibc
 /// What the kernel may still do on the way is its own short work: the first read after
 /// a write updates the access time (a journal handle, on ext4), the last close of a file
 /// deleted meanwhile frees it, and a device node's driver sees the open (with
-/// `O_NONBLOCK`) before `fstat` turns it away.
+/// `O_NONBLOCK`) before `fstat` turns it away. A security module that asks a daemon about
+/// each open (fapolicyd, an on-access scanner through fanotify) holds the open as it
+/// holds any.
 ///
 /// Owned by one caller (not thread-safe); keeps its last directory open until ``close()``.
 final class CachedWholeFileReader {
@@ -71,20 +74,15 @@ final class CachedWholeFileReader {
     /// kernel. (FUSE on a block device, `fuseblk`, has the device's numbers too, and its
     /// opens go to a daemon; btrfs and the others on anonymous devices are left out.)
     private static let localDiskTypes: Set<String> = ["ext2", "ext3", "ext4", "xfs", "f2fs", "jfs"]
-    /// Devices (major << 32 | minor) seen, and whether they hold such a file system.
+    /// Devices (by number) seen, and whether they hold such a file system.
     private static let devices = Locked<[UInt64: Bool]>([:])
 
-    /// Whether `fd`'s file lies on a local disk's file system: its device as the kernel
-    /// has it cached (`statx`, `AT_STATX_DONT_SYNC`), looked up in `/proc/self/mountinfo`
-    /// (read again when a device is new: memory only, no file system's call).
-    static func isOnLocalDisk(_ fd: Int32) -> Bool {
-        guard let device = Syscall.deviceCached(fd) else { return false }
-        return isLocalDisk((device.major, device.minor))
-    }
-
-    private static func isLocalDisk(_ device: (major: UInt32, minor: UInt32)) -> Bool {
-        guard device.major != 0 else { return false }
-        let key = UInt64(device.major) << 32 | UInt64(device.minor)
+    /// Whether `device` holds a local disk's file system: looked up in
+    /// `/proc/self/mountinfo` (read again when a device is new: memory only, no file
+    /// system's call). A device's answer is kept for the process's life.
+    static func isLocalDisk(_ device: CachedDevice) -> Bool {
+        guard !device.isAnonymous else { return false }
+        let key = device.number
         if let known = devices.withLock({ $0[key] }) { return known }
         var found = mountedDevices()
         if found[key] == nil { found[key] = false }
@@ -93,17 +91,11 @@ final class CachedWholeFileReader {
     }
 
     /// Set once `openat2` with `RESOLVE_CACHED` turned out to be missing (a kernel before
-    /// 5.12, or a filter that refuses the call): no call tries it again.
+    /// 5.12, or a seccomp filter that refuses the call): no call tries it again.
     private static let cachedLookupsMissing = Atomic<Bool>(false)
     /// The directory (NUL-terminated) last found on another mount than the root's: its
     /// files go through it without trying the one call first.
     private static let offRootDirectory = Locked<[CChar]>([])
-
-    /// Whether a file is known to lie in a directory off the root's mount (for tests).
-    static func isKnownOffRoot(_ path: FilePath) -> Bool {
-        let directory = path.removingLastComponent().withPlatformString { Array(UnsafeBufferPointer(start: $0, count: strlen($0) + 1)) }
-        return offRootDirectory.withLock { $0 == directory }
-    }
 
     enum RootMountOpen {
         /// Opened; the root's device, which the file must lie on too.
@@ -115,24 +107,18 @@ final class CachedWholeFileReader {
     }
 
     /// Opens the file at the absolute `path` for reading, without blocking, when it lies on
-    /// the same mount as the process's root directory and that mount is a local disk's. One
-    /// lookup from the cache (`RESOLVE_NO_XDEV`: a path into any other mount fails, a mount
-    /// made over a directory on the way included) instead of the directory's open, check
-    /// and close. The root's device is asked for each time (a `statx` of `/`, a walk of no
-    /// component, which still ends in the root file system's weak revalidation: a 9p root
-    /// in a cached mode may ask its server there), before the open, so the open follows
-    /// the root of the calling thread as it is then (after a `chroot(2)` too, though one
-    /// made between the `statx` and the open is seen only after the open); no descriptor
-    /// is kept, which would hold its file system busy (an unmount would fail).
-    static func openOnRootMount(_ path: UnsafePointer<CChar>) -> RootMountOpen {
-        guard path[0] == CChar(UInt8(ascii: "/")),
-              let root = Syscall.deviceCached(at: fc_AT_FDCWD, "/"), isLocalDisk((root.major, root.minor))
-        else { return .no(rootMount: nil) }
+    /// the same mount as the process's root directory and that mount is a local disk's
+    /// (as `verdict` finds it). One lookup from the cache (`RESOLVE_NO_XDEV`: a path into
+    /// any other mount fails, a mount made over a directory on the way included) instead
+    /// of the directory's open, check and close. No descriptor is kept, which would hold
+    /// its file system busy (an unmount would fail).
+    static func openOnRootMount(_ path: UnsafePointer<CChar>, verdict: RootVerdict = .shared) -> RootMountOpen {
+        guard path[0] == CChar(UInt8(ascii: "/")), let root = verdict.localRoot() else { return .no(rootMount: nil) }
         // (A path into another mount fails with EAGAIN, as one not cached does: the
         // lookup from the cache stops at the mount point.)
         guard case .success(let fd) = Syscall.openCached(at: fc_AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
         else { return .no(rootMount: root.mount) }
-        return .opened(fd, rootDevice: fc_device_number(root.major, root.minor))
+        return .opened(fd, rootDevice: root.number)
     }
 
     /// Each mount's device in `/proc/self/mountinfo`, and whether its type is a local
@@ -144,10 +130,11 @@ final class CachedWholeFileReader {
             let fields = line.split(separator: " ")
             guard fields.count > 3, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
             let numbers = fields[2].split(separator: ":")
-            guard numbers.count == 2, let major = UInt64(numbers[0]), let minor = UInt64(numbers[1]) else { continue }
+            guard numbers.count == 2, let major = UInt32(numbers[0]), let minor = UInt32(numbers[1]) else { continue }
             let local = localDiskTypes.contains(String(fields[dash + 1]))
+            let key = fc_device_number(major, minor)
             // (Several mounts of one device: any that is not a local disk's type wins.)
-            found[major << 32 | minor] = (found[major << 32 | minor] ?? true) && local
+            found[key] = (found[key] ?? true) && local
         }
         return found
     }
@@ -156,6 +143,30 @@ final class CachedWholeFileReader {
     /// files are not read here.
     private var directory: [CChar] = []
     private var directoryFD: Int32?
+
+    /// How a file reaches this reader.
+    enum Way {
+        /// Opened in one call (``openOnRootMount(_:verdict:)``).
+        case oneCall
+        /// Opened through its directory.
+        case directory
+        /// Not opened here.
+        case none
+    }
+
+    /// How many files this thread opened in one call (for tests: `Data(asyncContentsOf:)`
+    /// reads on the caller's thread).
+    static var oneCallOpensOnThisThread: UInt64 { fc_thread_read_run()![2] }
+
+    /// How the last file was opened, and whether any directory looked up was found on
+    /// another mount than the root's (for tests).
+    private(set) var lastWay = Way.none
+    private(set) var foundOffRoot = false
+    private let verdict: RootVerdict
+
+    init(verdict: RootVerdict = .shared) {
+        self.verdict = verdict
+    }
 
     deinit { close() }
 
@@ -181,6 +192,7 @@ final class CachedWholeFileReader {
     }
 
     private func read(_ path: PlatformPath, maximumSize: Int, alone: Bool) -> Outcome {
+        lastWay = .none
         guard !Self.cachedLookupsMissing.load(ordering: .relaxed) else { return .unsupported }
         return path.withCString { path in
             let length = strlen(path)
@@ -195,8 +207,11 @@ final class CachedWholeFileReader {
             }
             var rootMount: UInt64?
             if alone, !Self.offRootDirectory.withLock({ isDirectory($0) }) {
-                switch Self.openOnRootMount(path) {
-                case .opened(let fd, let root): return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
+                switch Self.openOnRootMount(path, verdict: verdict) {
+                case .opened(let fd, let root):
+                    lastWay = .oneCall
+                    fc_thread_read_run()![2] &+= 1
+                    return readOpened(fd, maximumSize: maximumSize, rootDevice: root)
                 case .no(let mount): rootMount = mount
                 }
             }
@@ -204,6 +219,7 @@ final class CachedWholeFileReader {
             guard let directoryFD else { return .elsewhere }
             guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
             else { return .elsewhere }
+            lastWay = .directory
             return readOpened(fd, maximumSize: maximumSize)
         }
     }
@@ -219,14 +235,16 @@ final class CachedWholeFileReader {
             let device = Syscall.deviceCached(fd)
             if let device, let rootMount, rootMount != 0, device.mount != rootMount {
                 Self.offRootDirectory.withLock { $0 = directory }
+                foundOffRoot = true
             }
-            if let device, Self.isLocalDisk((device.major, device.minor)) {
+            if let device, Self.isLocalDisk(device) {
                 directoryFD = fd
             } else {
                 _ = Syscall.close(fd)
             }
             return nil
-        case .failure(.noFunction), .failure(.invalidArgument):
+        case .failure(.noFunction), .failure(.invalidArgument), .failure(.notPermitted):
+            // (An O_PATH open checks no permission of its own: EPERM is a filter's.)
             directory = []
             Self.cachedLookupsMissing.store(true, ordering: .relaxed)
             return .unsupported
@@ -265,5 +283,50 @@ final class CachedWholeFileReader {
             }
         }
         return .read(BufferRecycler.data(buffer, count: size))
+    }
+}
+
+/// Whether the process's root directory is on a local disk's file system, where a `statx`
+/// of `/` asks no one (``Syscall/rootDeviceCached()``). The first answer is found by an I/O
+/// thread (until then, files are opened through their directories); once it is "local",
+/// each one-call open asks again on the caller's thread, so a `chroot(2)` onto another file
+/// system is seen at the next open (one made between that `statx` and the open is seen by
+/// the open's own device check, after the open). A root found elsewhere keeps that answer
+/// for the process's life: reads then go through their directories.
+final class RootVerdict: Sendable {
+    private enum State: UInt8 { case unknown, probing, local, elsewhere }
+    private let state = Atomic<UInt8>(State.unknown.rawValue)
+    private let submit: @Sendable (@escaping @Sendable () -> Void) -> Void
+
+    /// The process's verdict, found on the library's I/O threads.
+    static let shared = RootVerdict { IOThreadPool.shared.submit($0) }
+
+    /// A verdict whose first answer is found by the work `submit` is given (for tests).
+    init(submit: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
+        self.submit = submit
+    }
+
+    /// The root's device and mount when the root is a local disk's; nil when that is not
+    /// known yet (an I/O thread is then asked), or not so.
+    func localRoot() -> CachedDevice? {
+        switch State(rawValue: state.load(ordering: .acquiring)) {
+        case .local:
+            if let root = Syscall.rootDeviceCached(), CachedWholeFileReader.isLocalDisk(root) { return root }
+            state.store(State.elsewhere.rawValue, ordering: .releasing)
+            return nil
+        case .unknown:
+            if state.compareExchange(expected: State.unknown.rawValue, desired: State.probing.rawValue, ordering: .acquiringAndReleasing).exchanged {
+                submit { self.probe() }
+            }
+            return nil
+        default:
+            return nil
+        }
+    }
+
+    /// Asks where the root is, on a thread that may block.
+    private func probe() {
+        let local = Syscall.rootDeviceCached().map(CachedWholeFileReader.isLocalDisk) ?? false
+        state.store((local ? State.local : .elsewhere).rawValue, ordering: .releasing)
     }
 }

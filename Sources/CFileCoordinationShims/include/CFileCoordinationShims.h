@@ -29,8 +29,9 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
 int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id);
 /// The device number (dev_t, as stat's st_dev) of a major and minor.
 uint64_t fc_device_number(unsigned int major, unsigned int minor);
-/// This thread's own two words (when its run of reads without a yield began, and its
-/// last read); Swift has no thread-local storage of its own.
+/// This thread's own three words (when its run of reads without a yield began, its last
+/// read, and how many files it opened in one call); Swift has no thread-local storage of
+/// its own.
 uint64_t *fc_thread_read_run(void);
 /// Sets or clears O_NONBLOCK on an open descriptor.
 int fc_set_nonblocking(int fd, int on);
