@@ -55,13 +55,17 @@ int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount) {
 #ifndef STATX_MNT_ID
 #define STATX_MNT_ID 0x1000U /* <linux/stat.h>, Linux 5.8 */
 #endif
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x4000U /* Linux 6.8: an ID never given to another mount */
+#endif
 
 int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id) {
     struct statx info;
-    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_MNT_ID, &info) != 0) return -1;
+    /* (An older kernel ignores the bit it does not know, and answers STATX_MNT_ID.) */
+    if (statx(dirfd, path, AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_MNT_ID | STATX_MNT_ID_UNIQUE, &info) != 0) return -1;
     *major = info.stx_dev_major;
     *minor = info.stx_dev_minor;
-    *mount_id = (info.stx_mask & STATX_MNT_ID) ? info.stx_mnt_id : 0;
+    *mount_id = (info.stx_mask & (STATX_MNT_ID | STATX_MNT_ID_UNIQUE)) ? info.stx_mnt_id : 0;
     return 0;
 }
 

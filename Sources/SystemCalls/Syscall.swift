@@ -214,7 +214,9 @@ package enum Syscall {
 package struct CachedDevice: Sendable, Equatable {
     package var major: UInt32
     package var minor: UInt32
-    /// The mount's ID; 0 when the kernel does not say (before Linux 5.8).
+    /// The mount's ID: from Linux 6.8 one that no other mount is ever given; before, one
+    /// that a mount made after this one's unmount may get again; 0 when the kernel does
+    /// not say (before Linux 5.8).
     package var mount: UInt64
 
     /// The device number, as `stat`'s `st_dev` has it.

@@ -147,6 +147,66 @@ struct DataAsyncTests {
         try outcome.get()
     }
 
+    @Test("a device mounted again with another file system is looked up again: a loop device's ext2, then its squashfs",
+          .enabled(if: canBindMount && ["/sbin/mkfs.ext2", "/usr/bin/mksquashfs", "/sbin/losetup"].allSatisfy(FileManager.default.isExecutableFile)
+              && FileManager.default.fileExists(atPath: "/dev/loop-control"), "needs the right to mount, loop devices, mkfs.ext2 and mksquashfs"))
+    func remountedDevice() async throws {
+        let base = TemporaryDirectory("remount")
+        let point = base.file("point")
+        try FileManager.default.createDirectory(atPath: point.string, withIntermediateDirectories: false)
+        try FileManager.default.createDirectory(atPath: base.file("tree").string, withIntermediateDirectories: false)
+        try base.make("tree/f", Data("squashed".utf8))
+        _ = FileManager.default.createFile(atPath: base.file("ext.img").string, contents: nil)
+        try FileHandle(forWritingTo: URL(fileURLWithPath: base.file("ext.img").string)).truncate(atOffset: 4 << 20)
+        _ = try await runTool("/sbin/mkfs.ext2", ["-q", "-F", base.file("ext.img").string])
+        _ = try await runTool("/usr/bin/mksquashfs", [base.file("tree").string, base.file("squash.img").string, "-quiet", "-noappend", "-no-progress"])
+
+        var mounted: [String] = []
+        var device: String?
+        /// Reads `f` under the mount point with a reader of its own, after a `stat` of it
+        /// (which brings its name into the lookup cache): how it was opened.
+        func read() throws -> (Data?, CachedWholeFileReader.Way) {
+            _ = try FileManager.default.attributesOfItem(atPath: point.appending("f").string)
+            let reader = CachedWholeFileReader(verdict: settledVerdict)
+            return (readAlone(point.appending("f"), with: reader), reader.lastWay)
+        }
+        func check() async throws {
+            // The test's mounts stay in this directory: mounted on itself, and private.
+            try await runMount(["--bind", base.path.string, base.path.string])
+            mounted.append(base.path.string)
+            try await runMount(["--make-private", base.path.string])
+
+            let loop = try await runTool("/sbin/losetup", ["--find", "--show", base.file("ext.img").string])
+            device = loop
+            try await runMount(["-t", "ext2", loop, point.string])
+            mounted.append(point.string)
+            try base.make("point/f", Data("on ext2".utf8))
+            let onDisk = try read()
+            #expect(onDisk.0 == Data("on ext2".utf8))
+            #expect(onDisk.1 == .directory, "a local disk's file system: read on the caller's thread")
+            try await runMount([point.string], umount: true)
+            mounted.removeLast()
+
+            // The same device (its number unchanged), now holding a squashfs image.
+            _ = try await runTool("/sbin/losetup", ["-d", loop])
+            device = nil
+            _ = try await runTool("/sbin/losetup", [loop, base.file("squash.img").string])
+            device = loop
+            try await runMount(["-t", "squashfs", "-o", "ro", loop, point.string])
+            mounted.append(point.string)
+            let squashed = try read()
+            #expect(squashed.0 == nil)
+            #expect(squashed.1 == .none, "not a local disk's file system: left to the I/O threads")
+            #expect(try await Data(asyncContentsOf: point.appending("f")) == Data("squashed".utf8))
+        }
+        let outcome: Result<Void, any Error>
+        do { try await check(); outcome = .success(()) } catch { outcome = .failure(error) }
+        for target in mounted.reversed() { try? await runMount(["-l", target], umount: true) }
+        if let device { _ = try? await runTool("/sbin/losetup", ["-d", device]) }
+        withExtendedLifetime(base) {}
+        try outcome.get()
+    }
+
     @Test("a loop of cached reads on the main actor lets the actor's other jobs run",
           .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
     @MainActor

@@ -125,17 +125,28 @@ func onRootMount(_ path: FilePath) -> Bool {
 /// Runs `mount` (or `umount`) with `arguments` and waits for it without holding a thread;
 /// throws when it fails.
 func runMount(_ arguments: [String], umount: Bool = false) async throws {
+    _ = try await runTool(umount ? "/bin/umount" : "/bin/mount", arguments)
+}
+
+/// Runs the program at `path` with `arguments`, waits for it without holding a thread, and
+/// returns its standard output; throws when it fails.
+func runTool(_ path: String, _ arguments: [String]) async throws -> String {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: umount ? "/bin/umount" : "/bin/mount")
+    process.executableURL = URL(fileURLWithPath: path)
     process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
     let status: Int32 = try await withCheckedThrowingContinuation { continuation in
         process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
         do { try process.run() } catch { continuation.resume(throwing: error) }
     }
+    // (The program has ended: its output is all in the pipe, which ends there.)
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
     guard status == 0 else {
-        throw FileCoordinationError(code: .invalidArgument, path: FilePath(arguments.last ?? ""), operation: umount ? "umount" : "mount",
-                                    message: "exited with \(status)")
+        throw FileCoordinationError(code: .invalidArgument, path: FilePath(arguments.last ?? ""),
+                                    operation: URL(fileURLWithPath: path).lastPathComponent, message: "exited with \(status)")
     }
+    return text.trimmingCharacters(in: .whitespacesAndNewlines)
 }
 
 /// Whether this process may mount: `mount` is there and a bind mount of a fresh

@@ -74,20 +74,27 @@ final class CachedWholeFileReader {
     /// kernel. (FUSE on a block device, `fuseblk`, has the device's numbers too, and its
     /// opens go to a daemon; btrfs and the others on anonymous devices are left out.)
     private static let localDiskTypes: Set<String> = ["ext2", "ext3", "ext4", "xfs", "f2fs", "jfs"]
-    /// Devices (by number) seen, and whether they hold such a file system.
-    private static let devices = Locked<[UInt64: Bool]>([:])
+    /// Mounts seen (with their device), and whether they hold such a file system.
+    private static let mounts = Locked<[MountKey: Bool]>([:])
 
-    /// Whether `device` holds a local disk's file system: looked up in
-    /// `/proc/self/mountinfo` (read again when a device is new: memory only, no file
-    /// system's call). A device's answer is kept for the process's life.
+    private struct MountKey: Hashable {
+        var device: UInt64
+        var mount: UInt64
+    }
+
+    /// Whether `device` holds a local disk's file system: its type looked up in
+    /// `/proc/self/mountinfo` (read again for each mount not seen before: memory only, no
+    /// file system's call). The answer is kept per mount, so that a device mounted again
+    /// with another file system (a partition reformatted, a loop device attached to
+    /// another image) is looked up again; before Linux 6.8, whose mount IDs are reused,
+    /// a new mount given the old one's ID is not.
     static func isLocalDisk(_ device: CachedDevice) -> Bool {
         guard !device.isAnonymous else { return false }
-        let key = device.number
-        if let known = devices.withLock({ $0[key] }) { return known }
-        var found = mountedDevices()
-        if found[key] == nil { found[key] = false }
-        devices.withLock { $0.merge(found) { _, new in new } }
-        return found[key] ?? false
+        let key = MountKey(device: device.number, mount: device.mount)
+        if let known = mounts.withLock({ $0[key] }) { return known }
+        let local = mountedDevices()[key.device] ?? false
+        mounts.withLock { $0[key] = local }
+        return local
     }
 
     /// Set once `openat2` with `RESOLVE_CACHED` turned out to be missing (a kernel before

@@ -18,14 +18,15 @@ int fc_open_tmpfile(const char *directory, unsigned int mode);
 ssize_t fc_pread_nowait(int fd, void *buffer, size_t count, int64_t offset);
 /// openat2(2) that only resolves `path` from the kernel's lookup cache (RESOLVE_CACHED):
 /// -1/EAGAIN instead of reading a directory from a device or asking a server. With
-/// `same_mount`, a path crossing a mount point fails with EXDEV (RESOLVE_NO_XDEV).
+/// `same_mount`, a path crossing a mount point fails (RESOLVE_NO_XDEV; with EAGAIN, as
+/// the lookup from the cache stops at the mount point).
 /// O_CLOEXEC is added. -1/ENOSYS on kernels without openat2 (before 5.6; RESOLVE_CACHED
 /// needs 5.12 and fails with EINVAL before).
 int fc_openat2_cached(int dirfd, const char *path, int flags, int same_mount);
-/// The device (major, minor) and the mount (its ID; 0 when the kernel does not say)
-/// holding the file at path relative to dirfd (an empty path: dirfd's own file), from
-/// what the kernel has cached (statx with AT_STATX_DONT_SYNC: no server is asked). 0, or
-/// -1 with errno set.
+/// The device (major, minor) and the mount (its ID: never reused from Linux 6.8, reused
+/// after an unmount before; 0 when the kernel does not say) holding the file at path
+/// relative to dirfd (an empty path: dirfd's own file), from what the kernel has cached
+/// (statx with AT_STATX_DONT_SYNC: no server is asked). 0, or -1 with errno set.
 int fc_device_cached(int dirfd, const char *path, unsigned int *major, unsigned int *minor, uint64_t *mount_id);
 /// The device number (dev_t, as stat's st_dev) of a major and minor.
 uint64_t fc_device_number(unsigned int major, unsigned int minor);
