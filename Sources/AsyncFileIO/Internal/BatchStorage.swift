@@ -197,7 +197,7 @@ final class BatchStorage: Sendable {
         // `concurrency` claimants).
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
               state.withLock({ $0.activeWorkers }) <= workersBesideConsumer,
-              let indices = claim(givenBackToo: false)
+              let indices = claim(givenBackToo: false, groups: Self.consumerGroups)
         else { return false }
         // The directory is looked up again by the next call: a path renamed or relinked
         // meanwhile is read where it now leads, and no descriptor is kept between calls.
@@ -287,10 +287,14 @@ final class BatchStorage: Sendable {
         return 0
     }
 
-    /// Claims the next `chunk` indices (or one given back, unless not `givenBackToo`), or
-    /// nil when the worker should stop: the batch is done or cancelled, or reading is too
-    /// far ahead of the consumer.
-    private func claim(givenBackToo: Bool = true) -> Range<Int>? {
+    /// How many workers' groups the consumer claims at once when it reads: its directory
+    /// is looked up once per claim, and its results are published together.
+    private static let consumerGroups = 4
+
+    /// Claims the next `chunk` indices, `groups` times over (or one given back, unless not
+    /// `givenBackToo`), or nil when the worker should stop: the batch is done or
+    /// cancelled, or reading is too far ahead of the consumer.
+    private func claim(givenBackToo: Bool = true, groups: Int = 1) -> Range<Int>? {
         guard !cancelled.load(ordering: .relaxed) else { return nil }
         // A given-back index is read even past the buffer limit: it lies behind results
         // already buffered, which in the given order cannot be taken before it.
@@ -306,7 +310,7 @@ final class BatchStorage: Sendable {
         var size = 1
         if chunk > 1 {
             let largest = largestFile.load(ordering: .relaxed)
-            if largest > 0, largest * chunk * concurrency <= options.maximumBufferedBytes { size = chunk }
+            if largest > 0, largest * chunk * concurrency <= options.maximumBufferedBytes { size = chunk * groups }
         }
         let start = nextIndex.wrappingAdd(size, ordering: .relaxed).oldValue
         return start < inputs.count ? start ..< Swift.min(start + size, inputs.count) : nil
