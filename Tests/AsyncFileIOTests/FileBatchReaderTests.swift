@@ -75,6 +75,36 @@ struct FileBatchReaderTests {
         #expect(iterator.storage.filesReadByConsumer > 0, "the consumer read no file itself")
     }
 
+    @Test("while a worker holds up the next result, the consumer's claims run up to the window and every result still arrives, in order",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"), .timeLimit(.minutes(1)))
+    func consumerClaimsWithinTheRing() async throws {
+        let directory = TemporaryDirectory("ring", under: localDiskBase!)
+        // (Not f0, which is empty: a consumer whose first file is not read stops reading.)
+        let files = Array(try await Self.makeFiles(directory, count: 600, maximumSize: 2000).dropFirst())
+        // File `held` is `/dev/zero`: the consumer leaves it to a worker (not a regular
+        // file), which reads it for milliseconds up to the size limit, while the results
+        // before it are taken and the consumer reads on in claims of 16 files, as far as
+        // the window lets it. Where its claims start depends on the worker's claims before
+        // (4 files each); over the positions, some claim starts just short of the window.
+        for held in 1 ..< 16 {
+            var paths = files.map(\.0)
+            paths[held] = FilePath("/dev/zero")
+            let batch = FileBatchReader(paths: paths, options: .init(concurrency: 3, maximumFileSize: 64 << 20))
+            var index = 0
+            let iterator = batch.makeAsyncIterator()
+            while let result = try await iterator.next() {
+                try #require(result.index == index, "result \(result.index) in the place of \(index)")
+                if index == held {
+                    #expect(throws: FileCoordinationError.self) { try result.get() }
+                } else {
+                    #expect(try result.get() == files[index].1)
+                }
+                index += 1
+            }
+            #expect(index == paths.count)
+        }
+    }
+
     @Test("through a gate, the sequence ends only after every group the gate let in has left it (a slow leave included)")
     func gateLeftBeforeTheEnd() async throws {
         /// A gate that lets every group in and takes its time to let one out, as a release

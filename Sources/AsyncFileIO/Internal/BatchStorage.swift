@@ -66,7 +66,8 @@ final class BatchStorage: Sendable {
     private let options: BatchReadOptions
     private let concurrency: Int
     /// How far claiming may run ahead of the consumer (a soft bound: concurrent claims
-    /// may pass it by at most `concurrency * chunk`, which the ring has room for).
+    /// may pass it by at most `concurrency * chunk` for the workers and
+    /// `consumerGroups * chunk` for the consumer, which the ring has room for).
     private let window: Int
     private let nextIndex = Atomic<Int>(0)
     private let handed = Atomic<Int>(0)
@@ -132,7 +133,7 @@ final class BatchStorage: Sendable {
         // of the C pool instead of 0.73x.
         window = max(2 * concurrency * Self.publishEvery, 4 * Self.wakeGroup)
         let slots = options.order == .given
-            ? [BatchReadResult?](repeating: nil, count: window + concurrency * chunk)
+            ? [BatchReadResult?](repeating: nil, count: window + (concurrency + Self.consumerGroups) * chunk)
             : []
         state = Locked(State(slots: slots))
     }
@@ -343,7 +344,12 @@ final class BatchStorage: Sendable {
                     state.ready[end] = result
                 }
             } else {
-                while let result = results.popLast() { state.slots[result.index % state.slots.count] = result }
+                while let result = results.popLast() {
+                    let slot = result.index % state.slots.count
+                    // (The ring has room for every claim in flight: see `window`.)
+                    assert(state.slots[slot] == nil, "result \(result.index) over another in the ring")
+                    state.slots[slot] = result
+                }
             }
             if exiting { state.activeWorkers -= 1 }
             if state.activeWorkers == 0, let stopWaiter = state.stopWaiter {
