@@ -155,6 +155,21 @@ final class LineProcess: @unchecked Sendable {
         kill(process.processIdentifier, number)
     }
 
+    /// Waits until it has ended (a zombie not yet reaped counts: its descriptors are
+    /// closed), not for its output, which a child it started may hold open.
+    func waitUntilEnded() async throws {
+        let path = "/proc/\(process.processIdentifier)/stat"
+        while true {
+            // The state follows the command's name, in parentheses.
+            guard let stat = try? String(contentsOfFile: path, encoding: .utf8),
+                  let close = stat.lastIndex(of: ")"),
+                  let state = stat[stat.index(after: close)...].split(separator: " ").first,
+                  state != "Z", state != "X"
+            else { return }
+            try await Task.sleep(for: .milliseconds(1)) // ok: polling another process's state
+        }
+    }
+
     /// Waits for it to end; its status and stderr.
     func wait() async -> (status: Int32, stderr: String) {
         await withCheckedContinuation { continuation in

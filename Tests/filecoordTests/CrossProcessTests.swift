@@ -101,6 +101,43 @@ struct CrossProcessTests: CrossProcessFixture {
         _ = await holder.wait()
     }
 
+    @Test("a holder's command that let go of claims.lock before its claims: the waiting writer proceeds when the command ends",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/bin/bash"), "needs bash"), .timeLimit(.minutes(1)))
+    func claimsOutliveTheLockFile() async throws {
+        let file = scratch.write("kept", "x")
+        let gate = scratch.path + "/gate"
+        guard mkfifo(gate, 0o600) == 0 else { throw POSIXError(.EEXIST) }
+        let lockFile = URL(fileURLWithPath: space).resolvingSymlinksInPath().path + "/claims.lock"
+        // The command closes its copy of `claims.lock` (the last one, once the wrapper is
+        // gone), keeps the claim shards it inherited, and ends when the test says so.
+        let script = #"for f in /proc/$$/fd/*; do [ "$(readlink "$f")" = "$1" ] && eval "exec ${f##*/}>&-"; done; echo $$; read line < "$2""#
+        let holder = try LineProcess(["exec", "--space", space, "--write", file, "--", "/bin/bash", "-c", script, "bash", lockFile, gate])
+        var holderLines = holder.lines.makeAsyncIterator()
+        _ = try #require(Int32(await holderLines.next() ?? ""))
+        holder.signal(SIGKILL)
+        try await holder.waitUntilEnded()
+        // Now only the command holds the claim: the waiter finds it taken, and sleeps.
+        let waiter = try LineProcess(["exec", "--space", space, "--write", file, "--", "date", "+%s%N"])
+        var waiterLines = waiter.lines.makeAsyncIterator()
+        try await waitForStatus { status in
+            ((status["waiting"] as? [[String: Any]]) ?? []).contains { $0["pid"] as? Int32 == waiter.pid }
+        }
+        // The command ends: its shards' last close is the only event left to come.
+        let release = Process()
+        release.executableURL = URL(fileURLWithPath: "/bin/sh")
+        release.arguments = ["-c", "echo go > \"$0\"", gate]
+        try release.run()
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let released = Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+        let line = await waiterLines.next() ?? ""
+        let started = try #require(Int64(line), "the waiter printed \(line)")
+        let elapsed = Duration.nanoseconds(started - released)
+        #expect(elapsed < .seconds(1), "the waiter's command started \(elapsed) after the holder's command was told to end")
+        #expect(await waiter.wait().status == 0)
+        _ = await holder.wait()
+    }
+
     @Test("a presenter stopped with SIGSTOP: the writer proceeds after the presenter timeout, or fails with --strict (exit 3)")
     func stoppedPresenter() async throws {
         let file = scratch.write("doc", "old")

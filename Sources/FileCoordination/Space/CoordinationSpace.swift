@@ -83,8 +83,8 @@ public final class CoordinationSpace: Sendable {
         self.mail = mail
     }
 
-    /// Watches the space through inotify, once: `claims.lock` (a waiting claim wakes on
-    /// a release), this process's mailbox (replies, and requests for its presenters) and
+    /// Watches the space through inotify, once: `claims.lock` and `claims/` (a waiting
+    /// claim wakes on a release, and on a holder's last close), this process's mailbox (replies, and requests for its presenters) and
     /// `procs/` (deaths). Returns whether the watches are in place.
     ///
     /// Not done on joining: an inotify instance is a per-user resource (128 by default),
@@ -104,8 +104,12 @@ public final class CoordinationSpace: Sendable {
             let started = Task<Bool, Never> { [self] in
                 do {
                     let thread = InotifyThread.shared
-                    _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] _ in
-                        locks.somethingChanged()
+                    _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] event in
+                        locks.somethingChanged(closed: event.mask & UInt32(IN_CLOSE_WRITE) != 0)
+                    }
+                    // A shard's last close: a holder that kept it after `claims.lock` let go.
+                    _ = try await thread.addWatch(directory.appending("claims"), mask: UInt32(IN_CLOSE_WRITE)) { [locks] _ in
+                        locks.shardClosed()
                     }
                     _ = try await thread.addWatch(mail.files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
                         mail.received(event)

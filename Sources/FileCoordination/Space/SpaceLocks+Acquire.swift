@@ -92,6 +92,7 @@ extension SpaceLocks {
         var flagged = false
         var watched = false
         var poll: Duration = .milliseconds(1)
+        var recheck = Self.firstRecheck
         defer {
             if flagged { lowerWaitingFlag() }
             if let token { _ = state.withLock { $0.cancelled.remove(token) } }
@@ -130,7 +131,7 @@ extension SpaceLocks {
                 pinned = false
                 ClaimWait.noteWaiting()
                 if watched {
-                    try await waitForChange(after: generation)
+                    try await waitForChange(after: generation, atMost: recheckPause(&recheck))
                 } else {
                     // No inotify instance to be had: try again after a pause that grows to
                     // ``longestPoll``. Slower than a doorbell, never stuck.

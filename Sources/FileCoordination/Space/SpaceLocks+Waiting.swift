@@ -30,24 +30,57 @@ extension SpaceLocks {
         for waiter in waiters { waiter.resume() }
     }
 
-    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`:
-    /// this process's waiters try again, and its idle bytes go (someone may wait for
-    /// one); if there were any, the doorbell rings for the waiters elsewhere.
-    func somethingChanged() {
-        let waiters = state.withLock { Self.takeWaiters(&$0) }
+    /// Called by the watcher thread for a shard's `IN_CLOSE_WRITE`: a holder may have let
+    /// go by ending, with no other event to come. This process's waiters try again (and
+    /// look again on their own for a while, see ``closeRecheckWindow``).
+    func shardClosed() {
+        let waiters = state.withLock { state in
+            state.lastClose = .now
+            // (A new generation even with no one parked: a claim between its attempt and
+            // its parking tries again.)
+            return Self.takeWaiters(&state)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`
+    /// (`closed`: a process may have let go by ending): this process's waiters try again,
+    /// and its idle bytes go (someone may wait for one); if there were any, the doorbell
+    /// rings for the waiters elsewhere.
+    func somethingChanged(closed: Bool = false) {
+        let waiters = state.withLock { state in
+            if closed { state.lastClose = .now }
+            return Self.takeWaiters(&state)
+        }
         for waiter in waiters { waiter.resume() }
         if dropIdle(suspend: true) { ringDoorbell() }
     }
 
-    func waitForChange(after generation: UInt64) async throws {
+    func waitForChange(after generation: UInt64, atMost timeout: Duration? = nil) async throws {
         let id = state.withLock { state in
             defer { state.nextWaiter += 1 }
             return state.nextWaiter
         }
+        let timer = timeout.map { timeout in
+            Task { [self] in
+                // ok: a bounded look again after a claim file's close (``closeRecheckWindow``).
+                try? await Task.sleep(for: timeout)
+                let waiter = state.withLock { state in
+                    let waiter = state.waiters.removeValue(forKey: id)
+                    if waiter == nil { state.expired.insert(id) }
+                    return waiter
+                }
+                waiter?.resume()
+            }
+        }
+        defer {
+            timer?.cancel()
+            if timer != nil { _ = state.withLock { $0.expired.remove(id) } }
+        }
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 let parked = state.withLock { state in
-                    guard state.generation == generation, !Task.isCancelled else { return false }
+                    guard state.generation == generation, !Task.isCancelled, !state.expired.contains(id) else { return false }
                     state.waiters[id] = continuation
                     return true
                 }
@@ -57,6 +90,19 @@ extension SpaceLocks {
             let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
             waiter?.resume(throwing: CancellationError())
         }
+    }
+
+    /// How long a waiting claim that still finds a conflict after `recheck` pauses before
+    /// it looks again on its own: while a claim file's last close is recent, growing
+    /// pauses (the next returned in `recheck`); nil (wait for an event alone) after.
+    func recheckPause(_ recheck: inout Duration) -> Duration? {
+        let lastClose = state.withLock { $0.lastClose }
+        guard let lastClose, ContinuousClock.now - lastClose < Self.closeRecheckWindow else {
+            recheck = Self.firstRecheck
+            return nil
+        }
+        defer { recheck = Swift.min(recheck * 2, Self.longestRecheck) }
+        return recheck
     }
 
     func raiseWaitingFlag() {
