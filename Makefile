@@ -45,8 +45,8 @@ test: deps deps-etcd
 	$(MAKE) --no-print-directory man CONFIG=debug
 	@command -v man >/dev/null || { echo "make: installing man-db (the installation test reads the manual page)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq man-db; }
-	@# A test mounts a loop device with ext2, then with a squashfs image.
-	@{ [ -x /usr/bin/mksquashfs ] && [ -x /sbin/mkfs.ext2 ]; } || { echo "make: installing squashfs-tools and e2fsprogs (a test makes file system images)"; \
+	@# A test mounts a loop device with ext4, then with a squashfs image.
+	@{ [ -x /usr/bin/mksquashfs ] && [ -x /sbin/mkfs.ext4 ]; } || { echo "make: installing squashfs-tools and e2fsprogs (a test makes file system images)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squashfs-tools e2fsprogs; }
 	@# On a failure the failing tests are listed again at the end, where a log's
 	@# tail shows them.

@@ -9,10 +9,10 @@ import Musl
 /// Typed wrappers over the blocking system calls the library makes. Each retries
 /// `EINTR` and returns the errno instead of setting a global. Every call here may
 /// block, so callers run them on threads the library owns (``IOThreadPool``), never on
-/// the Swift cooperative pool; the exceptions are ``preadNoWait``, ``openCached(at:_:_:sameMount:)``,
-/// ``deviceCached(_:)`` and ``rootDeviceCached()``, whose lookups are answered from the
-/// kernel's caches (or fail), for callers that know what else the call does on the file
-/// system at hand.
+/// the Swift cooperative pool; the exceptions are ``preadNoWait``, ``openCached(at:_:_:sameMount:)``
+/// and ``deviceCached(_:)``, whose lookups are answered from the kernel's caches (or fail),
+/// and ``rootDeviceCached()``, which ends in the root file system's revalidation: for
+/// callers that know what else the call does on the file system at hand.
 package enum Syscall {
     @inline(__always)
     package static func retrying<T: BinaryInteger>(_ body: () -> T) -> Result<T, Errno> {

@@ -96,13 +96,17 @@ let localDiskBase: String? = {
     }
 }()
 
-/// Whether the root directory's mount (the last mounted on `/` in `/proc/self/mountinfo`)
-/// has a local disk's file system type.
-let rootIsLocalDisk: Bool = {
-    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
-    let root = table.split(separator: "\n").map { $0.split(separator: " ") }.last { fields in fields.count > 4 && fields[4] == "/" }
-    guard let root, let dash = root.firstIndex(of: "-"), dash + 1 < root.count else { return false }
-    return ["ext2", "ext3", "ext4", "xfs", "f2fs", "jfs"].contains(String(root[dash + 1]))
+/// Whether the root directory lies on a local disk's file system, as the library judges it.
+let rootIsLocalDisk = Syscall.rootDeviceCached().map(CachedWholeFileReader.isLocalDisk) ?? false
+
+/// Whether the kernel's mount IDs are never reused (Linux 6.8 and later: `statx` gives
+/// `STATX_MNT_ID_UNIQUE`).
+let uniqueMountIDs: Bool = {
+    var name = utsname()
+    uname(&name)
+    let release = withUnsafeBytes(of: &name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    let numbers = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
+    return numbers.count == 2 && (numbers[0], numbers[1]) >= (6, 8)
 }()
 
 /// Whether `path` lies on the root directory's mount: the mount whose point is the
@@ -126,6 +130,44 @@ func onRootMount(_ path: FilePath) -> Bool {
 /// throws when it fails.
 func runMount(_ arguments: [String], umount: Bool = false) async throws {
     _ = try await runTool(umount ? "/bin/umount" : "/bin/mount", arguments)
+}
+
+/// Mounts a test makes, undone by ``withPrivateMounts(in:_:)``.
+final class TestMounts {
+    private(set) var targets: [String] = []
+    /// Run after the mounts are undone, last first.
+    var cleanups: [() async -> Void] = []
+
+    /// Mounts (`mount ARGUMENTS`), to be undone at the end.
+    func mount(_ arguments: [String]) async throws {
+        try await runMount(arguments)
+        targets.append(arguments.last!)
+    }
+
+    /// Undoes the last mount now.
+    func unmountLast() async throws {
+        try await runMount([targets.last!], umount: true)
+        targets.removeLast()
+    }
+}
+
+/// Runs `body` with `base` bind-mounted on itself and made private, so that the mounts the
+/// test makes in it stay there; undoes every mount (lazily, last first) and runs the
+/// cleanups however `body` ends.
+func withPrivateMounts(in base: TemporaryDirectory, _ body: (TestMounts) async throws -> Void) async throws {
+    let mounts = TestMounts()
+    let outcome: Result<Void, any Error>
+    do {
+        try await mounts.mount(["--bind", base.path.string, base.path.string])
+        try await runMount(["--make-private", base.path.string])
+        try await body(mounts)
+        outcome = .success(())
+    } catch {
+        outcome = .failure(error)
+    }
+    for target in mounts.targets.reversed() { try? await runMount(["-l", target], umount: true) }
+    for cleanup in mounts.cleanups.reversed() { await cleanup() }
+    try outcome.get()
 }
 
 /// Runs the program at `path` with `arguments`, waits for it without holding a thread, and

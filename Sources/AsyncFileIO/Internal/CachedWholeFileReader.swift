@@ -84,16 +84,21 @@ final class CachedWholeFileReader {
 
     /// Whether `device` holds a local disk's file system: its type looked up in
     /// `/proc/self/mountinfo` (read again for each mount not seen before: memory only, no
-    /// file system's call). The answer is kept per mount, so that a device mounted again
-    /// with another file system (a partition reformatted, a loop device attached to
-    /// another image) is looked up again; before Linux 6.8, whose mount IDs are reused,
-    /// a new mount given the old one's ID is not.
+    /// file system's call, though a host with many mounts makes it a long one). The answer
+    /// is kept per mount, so that a device mounted again with another file system (a
+    /// partition reformatted, a loop device attached to another image) is looked up again;
+    /// before Linux 6.8, whose mount IDs are reused, a new mount given the old one's ID is
+    /// not, and before Linux 5.8 (no mount IDs) a device is judged once.
     static func isLocalDisk(_ device: CachedDevice) -> Bool {
         guard !device.isAnonymous else { return false }
         let key = MountKey(device: device.number, mount: device.mount)
         if let known = mounts.withLock({ $0[key] }) { return known }
         let local = mountedDevices()[key.device] ?? false
-        mounts.withLock { $0[key] = local }
+        mounts.withLock { known in
+            // (Mounts come and go on some hosts: the answers are forgotten now and then.)
+            if known.count >= 4096 { known.removeAll() }
+            known[key] = local
+        }
         return local
     }
 
@@ -192,8 +197,8 @@ final class CachedWholeFileReader {
     }
 
     /// Reads the file at `path` alone (`Data(asyncContentsOf:)`): opened in one call when it
-    /// lies on the root directory's mount (``openOnRootMount(_:)``), else through its
-    /// directory.
+    /// lies on the root directory's mount (``openOnRootMount(_:verdict:)``), else through
+    /// its directory.
     func readAlone(_ path: PlatformPath, maximumSize: Int) -> Outcome {
         read(path, maximumSize: maximumSize, alone: true)
     }
@@ -231,6 +236,18 @@ final class CachedWholeFileReader {
         }
     }
 
+    /// Whether the same lookup of `/` is refused with `EPERM`: a filter that refuses the call
+    /// itself, not a module that refuses one directory.
+    private static func isRefusedAtRoot() -> Bool {
+        switch Syscall.openCached(at: fc_AT_FDCWD, "/", fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
+        case .success(let fd):
+            _ = Syscall.close(fd)
+            return false
+        case .failure(let error):
+            return error == .notPermitted
+        }
+    }
+
     /// Makes the first `length` bytes of `path` the directory; an outcome when the
     /// file cannot be read here on that account. With `rootMount` (the root's mount, a
     /// local disk's), a directory on another mount becomes ``offRootDirectory``.
@@ -250,8 +267,12 @@ final class CachedWholeFileReader {
                 _ = Syscall.close(fd)
             }
             return nil
-        case .failure(.noFunction), .failure(.invalidArgument), .failure(.notPermitted):
-            // (An O_PATH open checks no permission of its own: EPERM is a filter's.)
+        case .failure(.noFunction), .failure(.invalidArgument):
+            directory = []
+            Self.cachedLookupsMissing.store(true, ordering: .relaxed)
+            return .unsupported
+        case .failure(.notPermitted) where Self.isRefusedAtRoot():
+            // (A seccomp filter's answer; a security module may refuse one directory so.)
             directory = []
             Self.cachedLookupsMissing.store(true, ordering: .relaxed)
             return .unsupported
@@ -297,9 +318,10 @@ final class CachedWholeFileReader {
 /// of `/` asks no one (``Syscall/rootDeviceCached()``). The first answer is found by an I/O
 /// thread (until then, files are opened through their directories); once it is "local",
 /// each one-call open asks again on the caller's thread, so a `chroot(2)` onto another file
-/// system is seen at the next open (one made between that `statx` and the open is seen by
-/// the open's own device check, after the open). A root found elsewhere keeps that answer
-/// for the process's life: reads then go through their directories.
+/// system is seen at the next open, whose `statx` of the new root is then the one call that
+/// may ask a server (a `chroot` made between that `statx` and the open is seen by the
+/// open's own device check, after the open). A root found elsewhere keeps that answer for
+/// the process's life: reads then go through their directories.
 final class RootVerdict: Sendable {
     private enum State: UInt8 { case unknown, probing, local, elsewhere }
     private let state = Atomic<UInt8>(State.unknown.rawValue)
@@ -329,6 +351,11 @@ final class RootVerdict: Sendable {
         default:
             return nil
         }
+    }
+
+    /// Finds the answer now, on the calling thread, which may block (for tests).
+    func settle() {
+        probe()
     }
 
     /// Asks where the root is, on a thread that may block.
