@@ -195,7 +195,7 @@ final class BatchStorage: Sendable {
         // Not while a fault is armed for a test (it applies to the workers' calls), nor
         // beside more than `workersBesideConsumer` workers: after it stopped reading,
         // `take()` started the worker it stood in for (and the ring has room for
-        // `concurrency` claimants).
+        // `concurrency` workers' claims beside the consumer's).
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
               state.withLock({ $0.activeWorkers }) <= workersBesideConsumer,
               let indices = claim(givenBackToo: false, groups: Self.consumerGroups)
@@ -346,8 +346,9 @@ final class BatchStorage: Sendable {
             } else {
                 while let result = results.popLast() {
                     let slot = result.index % state.slots.count
-                    // (The ring has room for every claim in flight: see `window`.)
-                    assert(state.slots[slot] == nil, "result \(result.index) over another in the ring")
+                    // (The ring has room for every claim in flight, see `window`: a result
+                    // put over another would be delivered in its place.)
+                    precondition(state.slots[slot] == nil, "result \(result.index) over another in the ring")
                     state.slots[slot] = result
                 }
             }

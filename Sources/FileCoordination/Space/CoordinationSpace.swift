@@ -105,7 +105,8 @@ public final class CoordinationSpace: Sendable {
                 do {
                     let thread = InotifyThread.shared
                     _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] event in
-                        locks.somethingChanged(closed: event.mask & UInt32(IN_CLOSE_WRITE) != 0)
+                        // (Events lost to an overflow may have held a close.)
+                        locks.somethingChanged(closed: event.mask & UInt32(IN_CLOSE_WRITE | IN_Q_OVERFLOW) != 0)
                     }
                     // A shard's last close: a holder that kept it after `claims.lock` let go.
                     _ = try await thread.addWatch(directory.appending("claims"), mask: UInt32(IN_CLOSE_WRITE)) { [locks] _ in

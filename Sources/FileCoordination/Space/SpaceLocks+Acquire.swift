@@ -92,7 +92,7 @@ extension SpaceLocks {
         var flagged = false
         var watched = false
         var poll: Duration = .milliseconds(1)
-        var recheck = Self.firstRecheck
+        var answered: (closes: UInt64, looks: Int) = (0, 0)
         defer {
             if flagged { lowerWaitingFlag() }
             if let token { _ = state.withLock { $0.cancelled.remove(token) } }
@@ -131,7 +131,7 @@ extension SpaceLocks {
                 pinned = false
                 ClaimWait.noteWaiting()
                 if watched {
-                    try await waitForChange(after: generation, atMost: recheckPause(&recheck))
+                    try await waitForChange(after: generation, atMost: recheckPause(&answered))
                 } else {
                     // No inotify instance to be had: try again after a pause that grows to
                     // ``longestPoll``. Slower than a doorbell, never stuck.

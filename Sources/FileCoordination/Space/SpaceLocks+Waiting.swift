@@ -35,7 +35,7 @@ extension SpaceLocks {
     /// look again on their own for a while, see ``closeRecheckWindow``).
     func shardClosed() {
         let waiters = state.withLock { state in
-            state.lastClose = .now
+            state.closes &+= 1
             // (A new generation even with no one parked: a claim between its attempt and
             // its parking tries again.)
             return Self.takeWaiters(&state)
@@ -49,7 +49,7 @@ extension SpaceLocks {
     /// rings for the waiters elsewhere.
     func somethingChanged(closed: Bool = false) {
         let waiters = state.withLock { state in
-            if closed { state.lastClose = .now }
+            if closed { state.closes &+= 1 }
             return Self.takeWaiters(&state)
         }
         for waiter in waiters { waiter.resume() }
@@ -59,28 +59,31 @@ extension SpaceLocks {
     func waitForChange(after generation: UInt64, atMost timeout: Duration? = nil) async throws {
         let id = state.withLock { state in
             defer { state.nextWaiter += 1 }
+            if timeout != nil { state.timed[state.nextWaiter] = false }
             return state.nextWaiter
         }
         let timer = timeout.map { timeout in
             Task { [self] in
-                // ok: a bounded look again after a claim file's close (``closeRecheckWindow``).
-                try? await Task.sleep(for: timeout)
-                let waiter = state.withLock { state in
-                    let waiter = state.waiters.removeValue(forKey: id)
-                    if waiter == nil { state.expired.insert(id) }
-                    return waiter
+                // ok: a bounded look again after a claim file's close (``closeRechecks``).
+                guard (try? await Task.sleep(for: timeout)) != nil else { return }
+                let waiter = state.withLock { state -> UnsafeContinuation<Void, any Error>? in
+                    // (Ended meanwhile: nothing to do.)
+                    guard state.timed[id] != nil else { return nil }
+                    if let waiter = state.waiters.removeValue(forKey: id) { return waiter }
+                    state.timed[id] = true
+                    return nil
                 }
                 waiter?.resume()
             }
         }
         defer {
             timer?.cancel()
-            if timer != nil { _ = state.withLock { $0.expired.remove(id) } }
+            if timer != nil { _ = state.withLock { $0.timed.removeValue(forKey: id) } }
         }
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
                 let parked = state.withLock { state in
-                    guard state.generation == generation, !Task.isCancelled, !state.expired.contains(id) else { return false }
+                    guard state.generation == generation, !Task.isCancelled, state.timed[id] != true else { return false }
                     state.waiters[id] = continuation
                     return true
                 }
@@ -92,17 +95,16 @@ extension SpaceLocks {
         }
     }
 
-    /// How long a waiting claim that still finds a conflict after `recheck` pauses before
-    /// it looks again on its own: while a claim file's last close is recent, growing
-    /// pauses (the next returned in `recheck`); nil (wait for an event alone) after.
-    func recheckPause(_ recheck: inout Duration) -> Duration? {
-        let lastClose = state.withLock { $0.lastClose }
-        guard let lastClose, ContinuousClock.now - lastClose < Self.closeRecheckWindow else {
-            recheck = Self.firstRecheck
-            return nil
-        }
-        defer { recheck = Swift.min(recheck * 2, Self.longestRecheck) }
-        return recheck
+    /// How long a waiting claim that still finds a conflict pauses before it looks again
+    /// on its own: after a claim file's close it has not answered yet (`answered`: the
+    /// closes it has seen, and the looks made since the last), 1 ms doubling for
+    /// ``closeRechecks`` looks; nil (wait for an event alone) after.
+    func recheckPause(_ answered: inout (closes: UInt64, looks: Int)) -> Duration? {
+        let closes = state.withLock { $0.closes }
+        if closes != answered.closes { answered = (closes, 0) }
+        guard closes != 0, answered.looks < Self.closeRechecks else { return nil }
+        defer { answered.looks += 1 }
+        return .milliseconds(1 << answered.looks)
     }
 
     func raiseWaitingFlag() {

@@ -36,8 +36,8 @@ import Glibc
 /// `IN_CLOSE_WRITE` when any process that had it open exits; and the shards' own
 /// `IN_CLOSE_WRITE` (a holder's command may keep its shards after `claims.lock`). The
 /// kernel reports a last close before it drops that file's locks, so a waiter that still
-/// finds a conflict after a close looks again on its own for a moment
-/// (``closeRecheckWindow``); apart from that, nothing polls.
+/// finds a conflict after a close looks again on its own a few times over a quarter
+/// second (``closeRechecks``); apart from that, nothing polls.
 ///
 /// A process keeps up to ``idleLimit`` shared bytes locked after its last task let go of
 /// them (*idle*), so that coordinating again on the same items, or in the same directories,
@@ -100,23 +100,21 @@ final class SpaceLocks: Sendable {
         var nextWaiter: UInt64 = 0
         /// Local requests currently waiting (they share the waiting flag).
         var waiting = 0
-        /// When a file of the space's claims was last closed for good: a holder may be
-        /// ending (see ``closeRecheckWindow``).
-        var lastClose: ContinuousClock.Instant?
-        /// Waits whose time ran out before they parked (``waitForChange(after:atMost:)``).
-        var expired: Set<UInt64> = []
+        /// How many times a file of the space's claims was closed for good (or inotify
+        /// events were lost): a holder may be ending (see ``closeRechecks``).
+        var closes: UInt64 = 0
+        /// Timed waits (``waitForChange(after:atMost:)``), and whether the time ran out
+        /// before they parked.
+        var timed: [UInt64: Bool] = [:]
     }
 
-    /// How long after a claim file's last close a waiter that still finds a conflict looks
-    /// again on its own, and its first and longest pause between looks. The kernel
-    /// reports a file's last close before it drops the file's locks, and a process that
-    /// dies closes `claims.lock` and its shards one after another: a waiter woken by the
-    /// first close may find bytes that the next closes will free with no event left to
-    /// come. (The looks end once the window has passed; a holder that keeps a shard open
-    /// longer wakes the waiter with that shard's own close.)
-    static let closeRecheckWindow: Duration = .seconds(2)
-    static let firstRecheck: Duration = .milliseconds(1)
-    static let longestRecheck: Duration = .milliseconds(250)
+    /// How many times a waiter that still finds a conflict after a claim file's close
+    /// looks again on its own, at pauses of 1, 2, 4 ... ms (a quarter second in all). The
+    /// kernel reports a file's last close before it drops that file's locks: a waiter
+    /// woken by the close of `claims.lock` or of a shard may try while those locks, or
+    /// those of the dying process's next files, are still there, and the closes of the
+    /// files it tried too early have been reported already.
+    static let closeRechecks = 8
 
     /// At most this many idle bytes are kept: a process that coordinates again on the
     /// same items (or in the same directories) asks the kernel nothing, and the shards'
