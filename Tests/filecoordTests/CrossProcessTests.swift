@@ -76,6 +76,21 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(lines == (0 ..< 10).map { $0 == 5 ? "new5" : "old\($0)" })
     }
 
+    /// The wall clock in nanoseconds, as `date +%s%N` prints it.
+    static func wallClockNanoseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+    }
+
+    /// How long after `instant` (``wallClockNanoseconds()``) a waiter's `date +%s%N` ran,
+    /// from the line it prints.
+    static func startDelay(of lines: inout AsyncStream<String>.Iterator, after instant: Int64) async throws -> Duration {
+        let line = await lines.next() ?? ""
+        let started = try #require(Int64(line), "the waiter printed \(line)")
+        return .nanoseconds(started - instant)
+    }
+
     @Test("a holder killed with SIGKILL (exec's wrapper, then its command, which keeps the claims): the waiting writer proceeds within 100 ms of the last death")
     func killedHolder() async throws {
         let file = scratch.write("held", "x")
@@ -89,13 +104,9 @@ struct CrossProcessTests: CrossProcessFixture {
             ((status["waiting"] as? [[String: Any]]) ?? []).contains { $0["pid"] as? Int32 == waiter.pid }
         }
         holder.signal(SIGKILL)
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let killed = Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+        let killed = Self.wallClockNanoseconds()
         kill(command, SIGKILL)
-        let line = await waiterLines.next() ?? ""
-        let started = try #require(Int64(line), "the waiter printed \(line)")
-        let elapsed = Duration.nanoseconds(started - killed)
+        let elapsed = try await Self.startDelay(of: &waiterLines, after: killed)
         #expect(elapsed < .milliseconds(100), "the waiter's command started \(elapsed) after the kill")
         #expect(await waiter.wait().status == 0)
         _ = await holder.wait()
@@ -127,12 +138,7 @@ struct CrossProcessTests: CrossProcessFixture {
         release.executableURL = URL(fileURLWithPath: "/bin/sh")
         release.arguments = ["-c", "echo go > \"$0\"", gate]
         try release.run()
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let released = Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
-        let line = await waiterLines.next() ?? ""
-        let started = try #require(Int64(line), "the waiter printed \(line)")
-        let elapsed = Duration.nanoseconds(started - released)
+        let elapsed = try await Self.startDelay(of: &waiterLines, after: Self.wallClockNanoseconds())
         #expect(elapsed < .seconds(1), "the waiter's command started \(elapsed) after the holder's command was told to end")
         #expect(await waiter.wait().status == 0)
         _ = await holder.wait()

@@ -84,8 +84,9 @@ public final class CoordinationSpace: Sendable {
     }
 
     /// Watches the space through inotify, once: `claims.lock` and `claims/` (a waiting
-    /// claim wakes on a release, and on a holder's last close), this process's mailbox (replies, and requests for its presenters) and
-    /// `procs/` (deaths). Returns whether the watches are in place.
+    /// claim wakes on a release, and on a holder's last close), this process's mailbox
+    /// (replies, and requests for its presenters) and `procs/` (deaths). Returns whether
+    /// the watches are in place.
     ///
     /// Not done on joining: an inotify instance is a per-user resource (128 by default),
     /// and a process that never waits, asks nobody and presents nothing (most `exec`s, a

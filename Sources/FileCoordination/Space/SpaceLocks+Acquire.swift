@@ -92,7 +92,8 @@ extension SpaceLocks {
         var flagged = false
         var watched = false
         var poll: Duration = .milliseconds(1)
-        var answered: (closes: UInt64, looks: Int) = (0, 0)
+        // (Closes before the claim began are not its to answer.)
+        var answered = (closes: state.withLock { $0.closes }, looks: Self.closeRechecks)
         defer {
             if flagged { lowerWaitingFlag() }
             if let token { _ = state.withLock { $0.cancelled.remove(token) } }

@@ -32,7 +32,7 @@ extension SpaceLocks {
 
     /// Called by the watcher thread for a shard's `IN_CLOSE_WRITE`: a holder may have let
     /// go by ending, with no other event to come. This process's waiters try again (and
-    /// look again on their own for a while, see ``closeRecheckWindow``).
+    /// look again on their own for a while, see ``closeRechecks``).
     func shardClosed() {
         let waiters = state.withLock { state in
             state.closes &+= 1
