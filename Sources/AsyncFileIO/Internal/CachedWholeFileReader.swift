@@ -236,10 +236,11 @@ final class CachedWholeFileReader {
         }
     }
 
-    /// Whether the same lookup of `/` is refused with `EPERM`: a filter that refuses the call
-    /// itself, not a module that refuses one directory.
-    private static func isRefusedAtRoot() -> Bool {
-        switch Syscall.openCached(at: fc_AT_FDCWD, "/", fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
+    /// Whether the same lookup of `.` is refused with `EPERM`: a filter that refuses the
+    /// call itself, not a module that refuses one directory. (`.` walks no component and
+    /// ends in no revalidation, where `/` would end in the root file system's.)
+    private static func isRefusedEverywhere() -> Bool {
+        switch Syscall.openCached(at: fc_AT_FDCWD, ".", fc_O_PATH | fc_O_DIRECTORY, sameMount: false) {
         case .success(let fd):
             _ = Syscall.close(fd)
             return false
@@ -271,7 +272,7 @@ final class CachedWholeFileReader {
             directory = []
             Self.cachedLookupsMissing.store(true, ordering: .relaxed)
             return .unsupported
-        case .failure(.notPermitted) where Self.isRefusedAtRoot():
+        case .failure(.notPermitted) where Self.isRefusedEverywhere():
             // (A seccomp filter's answer; a security module may refuse one directory so.)
             directory = []
             Self.cachedLookupsMissing.store(true, ordering: .relaxed)
