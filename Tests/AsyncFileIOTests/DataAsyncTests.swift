@@ -67,7 +67,8 @@ struct DataAsyncTests {
         for path in [files[0], roundabout[0]] {
             #expect(opensInOneCall(path) == oneCall, "\(path)")
         }
-        // (The reads above asked an I/O thread about the root; its answer is awaited here.)
+        // (The reads above asked an I/O thread about the root; the answer is made here too,
+        // so that it is in before the count.)
         try await runOnIOThread { RootVerdict.shared.settle() }
         let (data, opened) = try await Self.countingOneCallOpens { try await Data(asyncContentsOf: files[1]) }
         #expect(data == (try Data(contentsOf: URL(fileURLWithPath: files[1].string))))
