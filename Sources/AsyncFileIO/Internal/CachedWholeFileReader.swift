@@ -268,12 +268,10 @@ final class CachedWholeFileReader {
                 _ = Syscall.close(fd)
             }
             return nil
-        case .failure(.noFunction), .failure(.invalidArgument):
-            directory = []
-            Self.cachedLookupsMissing.store(true, ordering: .relaxed)
-            return .unsupported
-        case .failure(.notPermitted) where Self.isRefusedEverywhere():
-            // (A seccomp filter's answer; a security module may refuse one directory so.)
+        case .failure(let error) where error == .noFunction || error == .invalidArgument
+            // (EPERM: a seccomp filter's answer, unless a security module refuses only this
+            // directory so.)
+            || (error == .notPermitted && Self.isRefusedEverywhere()):
             directory = []
             Self.cachedLookupsMissing.store(true, ordering: .relaxed)
             return .unsupported
