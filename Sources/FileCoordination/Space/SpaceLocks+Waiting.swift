@@ -34,13 +34,7 @@ extension SpaceLocks {
     /// go by ending, with no other event to come. This process's waiters try again (and
     /// look again on their own for a while, see ``closeRechecks``).
     func shardClosed() {
-        let waiters = state.withLock { state in
-            state.closes &+= 1
-            // (A new generation even with no one parked: a claim between its attempt and
-            // its parking tries again.)
-            return Self.takeWaiters(&state)
-        }
-        for waiter in waiters { waiter.resume() }
+        wakeWaiters(closed: true)
     }
 
     /// Called by the watcher thread for the lock file's `IN_MODIFY` / `IN_CLOSE_WRITE`
@@ -48,12 +42,18 @@ extension SpaceLocks {
     /// and its idle bytes go (someone may wait for one); if there were any, the doorbell
     /// rings for the waiters elsewhere.
     func somethingChanged(closed: Bool = false) {
+        wakeWaiters(closed: closed)
+        if dropIdle(suspend: true) { ringDoorbell() }
+    }
+
+    /// A new generation, so that a claim between its attempt and its parking tries again
+    /// too, and every parked waiter resumed; `closed` counts a close to answer.
+    private func wakeWaiters(closed: Bool) {
         let waiters = state.withLock { state in
             if closed { state.closes &+= 1 }
             return Self.takeWaiters(&state)
         }
         for waiter in waiters { waiter.resume() }
-        if dropIdle(suspend: true) { ringDoorbell() }
     }
 
     func waitForChange(after generation: UInt64, atMost timeout: Duration? = nil) async throws {
