@@ -50,6 +50,31 @@ public protocol InPlaceGate: Sendable {
     /// A file the batch leaves unread, for the gate's owner to deal with (as a file
     /// `enter` refused alone).
     func skip(_ index: Int)
+    /// Whether ``enterWithoutBlocking(_:)`` may let files through: the consumer of the
+    /// batch's sequence then reads files itself while it would wait.
+    var admitsWithoutBlocking: Bool { get }
+    /// ``enter(_:)`` on a thread that must not block (the sequence's consumer: the
+    /// cooperative pool, or the main thread); nothing is noted, even for a lone file. What the gate lets through is read only where that needs no wait either,
+    /// without following the last component.
+    func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission
+}
+
+/// What ``InPlaceGate/enterWithoutBlocking(_:)`` answers.
+@_spi(FileCoordinationInternal)
+public enum GateAdmission: Sendable {
+    /// All of the files may be read now: the token for ``InPlaceGate/leave(_:)``.
+    case admitted(UInt64)
+    /// Something stands in the way: the files go back to the workers, which ask for each.
+    case refused
+    /// Answering needs a call that may wait (a directory not looked up yet): the files go
+    /// back to the workers, whose questions make the answer known for the next group.
+    case notKnownYet
+}
+
+@_spi(FileCoordinationInternal)
+extension InPlaceGate {
+    public var admitsWithoutBlocking: Bool { false }
+    public func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .refused }
 }
 
 extension FileBatchReader {

@@ -484,6 +484,28 @@ private final class ClaimGate: InPlaceGate {
         return nil
     }
 
+    /// Not when the workers open claim shards: a closed one would need an `openat`.
+    var admitsWithoutBlocking: Bool { !openingShards }
+
+    /// ``enter(_:)`` from what is known already: each directory's resolution remembered
+    /// (no `realpath`), and the claims taken with the kernel's non-blocking lock calls
+    /// alone (as an uncontended coordination takes them on its caller's thread).
+    func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission {
+        guard !openingShards else { return .refused }
+        var claims: [CoordinationRules.Claim] = []
+        claims.reserveCapacity(files.count)
+        var directory = CanonicalPaths.DirectoryMemo()
+        for (_, given) in files {
+            guard let name = CanonicalPaths.canonicalNameIfKnown(FileCoordinator.normalizedBytes(given), memo: &directory)
+            else { return .notKnownYet }
+            let key = PathKey(name)
+            guard !center.hasPresenters(concerning: key) else { return .refused }
+            claims.append(CoordinationRules.Claim(key: key, access: .reading))
+        }
+        guard let id = center.tryAcquireNow(claims, purpose: purpose) else { return .refused }
+        return .admitted(id.raw)
+    }
+
     func leave(_ token: UInt64) {
         center.release(CoordinationRules.RequestID(raw: token))
     }

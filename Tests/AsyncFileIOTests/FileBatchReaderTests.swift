@@ -143,6 +143,93 @@ struct FileBatchReaderTests {
         }
     }
 
+    @Test("through a gate that admits without blocking, the consumer reads only files it let in, before they leave it; refused groups and links go to the workers",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
+    func consumerReadsThroughTheGate() async throws {
+        /// Admits the consumer's groups by a script, and on each group's leave rewrites its
+        /// files, as a writer waiting for their claim would: a file read after its group
+        /// left reads the new bytes.
+        final class RewritingGate: InPlaceGate {
+            struct State {
+                var calls = 0
+                var nextToken: UInt64 = 1
+                var groups: [UInt64: [(Int, PlatformPath)]] = [:]
+                var admittedToConsumer = 0
+                var refusedToConsumer = 0
+                var skipped: Set<Int> = []
+            }
+            let state = Mutex(State())
+            var admitsWithoutBlocking: Bool { true }
+            private func admit(_ files: [(index: Int, path: PlatformPath)], _ state: inout State) -> UInt64 {
+                defer { state.nextToken += 1 }
+                state.groups[state.nextToken] = files.map { ($0.index, $0.path) }
+                return state.nextToken
+            }
+            func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { state.withLock { admit(files, &$0) } }
+            func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission {
+                state.withLock { state in
+                    state.calls += 1
+                    // Not known at first (the consumer waits and stays a reader), then now
+                    // and again refused.
+                    switch state.calls {
+                    case 1: return .notKnownYet
+                    case let call where call % 5 == 0:
+                        state.refusedToConsumer += files.count
+                        return .refused
+                    default:
+                        state.admittedToConsumer += files.count
+                        return .admitted(admit(files, &state))
+                    }
+                }
+            }
+            func leave(_ token: UInt64) {
+                let group = state.withLock { $0.groups.removeValue(forKey: token) } ?? []
+                for (_, path) in group {
+                    let fd = open(path.filePath.string, O_WRONLY | O_TRUNC | O_NOFOLLOW)
+                    guard fd >= 0 else { continue } // the link (not followed), the missing file
+                    _ = "left".withCString { write(fd, $0, 4) }
+                    close(fd)
+                }
+            }
+            func skip(_ index: Int) { _ = state.withLock { $0.skipped.insert(index) } }
+        }
+        let directory = TemporaryDirectory("consumer-gate", under: localDiskBase!)
+        // (Not f0, which is empty: a consumer whose first file is not read stops reading.)
+        var files = Array(try await Self.makeFiles(directory, count: 1500, maximumSize: 4000).dropFirst())
+        // Links to a file beside them, which a read that followed them would find at once.
+        let target = try directory.make("target", pattern(500))
+        // One in every group of 32, wherever a group starts.
+        for position in stride(from: 20, to: files.count, by: 29) {
+            let link = directory.file("link\(position)")
+            try FileManager.default.createSymbolicLink(atPath: link.string, withDestinationPath: target.lastComponent!.string)
+            // Followed once: a link's access time then needs no update when followed again,
+            // which a lookup from the kernel's cache alone could not make.
+            _ = try Data(contentsOf: URL(fileURLWithPath: link.string))
+            files.insert((link, Data()), at: position)
+        }
+        let links = Set(files.indices.filter { files[$0].0.lastComponent!.string.hasPrefix("link") })
+        let gate = RewritingGate()
+        let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 16)).makeAsyncIterator(gate: gate)
+        var index = 0
+        while let result = try await iterator.next() {
+            try #require(result.index == index)
+            if links.contains(index) {
+                // Left to the gate's owner, which claims the link's target: never read through.
+                #expect(throws: FileCoordinationError.self) { try result.get() }
+            } else {
+                #expect(try result.get() == files[index].1, "file \(index) read after its group left the gate")
+            }
+            index += 1
+        }
+        #expect(index == files.count)
+        let seen = gate.state.withLock { $0 }
+        #expect(seen.skipped == links)
+        #expect(seen.groups.isEmpty, "groups still inside the gate")
+        #expect(iterator.storage.filesReadByConsumer > 0, "the consumer read no file itself")
+        #expect(iterator.storage.filesReadByConsumer <= seen.admittedToConsumer)
+        #expect(seen.refusedToConsumer > 0, "no group refused to the consumer")
+    }
+
     @Test("completion order delivers every file exactly once", arguments: [2, 16])
     func completionOrder(concurrency: Int) async throws {
         let directory = TemporaryDirectory("completion")

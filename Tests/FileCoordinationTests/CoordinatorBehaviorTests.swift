@@ -112,6 +112,26 @@ struct CoordinatorBehaviorTests {
         }
     }
 
+    @Test("a name resolves without a system call only where its directory's resolution is known, and then as it does with one")
+    func nameResolvesFromWhatIsKnown() throws {
+        let box = Sandbox()
+        for name in ["dir/a", "dir/b", "other/a"] { box.file(name) }
+        try FileManager.default.createSymbolicLink(atPath: box.url.path + "/dlnk", withDestinationPath: "dir")
+        func bytes(_ name: String) -> [UInt8] { FileCoordinator.normalizedBytes(PlatformPath(FilePath(box.url.path + "/" + name))) }
+        // Nothing looked up in this sandbox yet: not known, and no memo kept.
+        var memo = CanonicalPaths.DirectoryMemo()
+        #expect(CanonicalPaths.canonicalNameIfKnown(bytes("dlnk/a"), memo: &memo) == nil)
+        #expect(CanonicalPaths.canonicalNameIfKnown(bytes("dlnk/b"), memo: &memo) == nil)
+        // Looked up once (as a worker does), then known, through the link too.
+        var workers = CanonicalPaths.DirectoryMemo()
+        let resolved = CanonicalPaths.canonicalNameNow(bytes("dlnk/a"), memo: &workers)
+        #expect(String(decoding: resolved, as: UTF8.self).hasSuffix("/dir/a"))
+        #expect(CanonicalPaths.canonicalNameIfKnown(bytes("dlnk/a"), memo: &memo) == resolved)
+        #expect(CanonicalPaths.canonicalNameIfKnown(bytes("dlnk/b"), memo: &memo)
+            == CanonicalPaths.canonicalNow(bytes("dlnk/b"), followingLast: false))
+        #expect(CanonicalPaths.canonicalNameIfKnown(bytes("other/a"), memo: &memo) == nil)
+    }
+
     @Test("64 concurrent readers of one item are all inside at once")
     func readersShare() async throws {
         let center = CoordinationCenter(), box = Sandbox()

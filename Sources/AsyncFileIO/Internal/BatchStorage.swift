@@ -99,8 +99,9 @@ final class BatchStorage: Sendable {
     /// False once a read found that the file system cannot tell (no `RWF_NOWAIT`).
     private let cacheProbes = Atomic<Bool>(true)
     /// Whether the consumer reads files itself while no result is ready
-    /// (``readOnConsumer(_:)``): with the thread-pool engine and no gate, until the
-    /// kernel or a file system turns out unable to tell a read that would wait.
+    /// (``readOnConsumer(_:)``): with the thread-pool engine and no gate or one that
+    /// admits files without blocking, until the kernel or a file system turns out unable
+    /// to tell a read that would wait.
     private let consumerReads: Atomic<Bool>
     /// Whether the consumer's last attempt read a file: while it does, it is one of the
     /// threads reading from the page cache (a directory on a tmpfs, say, leaves every
@@ -109,6 +110,11 @@ final class BatchStorage: Sendable {
     /// The most workers that may run while the consumer reads: one thread a core in all,
     /// and at most `concurrency` descriptors (the consumer holds two).
     private var workersBesideConsumer: Int { min(concurrency - 2, Self.processors - 1) }
+    /// Consecutive groups the gate could not answer for without blocking (the consumer's
+    /// alone). Past ``unknownStreakLimit`` (files of many directories, few of them looked
+    /// up yet) the consumer stops reading, and the workers are one a core again.
+    private let unknownStreak = Atomic<Int>(0)
+    private static let unknownStreakLimit = 2
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
@@ -124,7 +130,7 @@ final class BatchStorage: Sendable {
         chunk = self.gate != nil ? 32 : inputs.ungatedClaim(workers: concurrency)
         // (The consumer's file and directory count against `concurrency`, which must
         // leave a worker.)
-        consumerReads = Atomic(options.engine == .threadPool && self.gate == nil && concurrency >= 3)
+        consumerReads = Atomic(options.engine == .threadPool && self.gate?.admitsWithoutBlocking != false && concurrency >= 3)
         // Room for every worker's private group plus as much again in the shared ring,
         // so that workers pause for a slow consumer, not for each other. (Smaller
         // windows, meant to keep buffers in the CPU caches, measured no better.) And
@@ -198,8 +204,31 @@ final class BatchStorage: Sendable {
         // `concurrency` workers' claims beside the consumer's).
         guard consumerReads.load(ordering: .relaxed), !blocking.load(ordering: .relaxed), !Faults.isArmed,
               state.withLock({ $0.activeWorkers }) <= workersBesideConsumer,
-              let indices = claim(givenBackToo: false, groups: Self.consumerGroups)
+              let indices = claim(givenBackToo: false, groups: gate == nil ? Self.consumerGroups : 1)
         else { return false }
+        // With a gate, the consumer's group is one worker's: one question for all of it,
+        // asked without blocking. Refused, the group goes back to the workers, which ask
+        // for each file that they may wait for.
+        var token: UInt64?
+        if let gate {
+            let paths = indices.compactMap { index -> (Int, PlatformPath)? in
+                if case .path(let path) = inputs[index] { (index, path) } else { nil }
+            }
+            switch paths.isEmpty ? .refused : gate.enterWithoutBlocking(paths) {
+            case .admitted(let admitted):
+                token = admitted
+                unknownStreak.store(0, ordering: .relaxed)
+            case .notKnownYet where unknownStreak.load(ordering: .relaxed) < Self.unknownStreakLimit:
+                // The worker beside it resolves the directory (its single files come
+                // first): the consumer waits for it, and stays one of the readers.
+                unknownStreak.add(1, ordering: .relaxed)
+                giveBack(Array(indices), atLimit: false)
+                return false
+            case .notKnownYet, .refused:
+                giveBack(Array(indices), atLimit: false)
+                return consumerReading.exchange(false, ordering: .relaxed)
+            }
+        }
         // The directory is looked up again by the next call: a path renamed or relinked
         // meanwhile is read where it now leads, and no descriptor is kept between calls.
         defer { reader.close() }
@@ -218,7 +247,10 @@ final class BatchStorage: Sendable {
                 unread.append(index)
                 continue
             }
-            switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit)) {
+            // Under a gate the name itself is what it claimed: a link there goes back to
+            // the workers, which leave it to the gate's owner.
+            switch reader.read(path, maximumSize: min(options.maximumFileSize, CachedWholeFileReader.inlineLimit),
+                               followingLast: gate == nil) {
             case .read(let data):
                 largest = max(largest, data.count)
                 read += data.count
@@ -231,6 +263,8 @@ final class BatchStorage: Sendable {
                 break reading
             }
         }
+        // Its claim is given back before any of its files is: a worker may claim them next.
+        if let token { gate?.leave(token) }
         // (Not claimed by the consumer again: given-back files are the workers'.)
         if !unread.isEmpty { giveBack(unread, atLimit: false) }
         if chunk > 1 { largestFile.max(largest) }

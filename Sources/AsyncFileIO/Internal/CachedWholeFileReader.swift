@@ -192,18 +192,19 @@ final class CachedWholeFileReader {
 
     /// Reads the file at `path` through its directory, which is kept for the next file (a
     /// batch's: the directory's open, check and close are made once for a run of its files).
-    func read(_ path: PlatformPath, maximumSize: Int) -> Outcome {
-        read(path, maximumSize: maximumSize, alone: false)
+    /// Without `followingLast`, a symbolic link there is not followed (``Outcome/elsewhere``).
+    func read(_ path: PlatformPath, maximumSize: Int, followingLast: Bool = true) -> Outcome {
+        read(path, maximumSize: maximumSize, alone: false, followingLast: followingLast)
     }
 
     /// Reads the file at `path` alone (`Data(asyncContentsOf:)`): opened in one call when it
     /// lies on the root directory's mount (``openOnRootMount(_:verdict:)``), else through
     /// its directory.
     func readAlone(_ path: PlatformPath, maximumSize: Int) -> Outcome {
-        read(path, maximumSize: maximumSize, alone: true)
+        read(path, maximumSize: maximumSize, alone: true, followingLast: true)
     }
 
-    private func read(_ path: PlatformPath, maximumSize: Int, alone: Bool) -> Outcome {
+    private func read(_ path: PlatformPath, maximumSize: Int, alone: Bool, followingLast: Bool) -> Outcome {
         lastWay = .none
         guard !Self.cachedLookupsMissing.load(ordering: .relaxed) else { return .unsupported }
         return path.withCString { path in
@@ -229,7 +230,8 @@ final class CachedWholeFileReader {
             }
             if !isDirectory(directory), let outcome = lookUp(path, directoryLength, rootMount: rootMount) { return outcome }
             guard let directoryFD else { return .elsewhere }
-            guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, O_RDONLY | O_NONBLOCK | O_NOCTTY, sameMount: true)
+            let flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | (followingLast ? 0 : fc_O_NOFOLLOW)
+            guard case .success(let fd) = Syscall.openCached(at: directoryFD, path + slash + 1, flags, sameMount: true)
             else { return .elsewhere }
             lastWay = .directory
             return readOpened(fd, maximumSize: maximumSize)

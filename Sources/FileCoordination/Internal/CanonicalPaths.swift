@@ -268,6 +268,18 @@ enum CanonicalPaths {
     /// in the directory `memo` looked up last makes no lookup, lock or clock reading.
     /// Keep a memo for one group only: it does not check the cache's trust again.
     static func canonicalNameNow(_ path: [UInt8], memo: inout DirectoryMemo) -> [UInt8] {
+        canonicalName(path, memo: &memo, resolving: directoryNow) ?? path
+    }
+
+    /// ``canonicalNameNow(_:memo:)`` from what is remembered alone, with no system call:
+    /// nil when the directory's resolution is not known (a thread that must not block
+    /// leaves such a file to one that may).
+    static func canonicalNameIfKnown(_ path: [UInt8], memo: inout DirectoryMemo) -> [UInt8]? {
+        canonicalName(path, memo: &memo) { cached($0)?.resolved }
+    }
+
+    private static func canonicalName(_ path: [UInt8], memo: inout DirectoryMemo,
+                                      resolving: ([UInt8]) -> [UInt8]?) -> [UInt8]? {
         guard path.count > 1, let slash = path.lastIndex(of: UInt8(ascii: "/")) else { return path }
         let name = path[(slash + 1)...]
         // `slash == 0`: both directories are `/` (empty), whose buffers may have no address.
@@ -276,7 +288,7 @@ enum CanonicalPaths {
             return join(memo.resolved, name)
         }
         let directory = Array(path[..<slash])
-        let resolved = directoryNow(directory)
+        guard let resolved = resolving(directory) else { return nil }
         memo.directory = directory
         memo.resolved = resolved
         return join(resolved, name)
