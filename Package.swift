@@ -66,7 +66,7 @@ let package = Package(
             ]
         ),
         // Test set-up shared by the test targets (not a product).
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["AsyncFileIO"], path: "Tests/TestSupport"),
         // Each test target declares every module it imports.
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "CFileCoordinationShims", "SystemCalls", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport",

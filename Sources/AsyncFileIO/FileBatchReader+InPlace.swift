@@ -31,8 +31,9 @@ public struct BatchFileContents {
     }
 }
 
-/// Lets a layer above decide, on the worker, whether each file is read now: the
-/// coordinated batch takes each file's claim there when it is free.
+/// Lets a layer above decide, before a group of files is read, whether it is read now:
+/// the coordinated batch takes the files' claims when they are free, on the worker, or
+/// (``enterWithoutBlocking(_:)``) on the sequence's consumer.
 ///
 /// A file the gate lets through is opened without following its last component
 /// (`O_NOFOLLOW`): the gate may claim the name itself, and a file that turns out to be a
@@ -54,8 +55,9 @@ public protocol InPlaceGate: Sendable {
     /// batch's sequence then reads files itself while it would wait.
     var admitsWithoutBlocking: Bool { get }
     /// ``enter(_:)`` on a thread that must not block (the sequence's consumer: the
-    /// cooperative pool, or the main thread); nothing is noted, even for a lone file. What the gate lets through is read only where that needs no wait either,
-    /// without following the last component.
+    /// cooperative pool, or the main thread); nothing is noted, even for a lone file. What
+    /// the gate lets through is read only where that needs no wait either, without
+    /// following the last component.
     func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission
 }
 
@@ -73,7 +75,9 @@ public enum GateAdmission: Sendable {
 
 @_spi(FileCoordinationInternal)
 extension InPlaceGate {
+    /// A gate admits nothing without blocking unless it says so.
     public var admitsWithoutBlocking: Bool { false }
+    /// Refuses: the workers ask ``enter(_:)``.
     public func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .refused }
 }
 

@@ -204,6 +204,10 @@ public struct FileBatchReader: AsyncSequence, Sendable {
             self.storage = storage
         }
 
+        /// How many files the consumer read itself so far (for tests).
+        @_spi(FileCoordinationInternal)
+        public var filesReadByConsumer: Int { storage.filesReadByConsumer }
+
         deinit {
             storage.cancel()
         }

@@ -178,8 +178,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
     /// file by file.
     private func workersGate() async throws -> ClaimGate {
         try await coordinator.center.prepareSpace()
-        let everyShard = try await coordinator.center.transport?.prepareForBatch() ?? true
-        return ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier, openingShards: !everyShard)
+        let transport = coordinator.center.transport
+        let everyShard = try await transport?.prepareForBatch() ?? true
+        return ClaimGate(center: coordinator.center, purpose: coordinator.purposeIdentifier, openingShards: !everyShard,
+                         admitsWithoutBlocking: everyShard && transport?.takesClaimsForBatch != false)
     }
 
     /// How many of `urls`, from the first, the next window takes: `window`, or as many as
@@ -259,6 +261,9 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         init(owner: CoordinatedFileReads) {
             self.owner = owner
         }
+
+        /// How many files the consumer read itself, under claims it took (for tests).
+        var filesReadByConsumer: Int { inner?.filesReadByConsumer ?? 0 }
 
         deinit {
             // Abandoned mid-window: the claim must still go.
@@ -434,12 +439,16 @@ private final class ClaimGate: InPlaceGate {
     let purpose: String
     /// Whether the workers open the claim shards they need (not all may stay open).
     let openingShards: Bool
+    /// Whether the sequence's consumer may claim too: every shard is open (a claim needs
+    /// no `openat`), and the transport takes claims without a server's round trip.
+    let admitsWithoutBlocking: Bool
     private let skippedIndices = Locked<[Int]>([])
 
-    init(center: CoordinationCenter, purpose: String, openingShards: Bool) {
+    init(center: CoordinationCenter, purpose: String, openingShards: Bool, admitsWithoutBlocking: Bool) {
         self.center = center
         self.purpose = purpose
         self.openingShards = openingShards
+        self.admitsWithoutBlocking = admitsWithoutBlocking
     }
 
     var skipped: [Int] { skippedIndices.withLock { $0 } }
@@ -484,14 +493,11 @@ private final class ClaimGate: InPlaceGate {
         return nil
     }
 
-    /// Not when the workers open claim shards: a closed one would need an `openat`.
-    var admitsWithoutBlocking: Bool { !openingShards }
-
     /// ``enter(_:)`` from what is known already: each directory's resolution remembered
     /// (no `realpath`), and the claims taken with the kernel's non-blocking lock calls
     /// alone (as an uncontended coordination takes them on its caller's thread).
     func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission {
-        guard !openingShards else { return .refused }
+        guard admitsWithoutBlocking else { return .refused }
         var claims: [CoordinationRules.Claim] = []
         claims.reserveCapacity(files.count)
         var directory = CanonicalPaths.DirectoryMemo()

@@ -143,52 +143,60 @@ struct FileBatchReaderTests {
         }
     }
 
-    @Test("through a gate that admits without blocking, the consumer reads only files it let in, before they leave it; refused groups and links go to the workers",
+    @Test("through a gate that admits without blocking, the consumer reads only files it let in, while they are in; refused groups and links go to the workers",
           .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"))
     func consumerReadsThroughTheGate() async throws {
-        /// Admits the consumer's groups by a script, and on each group's leave rewrites its
-        /// files, as a writer waiting for their claim would: a file read after its group
-        /// left reads the new bytes.
-        final class RewritingGate: InPlaceGate {
+        /// Writes a group's files as it lets them in and overwrites them as they leave, as
+        /// a writer that waits for their claims would: a file read outside its group's
+        /// stay reads other bytes. Admits the consumer's groups by a script.
+        final class WritingGate: InPlaceGate {
             struct State {
                 var calls = 0
                 var nextToken: UInt64 = 1
-                var groups: [UInt64: [(Int, PlatformPath)]] = [:]
+                var inside: [UInt64: [Int]] = [:]
                 var admittedToConsumer = 0
                 var refusedToConsumer = 0
+                var unknownLeaves = 0
                 var skipped: Set<Int> = []
             }
             let state = Mutex(State())
+            let files: [(FilePath, Data)]
+            init(files: [(FilePath, Data)]) { self.files = files }
             var admitsWithoutBlocking: Bool { true }
-            private func admit(_ files: [(index: Int, path: PlatformPath)], _ state: inout State) -> UInt64 {
+            func write(_ index: Int, _ content: Data) {
+                let fd = open(files[index].0.string, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC)
+                guard fd >= 0 else { return } // a link (not followed)
+                _ = content.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+                close(fd)
+            }
+            private func admit(_ group: [(index: Int, path: PlatformPath)], _ state: inout State) -> UInt64 {
+                for file in group { write(file.index, files[file.index].1) }
                 defer { state.nextToken += 1 }
-                state.groups[state.nextToken] = files.map { ($0.index, $0.path) }
+                state.inside[state.nextToken] = group.map(\.index)
                 return state.nextToken
             }
-            func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { state.withLock { admit(files, &$0) } }
-            func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission {
+            func enter(_ group: [(index: Int, path: PlatformPath)]) -> UInt64? { state.withLock { admit(group, &$0) } }
+            func enterWithoutBlocking(_ group: [(index: Int, path: PlatformPath)]) -> GateAdmission {
                 state.withLock { state in
                     state.calls += 1
-                    // Not known at first (the consumer waits and stays a reader), then now
-                    // and again refused.
+                    // The first claim (made before any result is ready) let in, the second
+                    // not known yet (the consumer waits and stays a reader), the fifth
+                    // refused (it stops reading).
                     switch state.calls {
-                    case 1: return .notKnownYet
-                    case let call where call % 5 == 0:
-                        state.refusedToConsumer += files.count
+                    case 2: return .notKnownYet
+                    case 5:
+                        state.refusedToConsumer += group.count
                         return .refused
                     default:
-                        state.admittedToConsumer += files.count
-                        return .admitted(admit(files, &state))
+                        state.admittedToConsumer += group.count
+                        return .admitted(admit(group, &state))
                     }
                 }
             }
             func leave(_ token: UInt64) {
-                let group = state.withLock { $0.groups.removeValue(forKey: token) } ?? []
-                for (_, path) in group {
-                    let fd = open(path.filePath.string, O_WRONLY | O_TRUNC | O_NOFOLLOW)
-                    guard fd >= 0 else { continue } // the link (not followed), the missing file
-                    _ = "left".withCString { write(fd, $0, 4) }
-                    close(fd)
+                state.withLock { state in
+                    guard let group = state.inside.removeValue(forKey: token) else { return state.unknownLeaves += 1 }
+                    for index in group { write(index, Data("left".utf8)) }
                 }
             }
             func skip(_ index: Int) { _ = state.withLock { $0.skipped.insert(index) } }
@@ -196,9 +204,9 @@ struct FileBatchReaderTests {
         let directory = TemporaryDirectory("consumer-gate", under: localDiskBase!)
         // (Not f0, which is empty: a consumer whose first file is not read stops reading.)
         var files = Array(try await Self.makeFiles(directory, count: 1500, maximumSize: 4000).dropFirst())
-        // Links to a file beside them, which a read that followed them would find at once.
+        // Links to a file beside them, which a read that followed them would find at once;
+        // one in every group of 32, wherever a group starts.
         let target = try directory.make("target", pattern(500))
-        // One in every group of 32, wherever a group starts.
         for position in stride(from: 20, to: files.count, by: 29) {
             let link = directory.file("link\(position)")
             try FileManager.default.createSymbolicLink(atPath: link.string, withDestinationPath: target.lastComponent!.string)
@@ -208,8 +216,11 @@ struct FileBatchReaderTests {
             files.insert((link, Data()), at: position)
         }
         let links = Set(files.indices.filter { files[$0].0.lastComponent!.string.hasPrefix("link") })
-        let gate = RewritingGate()
-        let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 16)).makeAsyncIterator(gate: gate)
+        // Until a group lets them in, the files hold other bytes.
+        for (index, file) in files.enumerated() where !links.contains(index) { try writeFixture(Data("none".utf8), toPath: file.0.string) }
+        let gate = WritingGate(files: files)
+        // One worker beside the consumer, on any machine.
+        let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 3)).makeAsyncIterator(gate: gate)
         var index = 0
         while let result = try await iterator.next() {
             try #require(result.index == index)
@@ -217,16 +228,17 @@ struct FileBatchReaderTests {
                 // Left to the gate's owner, which claims the link's target: never read through.
                 #expect(throws: FileCoordinationError.self) { try result.get() }
             } else {
-                #expect(try result.get() == files[index].1, "file \(index) read after its group left the gate")
+                #expect(try result.get() == files[index].1, "file \(index) read outside its group's stay in the gate")
             }
             index += 1
         }
         #expect(index == files.count)
         let seen = gate.state.withLock { $0 }
         #expect(seen.skipped == links)
-        #expect(seen.groups.isEmpty, "groups still inside the gate")
-        #expect(iterator.storage.filesReadByConsumer > 0, "the consumer read no file itself")
-        #expect(iterator.storage.filesReadByConsumer <= seen.admittedToConsumer)
+        #expect(seen.inside.isEmpty, "groups still inside the gate")
+        #expect(seen.unknownLeaves == 0, "a group left the gate twice")
+        #expect(iterator.filesReadByConsumer > 0, "the consumer read no file itself")
+        #expect(iterator.filesReadByConsumer <= seen.admittedToConsumer)
         #expect(seen.refusedToConsumer > 0, "no group refused to the consumer")
     }
 
@@ -373,6 +385,63 @@ struct FileBatchReaderTests {
             gaveBack = iterator.storage.groupsGivenBack > 0
         }
         #expect(gaveBack)
+    }
+
+    @Test("under a gate, the files the consumer leaves at the buffer limit go back as one group, within which a worker stops at the limit",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"), .timeLimit(.minutes(2)))
+    func consumerLeavesAtTheLimit() async throws {
+        final class OpenGate: InPlaceGate {
+            let skipped = Mutex<Set<Int>>([])
+            var admitsWithoutBlocking: Bool { true }
+            func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { 1 }
+            func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .admitted(1) }
+            func leave(_ token: UInt64) {}
+            func skip(_ index: Int) { _ = skipped.withLock { $0.insert(index) } }
+        }
+        let directory = TemporaryDirectory("consumer-limit", under: localDiskBase!)
+        // Small files (claimed 32 at a time: the largest so far fits), then files of 1 MiB
+        // under a limit of 2 MiB: the group that takes the jump, when the consumer has it,
+        // stops after two of them.
+        let files = try await offThePool {
+            try (0 ..< 260).map { index in
+                let content = pattern(index < 200 ? 10 : 1 << 20, seed: UInt64(index))
+                return (try directory.make("f\(index)", content), content)
+            }
+        }
+        var stopped = false
+        // Whether the consumer or the worker beside it takes the jump is the machine's
+        // choice: a few batches make the consumer's case certain to run.
+        for _ in 0 ..< 12 where !stopped {
+            let gate = OpenGate()
+            let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 3, maximumBufferedBytes: 2 << 20))
+                .makeAsyncIterator(gate: gate)
+            var index = 0
+            var paused = false
+            while let result = try await iterator.next() {
+                #expect(result.index == index)
+                if gate.skipped.withLock({ $0.contains(index) }) {
+                    #expect(throws: FileCoordinationError.self) { try result.get() } // left to the gate's owner
+                } else {
+                    #expect(try result.get() == files[index].1, "file \(index)")
+                }
+                index += 1
+                // Once the consumer has left files at the limit, nothing is taken until the
+                // workers pause: what they read meanwhile is what the limit lets through.
+                if !paused, iterator.storage.consumerStoppedAtLimit > 0 {
+                    paused = true
+                    var previous = -1
+                    while iterator.storage.mostBufferedBytes != previous {
+                        previous = iterator.storage.mostBufferedBytes
+                        try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
+                    }
+                }
+            }
+            #expect(index == files.count)
+            // Two files of the group over the limit at most, and one more a worker starts.
+            #expect(iterator.storage.mostBufferedBytes <= 6 << 20, "\(iterator.storage.mostBufferedBytes) bytes buffered")
+            stopped = iterator.storage.consumerStoppedAtLimit > 0
+        }
+        #expect(stopped, "the consumer never stopped at the buffer limit")
     }
 
     @Test("an empty batch ends at once")

@@ -81,21 +81,6 @@ func makeFIFO(_ path: FilePath) throws {
     }
 }
 
-/// A directory on a local disk's file system, where cached files are read on the
-/// caller's thread: the package's `.build` (the system's temporary directory may be a
-/// tmpfs, whose files go to the I/O threads), else `/var/tmp` or the temporary directory.
-/// Nil when none is: the tests that need one are then not run.
-let localDiskBase: String? = {
-    let build = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().appendingPathComponent(".build").path
-    return [build, "/var/tmp", NSTemporaryDirectory()].first { base in
-        let fd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        return Syscall.deviceCached(fd).map(CachedWholeFileReader.isLocalDisk) ?? false
-    }
-}()
-
 /// Whether the root directory lies on a local disk's file system, as the library judges it.
 let rootIsLocalDisk = Syscall.rootDeviceCached().map(CachedWholeFileReader.isLocalDisk) ?? false
 

@@ -75,6 +75,7 @@ final class HeldElsewhere: CoordinationTransport {
     func releaseClaims(of id: UInt64) { released.add(1, ordering: .relaxed) }
     func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }
     func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool { false }
+    var takesClaimsForBatch: Bool { false }
     func prepareForBatch() async throws -> Bool { true }
     func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? { nil }
     var otherPresentersAreCurrent: Bool { true }

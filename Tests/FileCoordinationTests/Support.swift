@@ -97,8 +97,9 @@ final class Recorder: FilePresenter {
 /// A temporary directory for one test, removed at the end.
 final class Sandbox: Sendable {
     let url: URL
-    init() {
-        url = URL(fileURLWithPath: NSTemporaryDirectory())
+    /// In the system's temporary directory, or in `base`.
+    init(under base: String = NSTemporaryDirectory()) {
+        url = URL(fileURLWithPath: base)
             .appendingPathComponent("filecoord-coord-\(getpid())-\(UInt64.random(in: 0 ... .max))")
         try! FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     }

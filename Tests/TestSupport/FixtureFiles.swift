@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -102,3 +103,13 @@ public struct SplitMix64: RandomNumberGenerator {
         return z ^ (z >> 31)
     }
 }
+
+/// A directory on a local disk's file system, where cached files are read on the
+/// caller's thread: the package's `.build` (the system's temporary directory may be a
+/// tmpfs, whose files go to the I/O threads), else `/var/tmp` or the temporary directory.
+/// Nil when none is: the tests that need one are then not run.
+public let localDiskBase: String? = {
+    let build = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent(".build").path
+    return [build, "/var/tmp", NSTemporaryDirectory()].first(where: isOnLocalDisk)
+}()

@@ -72,6 +72,9 @@ final class BatchStorage: Sendable {
     private let nextIndex = Atomic<Int>(0)
     private let handed = Atomic<Int>(0)
     private let bufferedBytes = Atomic<Int>(0)
+    /// The most bytes buffered at once so far (for tests of the buffer limit).
+    private let peakBufferedBytes = Atomic<Int>(0)
+    var mostBufferedBytes: Int { peakBufferedBytes.load(ordering: .relaxed) }
     private let cancelled = Atomic<Bool>(false)
     private let consumerWaiting = Atomic<Bool>(false)
     private let descriptors = DescriptorWaits()
@@ -84,8 +87,9 @@ final class BatchStorage: Sendable {
     private let chunk: Int
     /// The largest file read so far (bytes).
     private let largestFile = Atomic<Int>(0)
-    /// Indices a worker claimed in a group but left unread at the buffer limit (without a
-    /// gate), sorted; `givenBackCount` mirrors their number, read without the lock.
+    /// Indices claimed but left unread, to be read by the workers: a worker's group
+    /// stopped at the buffer limit (without a gate), and files the consumer did not read
+    /// itself. Sorted; `givenBackCount` mirrors their number, read without the lock.
     private let givenBack = Locked<[Int]>([])
     private let givenBackCount = Atomic<Int>(0)
     /// How many times a group was given back at the buffer limit (for tests).
@@ -115,6 +119,9 @@ final class BatchStorage: Sendable {
     /// up yet) the consumer stops reading, and the workers are one a core again.
     private let unknownStreak = Atomic<Int>(0)
     private static let unknownStreakLimit = 2
+    /// How many times the consumer stopped reading a claim at the buffer limit (for tests).
+    private let consumerStopsAtLimit = Atomic<Int>(0)
+    var consumerStoppedAtLimit: Int { consumerStopsAtLimit.load(ordering: .relaxed) }
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
@@ -240,6 +247,7 @@ final class BatchStorage: Sendable {
             guard !cancelled.load(ordering: .relaxed),
                   index == indices.lowerBound || bufferedBytes.load(ordering: .relaxed) + read < options.maximumBufferedBytes
             else {
+                if !cancelled.load(ordering: .relaxed) { consumerStopsAtLimit.add(1, ordering: .relaxed) }
                 unread += index ..< indices.upperBound
                 break
             }
@@ -326,18 +334,27 @@ final class BatchStorage: Sendable {
     /// is looked up once per claim, and its results are published together.
     private static let consumerGroups = 4
 
-    /// Claims the next `chunk` indices, `groups` times over (or one given back, unless not
+    /// Claims the next `chunk` indices, `groups` times over (or given-back ones, unless not
     /// `givenBackToo`), or nil when the worker should stop: the batch is done or
     /// cancelled, or reading is too far ahead of the consumer.
     private func claim(givenBackToo: Bool = true, groups: Int = 1) -> Range<Int>? {
         guard !cancelled.load(ordering: .relaxed) else { return nil }
         // A given-back index is read even past the buffer limit: it lies behind results
-        // already buffered, which in the given order cannot be taken before it.
+        // already buffered, which in the given order cannot be taken before it. Under a
+        // gate, a run of them (up to a group: the consumer's) is claimed together, so that
+        // the gate is asked once for it and the worker stops at the buffer limit within it,
+        // as in any group; without, one at a time.
         if givenBackToo, givenBackCount.load(ordering: .acquiring) > 0,
-           let index = givenBack.withLock({ $0.isEmpty ? nil : $0.removeFirst() })
+           let run = givenBack.withLock({ list -> Range<Int>? in
+               guard let first = list.first else { return nil }
+               var end = first + 1
+               while gate != nil, end - first < chunk, end - first < list.count, list[end - first] == end { end += 1 }
+               list.removeFirst(end - first)
+               return first ..< end
+           })
         {
-            givenBackCount.subtract(1, ordering: .relaxed)
-            return index ..< index + 1
+            givenBackCount.subtract(run.count, ordering: .relaxed)
+            return run
         }
         guard bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
               nextIndex.load(ordering: .relaxed) - handed.load(ordering: .acquiring) < window
@@ -366,7 +383,7 @@ final class BatchStorage: Sendable {
     private func publish(_ results: inout [BatchReadResult], exiting: Bool) {
         var bytes = 0
         for result in results { bytes += Self.size(of: result) }
-        bufferedBytes.add(bytes, ordering: .relaxed)
+        peakBufferedBytes.max(bufferedBytes.add(bytes, ordering: .relaxed).newValue)
         let waiter: UnsafeContinuation<Void, Never>? = state.withLock { state in
             // Moved, not copied (see `Iterator.local`); in completion order, in the
             // order the worker finished them.

@@ -226,6 +226,7 @@ extension EtcdCoordinationSpace: CoordinationTransport {
 
     func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }
     func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool { false }
+    var takesClaimsForBatch: Bool { false }
 
     func cancelWaiting(for id: UInt64) {
         let waiting = state.withLock { state -> Bool in

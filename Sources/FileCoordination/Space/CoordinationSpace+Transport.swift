@@ -30,6 +30,8 @@ extension CoordinationSpace: CoordinationTransport {
         return true
     }
 
+    var takesClaimsForBatch: Bool { true }
+
     func cancelWaiting(for id: UInt64) {
         locks.cancel(token: id)
     }

@@ -32,6 +32,10 @@ protocol CoordinationTransport: AnyObject, Sendable {
     /// only) it may block to open what the claims need.
     func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool
 
+    /// Whether ``takeClaimsForBatch(_:for:opening:)`` can ever take claims (false where
+    /// every claim is a round trip to a server): the batch's consumer asks only then.
+    var takesClaimsForBatch: Bool { get }
+
     /// Ends a wait of ``takeClaims(_:for:)``.
     func cancelWaiting(for id: UInt64)
 
