@@ -350,10 +350,13 @@ final class BatchStorage: Sendable {
                var end = first + 1
                while gate != nil, end - first < chunk, end - first < list.count, list[end - first] == end { end += 1 }
                list.removeFirst(end - first)
+               // Under the lock, as `giveBack` writes it: a count lowered after the lock
+               // (as a subtraction did) could undo a give-back made in between, and its
+               // files would then wait unseen while no worker runs.
+               givenBackCount.store(list.count, ordering: .releasing)
                return first ..< end
            })
         {
-            givenBackCount.subtract(run.count, ordering: .relaxed)
             return run
         }
         guard bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes,
