@@ -226,7 +226,7 @@ final class BatchStorage: Sendable {
                 token = admitted
                 unknownStreak.store(0, ordering: .relaxed)
             case .notKnownYet where unknownStreak.load(ordering: .relaxed) < Self.unknownStreakLimit:
-                // The worker beside it resolves the directory (its single files come
+                // The worker beside it resolves the directory (given-back files come
                 // first): the consumer waits for it, and stays one of the readers.
                 unknownStreak.add(1, ordering: .relaxed)
                 giveBack(Array(indices), atLimit: false)
