@@ -5,6 +5,16 @@ import Testing
 @_spi(FileCoordinationInternal) @testable import AsyncFileIO
 import TestSupport
 
+/// A gate that lets every file in at once and records the files left to its owner.
+private final class OpenGate: InPlaceGate {
+    let skipped = Mutex<Set<Int>>([])
+    var admitsWithoutBlocking: Bool { true }
+    func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { 1 }
+    func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .admitted(1) }
+    func leave(_ token: UInt64) {}
+    func skip(_ index: Int) { _ = skipped.withLock { $0.insert(index) } }
+}
+
 @Suite("FileBatchReader")
 struct FileBatchReaderTests {
     /// `count` files of varied sizes, with their contents, made off the cooperative pool.
@@ -390,14 +400,6 @@ struct FileBatchReaderTests {
     @Test("under a gate, the files the consumer leaves at the buffer limit go back as one group, within which a worker stops at the limit",
           .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"), .timeLimit(.minutes(2)))
     func consumerLeavesAtTheLimit() async throws {
-        final class OpenGate: InPlaceGate {
-            let skipped = Mutex<Set<Int>>([])
-            var admitsWithoutBlocking: Bool { true }
-            func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { 1 }
-            func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .admitted(1) }
-            func leave(_ token: UInt64) {}
-            func skip(_ index: Int) { _ = skipped.withLock { $0.insert(index) } }
-        }
         let directory = TemporaryDirectory("consumer-limit", under: localDiskBase!)
         // Small files (claimed 32 at a time: the largest so far fits), then files of 1 MiB
         // under a limit of 2 MiB: the group that takes the jump, when the consumer has it,
@@ -443,6 +445,56 @@ struct FileBatchReaderTests {
             stopped = iterator.storage.consumerStoppedAtLimit > 0
         }
         #expect(stopped, "the consumer never stopped at the buffer limit")
+    }
+
+    @Test("files the consumer leaves to the workers, with gaps between them, are read past the buffer limit only when they are next",
+          .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"), .timeLimit(.minutes(3)),
+          arguments: [false, true])
+    func leftFilesWaitTheirTurn(gated: Bool) async throws {
+        let directory = TemporaryDirectory("consumer-left", under: localDiskBase!)
+        // Small files, then small and 2 MiB files in turn: a claim of the consumer's that
+        // reaches past the small ones while only they are known leaves each large one to
+        // the workers (it is over what the consumer reads inline), one apart from the next.
+        let files = try await offThePool {
+            try (0 ..< 264).map { index in
+                let content = pattern(index < 200 || index % 2 == 0 ? 10 : 2 << 20, seed: UInt64(index))
+                return (try directory.make("f\(index)", content), content)
+            }
+        }
+        var left = false
+        // Whether the consumer or a worker beside it takes the jump is the machine's
+        // choice: a few batches make the consumer's case certain to run.
+        for _ in 0 ..< 16 where !left {
+            let gate = OpenGate()
+            let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 3, maximumBufferedBytes: 2 << 20))
+            let iterator = gated ? batch.makeAsyncIterator(gate: gate) : batch.makeAsyncIterator()
+            var index = 0
+            var paused = false
+            while let result = try await iterator.next() {
+                #expect(result.index == index)
+                if gate.skipped.withLock({ $0.contains(index) }) {
+                    #expect(throws: FileCoordinationError.self) { try result.get() } // left to the gate's owner
+                } else {
+                    #expect(try result.get() == files[index].1, "file \(index)")
+                }
+                index += 1
+                // Once the consumer has left files, nothing is taken until the workers
+                // pause: what they read meanwhile is what the limit lets through.
+                if !paused, iterator.storage.filesLeftByConsumer > 1 {
+                    paused = true
+                    var previous = -1
+                    while iterator.storage.mostBufferedBytes != previous {
+                        previous = iterator.storage.mostBufferedBytes
+                        try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
+                    }
+                }
+            }
+            #expect(index == files.count)
+            // The limit, and a file more for each worker at most.
+            #expect(iterator.storage.mostBufferedBytes <= 8 << 20, "\(iterator.storage.mostBufferedBytes) bytes buffered")
+            left = iterator.storage.filesLeftByConsumer > 1
+        }
+        #expect(left, "the consumer never left files to the workers")
     }
 
     @Test("an empty batch ends at once")

@@ -125,6 +125,10 @@ final class BatchStorage: Sendable {
     /// How many files the consumer read itself (for tests).
     private let consumerReadTotal = Atomic<Int>(0)
     var filesReadByConsumer: Int { consumerReadTotal.load(ordering: .relaxed) }
+    /// How many files the consumer claimed and left to the workers unread, other than at
+    /// the buffer limit: too large to read inline, or not readable without waiting (for tests).
+    private let consumerLeftTotal = Atomic<Int>(0)
+    var filesLeftByConsumer: Int { consumerLeftTotal.load(ordering: .relaxed) }
     private static let processors = max(2, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     private let state: Locked<State>
 
@@ -175,14 +179,16 @@ final class BatchStorage: Sendable {
             let buffered = bufferedBytes.subtract(bytes, ordering: .relaxed).newValue
             var spawn = 0
             let givenBack = givenBackCount.load(ordering: .acquiring)
-            if !cancelled.load(ordering: .relaxed) && (buffered < options.maximumBufferedBytes || givenBack > 0) {
+            if !cancelled.load(ordering: .relaxed), buffered < options.maximumBufferedBytes
+                || (givenBack > 0 && self.givenBack.withLock({ $0.first.map { givenBackDue($0, handed: state.handed) } ?? false })) {
                 let claimed = min(nextIndex.load(ordering: .relaxed), inputs.count)
                 // From the page cache, one thread a core; the consumer, when it reads, is
                 // one of them, and its two descriptors among the `concurrency` open.
                 let threads = blocking.load(ordering: .relaxed) ? concurrency
                     : consumerReads.load(ordering: .relaxed) && consumerReading.load(ordering: .relaxed) ? workersBesideConsumer
                     : min(concurrency, Self.processors)
-                // Given-back files are read whatever the window and the buffer (see `claim`).
+                // Given-back files are read whatever the window (and past the buffer limit
+                // when due: see `givenBackDue`).
                 let room = max(window - (claimed - state.handed), givenBack)
                 spawn = max(0, min(threads - state.activeWorkers, inputs.count - claimed + givenBack, room))
                 state.activeWorkers += spawn
@@ -264,6 +270,7 @@ final class BatchStorage: Sendable {
                 read += data.count
                 results.append(BatchReadResult(index: index, platformPath: path, result: .success(data)))
             case .elsewhere:
+                consumerLeftTotal.add(1, ordering: .relaxed)
                 unread.append(index)
             case .unsupported:
                 consumerReads.store(false, ordering: .relaxed)
@@ -339,14 +346,13 @@ final class BatchStorage: Sendable {
     /// cancelled, or reading is too far ahead of the consumer.
     private func claim(givenBackToo: Bool = true, groups: Int = 1) -> Range<Int>? {
         guard !cancelled.load(ordering: .relaxed) else { return nil }
-        // A given-back index is read even past the buffer limit: it lies behind results
-        // already buffered, which in the given order cannot be taken before it. Under a
-        // gate, a run of them (up to a group: the consumer's) is claimed together, so that
-        // the gate is asked once for it and the worker stops at the buffer limit within it,
-        // as in any group; without, one at a time.
+        // Given-back indices come first (see `givenBackDue`). Under a gate, a run of them
+        // (up to a group: the consumer's) is claimed together, so that the gate is asked
+        // once for it and the worker stops at the buffer limit within it, as in any group;
+        // without, one at a time.
         if givenBackToo, givenBackCount.load(ordering: .acquiring) > 0,
            let run = givenBack.withLock({ list -> Range<Int>? in
-               guard let first = list.first else { return nil }
+               guard let first = list.first, givenBackDue(first, handed: handed.load(ordering: .acquiring)) else { return nil }
                var end = first + 1
                while gate != nil, end - first < chunk, end - first < list.count, list[end - first] == end { end += 1 }
                list.removeFirst(end - first)
@@ -369,6 +375,16 @@ final class BatchStorage: Sendable {
         }
         let start = nextIndex.wrappingAdd(size, ordering: .relaxed).oldValue
         return start < inputs.count ? start ..< Swift.min(start + size, inputs.count) : nil
+    }
+
+    /// Whether the lowest given-back index, `first`, may be read now: below the buffer
+    /// limit, or past it when it is the result the consumer takes next in the given
+    /// order, which the results buffered behind it wait for. Any other waits for its turn
+    /// or for room: read one after another past the limit, given-back files that the
+    /// consumer left with gaps between them (too large for it to read inline) would all
+    /// be buffered at once.
+    private func givenBackDue(_ first: Int, handed: Int) -> Bool {
+        bufferedBytes.load(ordering: .relaxed) < options.maximumBufferedBytes || (options.order == .given && first == handed)
     }
 
     /// Returns claimed indices left unread, to be claimed again (lowest first) before new
