@@ -71,7 +71,7 @@ let package = Package(
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "CFileCoordinationShims", "SystemCalls", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport",
                                                                .product(name: "SystemPackage", package: "swift-system")]),
-        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "TestSupport",
+        .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "SystemCalls", "TestSupport",
                                                                    .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "filecoord", "TestSupport",
                                                           .product(name: "ArgumentParser", package: "swift-argument-parser"),

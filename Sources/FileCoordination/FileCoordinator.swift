@@ -1,6 +1,7 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// Coordinates reading and writing of files and directories with every other coordinator
@@ -342,15 +343,17 @@ public final class FileCoordinator: Sendable {
         CanonicalPaths.canonicalNow(normalized(path), followingLast: followingLast)
     }
 
-    /// The absolute, lexically normalized path of a `file:` URL.
+    /// The absolute, normalized path of a `file:` URL (see ``normalized(_:)``).
     static func normalizedPath(_ url: URL) throws(FileCoordinationError) -> FilePath {
         normalized(try FilePath(fileURL: url))
     }
 
-    /// `path` made absolute (against the current directory) and lexically normalized.
+    /// `path` made absolute (against the current directory), without `.` components or
+    /// doubled separators; its `..` components are left for ``CanonicalPaths`` to resolve
+    /// as the kernel does (`normalizedKeepingParents()`).
     static func normalized(_ path: FilePath) -> FilePath {
         let absolute = path.isRelative ? FilePath(FileManager.default.currentDirectoryPath).pushing(path) : path
-        return needsNormalizing(absolute) ? absolute.lexicallyNormalized() : absolute
+        return needsNormalizing(absolute) ? absolute.normalizedKeepingParents() : absolute
     }
 
     /// Whether a path has `.` or `..` components or doubled separators (normalizing

@@ -1,5 +1,6 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -71,7 +72,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// - Parameter filter: which events are delivered (all by default).
     public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
                 settle: Duration? = nil, filter: FileEventFilter = .all) async throws {
-        root = path.lexicallyNormalized()
+        root = path.normalizedKeepingParents()
         self.bufferLimit = Swift.max(1, bufferLimit)
         self.filter = filter
         settleInterval = settle

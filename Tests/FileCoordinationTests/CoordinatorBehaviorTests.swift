@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 import Testing
 @_spi(FileCoordinationInternal) import AsyncFileIO
@@ -130,6 +131,32 @@ struct CoordinatorBehaviorTests {
         #expect(CanonicalPaths.canonicalNameIfKnown(bytes("dlnk/b"), memo: &memo)
             == CanonicalPaths.canonicalNow(bytes("dlnk/b"), followingLast: false))
         #expect(CanonicalPaths.canonicalNameIfKnown(bytes("other/a"), memo: &memo) == nil)
+    }
+
+    @Test("`..` after a linked directory leads where the kernel goes (the parent of the link's target), in every resolution; `.` and extra separators go")
+    func parentStepsResolveAsTheKernelDoes() async throws {
+        let box = Sandbox()
+        box.file("real/sub/g")
+        box.file("real/f")
+        box.file("f")
+        try FileManager.default.createSymbolicLink(atPath: box.url.path + "/sublink", withDestinationPath: "real/sub")
+        let base = CanonicalPaths.canonicalNow(FilePath(box.url.path), followingLast: true).string
+        func path(_ name: String) -> FilePath { FileCoordinator.normalized(FilePath(box.url.path + "/" + name)) }
+        func bytes(_ name: String) -> [UInt8] { FileCoordinator.normalizedBytes(PlatformPath(FilePath(box.url.path + "/" + name))) }
+        // The kernel's answer, for reference.
+        #expect(FileManager.default.contents(atPath: box.url.path + "/sublink/../f") == FileManager.default.contents(atPath: box.url.path + "/real/f"))
+        for (name, expected) in [("sublink/../f", "/real/f"), ("sublink/./../f", "/real/f"), ("sublink//..//f", "/real/f"),
+                                 ("sublink/..", "/real"), ("sublink/../sub/./g", "/real/sub/g"), ("./real/../f", "/f")] {
+            #expect(CanonicalPaths.canonicalNow(path(name), followingLast: true).string == base + expected, "\(name)")
+            #expect(await CanonicalPaths.canonical(path(name), followingLast: false).string == base + expected, "\(name)")
+            var memo = CanonicalPaths.DirectoryMemo()
+            #expect(String(decoding: CanonicalPaths.canonicalNameNow(bytes(name), memo: &memo), as: UTF8.self) == base + expected, "\(name)")
+        }
+        #expect(FilePath("/a/./b//c/../d/").normalizedKeepingParents() == FilePath("/a/b/c/../d"))
+        #expect(FilePath("/../../a/..").normalizedKeepingParents() == FilePath("/a/.."))
+        #expect(FilePath("./../a/.").normalizedKeepingParents() == FilePath("../a"))
+        #expect(CanonicalPaths.canonicalNow(FilePath("/.."), followingLast: true) == FilePath("/"))
+        #expect(CanonicalPaths.canonicalNow(FilePath("/tmp/.."), followingLast: true) == FilePath("/"))
     }
 
     @Test("64 concurrent readers of one item are all inside at once")

@@ -149,7 +149,7 @@ struct Spawned {
 }
 
 extension CrossProcessTests.GuaranteeTests {
-    @Test("one file under several names (a symbolic link to it, a linked directory above it) is one item: exec, write and read through any name exclude each other; a delete of the link claims the link",
+    @Test("one file under several names (a symbolic link to it, a linked directory above it, `..` after a linked directory) is one item: exec, write and read through any name exclude each other; a delete of the link claims the link",
           .timeLimit(.minutes(2)))
     func namesOfOneFileExcludeEachOther() async throws {
         let target = scratch.write("target", "x")
@@ -159,9 +159,16 @@ extension CrossProcessTests.GuaranteeTests {
         let inner = scratch.write("real/f", "y")
         let linkedDirectory = scratch.path + "/dirlink"
         try FileManager.default.createSymbolicLink(atPath: linkedDirectory, withDestinationPath: scratch.path + "/real")
+        // `sublink/../f` is `real/f` (the parent of the link's target), not `f` beside
+        // `sublink`, which exists too.
+        try FileManager.default.createDirectory(atPath: scratch.path + "/real/sub", withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: scratch.path + "/sublink", withDestinationPath: "real/sub")
+        let besideLink = scratch.write("f", "w")
+        let throughParent = scratch.path + "/sublink/../f"
         let fifo = scratch.path + "/go"
 
-        for (held, other) in [(link, target), (target, link), (inner, linkedDirectory + "/f"), (linkedDirectory + "/f", inner)] {
+        for (held, other) in [(link, target), (target, link), (inner, linkedDirectory + "/f"), (linkedDirectory + "/f", inner),
+                              (inner, throughParent), (throughParent, inner)] {
             let holder = try await holdUntilReleased(["--write", held], fifo: fifo)
             let exec = try await filecoord("exec", "--space", space, "--timeout", "0", "--write", other, "--", "true")
             #expect(exec.status == 3, "exec --write \(other) while \(held) is held: \(exec.errorText)")
@@ -172,12 +179,18 @@ extension CrossProcessTests.GuaranteeTests {
             try await release(fifo)
             #expect(await holder.wait().status == 0)
         }
+        // The name beside the link is another file: it is free while `sublink/../f` is held.
+        let holder = try await holdUntilReleased(["--write", throughParent], fifo: fifo)
+        let beside = try await filecoord("exec", "--space", space, "--timeout", "0", "--write", besideLink, "--", "true")
+        #expect(beside.status == 0, "exec --write \(besideLink) while \(throughParent) is held: \(beside.errorText)")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
         // Deleting (or moving) the link acts on the link, not on its target.
-        let holder = try await holdUntilReleased(["--write", target], fifo: fifo)
+        let targetHolder = try await holdUntilReleased(["--write", target], fifo: fifo)
         let delete = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", link, "--", "true")
         #expect(delete.status == 0, "\(delete.errorText)")
         try await release(fifo)
-        #expect(await holder.wait().status == 0)
+        #expect(await targetHolder.wait().status == 0)
     }
 
     @Test("a batch read through a symbolic link claims the link's target: with the target held, the link fails and the other files are read, in place and through the sequence",

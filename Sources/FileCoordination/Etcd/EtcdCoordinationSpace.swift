@@ -1,6 +1,7 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -202,7 +203,7 @@ public final class EtcdCoordinationSpace: Sendable {
         // the host's name) is done on an I/O thread.
         let given = configuration
         let (root, loaded, host) = try await runOnIOThread { () -> (FilePath, Result<EtcdTLS?, EtcdTLS.Failure>, String) in
-            let root = CanonicalPaths.canonicalNow(given.root.lexicallyNormalized(), followingLast: true)
+            let root = CanonicalPaths.canonicalNow(given.root.normalizedKeepingParents(), followingLast: true)
             let tls = Result { () throws(EtcdTLS.Failure) in
                 try given.tls.map { settings throws(EtcdTLS.Failure) in
                     try EtcdTLS(caFile: settings.caFile?.string, certificateFile: settings.certificateFile?.string,

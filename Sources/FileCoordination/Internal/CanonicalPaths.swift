@@ -2,6 +2,7 @@
 import CFileCoordinationShims
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -99,7 +100,7 @@ enum CanonicalPaths {
         }
     }
 
-    /// The canonical form of `path` (absolute and lexically normalized), resolving what
+    /// The canonical form of `path` (absolute and normalized), resolving what
     /// the cache does not know on an I/O thread. In the caller's isolation: a cached
     /// directory costs no executor hop (a caller on the main actor would pay two).
     static func canonical(_ path: FilePath, followingLast: Bool,
@@ -211,14 +212,19 @@ enum CanonicalPaths {
         var bytes = path
         for hop in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return (path, nil) }
+            // A path ending in `..` names a directory (never a link): resolved whole.
+            let whole = isParentStep(name)
+            let wanted = whole ? bytes : directory
             // nil when it could not be resolved (no I/O thread): used as given, not reused.
             let resolved: Entry?
-            if let known = cached(directory) {
+            if let known = cached(wanted) {
                 resolved = known
             } else {
-                let pending = directory
                 let made = ContinuousClock.now
-                resolved = try? await runOnIOThread { Entry(resolved: resolveDirectory(pending), made: made) }
+                resolved = try? await runOnIOThread { Entry(resolved: resolveDirectory(wanted), made: made) }
+            }
+            if whole {
+                return (resolved.map { rooted($0.resolved) } ?? bytes, hop == 0 ? resolved.map { $0.made + lifetime } : nil)
             }
             let joined = join(resolved?.resolved ?? directory, name)
             guard followingLast, let next = followOnce(joined) else {
@@ -249,6 +255,7 @@ enum CanonicalPaths {
         var bytes = path
         for _ in 0 ... maximumLinks {
             guard let (directory, name) = split(bytes) else { return path }
+            if isParentStep(name) { return rooted(directoryNow(bytes)) }
             let joined = join(directoryNow(directory), name)
             guard followingLast, let next = followOnce(joined) else { return joined }
             bytes = next
@@ -282,6 +289,7 @@ enum CanonicalPaths {
                                       resolving: ([UInt8]) -> [UInt8]?) -> [UInt8]? {
         guard path.count > 1, let slash = path.lastIndex(of: UInt8(ascii: "/")) else { return path }
         let name = path[(slash + 1)...]
+        if isParentStep(name) { return resolving(path).map(rooted) }
         // `slash == 0`: both directories are `/` (empty), whose buffers may have no address.
         if let known = memo.directory, known.count == slash, slash == 0
             || known.withUnsafeBytes({ known in path.withUnsafeBytes { memcmp(known.baseAddress!, $0.baseAddress!, slash) == 0 } }) {
@@ -298,6 +306,17 @@ enum CanonicalPaths {
     private static func split(_ bytes: [UInt8]) -> ([UInt8], ArraySlice<UInt8>)? {
         guard bytes.count > 1, let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return nil }
         return (Array(bytes[..<slash]), bytes[(slash + 1)...])
+    }
+
+    /// Whether a name is `..`: the path then names the directory it leads to, which only
+    /// the file system knows (after a link, the parent of the link's target).
+    private static func isParentStep(_ name: ArraySlice<UInt8>) -> Bool {
+        name.count == 2 && name.first == UInt8(ascii: ".") && name.last == UInt8(ascii: ".")
+    }
+
+    /// A directory's resolution as a path: `/` for the root (which resolutions keep empty).
+    private static func rooted(_ directory: [UInt8]) -> [UInt8] {
+        directory.isEmpty ? [UInt8(ascii: "/")] : directory
     }
 
     private static func join(_ directory: [UInt8], _ name: ArraySlice<UInt8>) -> [UInt8] {
@@ -369,7 +388,7 @@ enum CanonicalPaths {
             let directory = split(bytes).map { $0.0 } ?? []
             full = FilePath(platformBytes: join(directory, target[...]))
         }
-        full = full.lexicallyNormalized()
+        full = full.normalizedKeepingParents()
         return full.platformBytes
     }
 }

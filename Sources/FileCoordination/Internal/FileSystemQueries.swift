@@ -1,5 +1,6 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
+import SystemCalls
 import SystemPackage
 #if canImport(Glibc)
 import Glibc
@@ -38,8 +39,8 @@ enum FileSystemQueries {
                 buffer[count] = 0
                 let target = buffer.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
                 current = target.isAbsolute
-                    ? target.lexicallyNormalized()
-                    : current.removingLastComponent().pushing(target).lexicallyNormalized()
+                    ? target.normalizedKeepingParents()
+                    : current.removingLastComponent().pushing(target).normalizedKeepingParents()
             }
             throw FileCoordinationError("readlink", errno: .tooManySymbolicLinkLevels, path: path)
         }
