@@ -434,7 +434,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
 
 /// Takes each file's read claim on the batch's worker when it is free at once, and notes
 /// the files it had to skip.
-private final class ClaimGate: InPlaceGate {
+final class ClaimGate: InPlaceGate {
     let center: CoordinationCenter
     let purpose: String
     /// Whether the workers open the claim shards they need (not all may stay open).

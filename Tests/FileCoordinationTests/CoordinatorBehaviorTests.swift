@@ -159,6 +159,54 @@ struct CoordinatorBehaviorTests {
         #expect(CanonicalPaths.canonicalNow(FilePath("/tmp/.."), followingLast: true) == FilePath("/"))
     }
 
+    @Test("the coordinated batch's gate, asked without blocking: not known before its directory is looked up, refused while a writer holds a file of the group, admitted when free, and its claim holds off a writer until it leaves")
+    func claimGateWithoutBlocking() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let files = (0 ..< 4).map { box.file("group/f\($0)") }
+        let group = files.enumerated().map { (index: $0.offset, path: PlatformPath(FilePath($0.element.path))) }
+        // As the batch makes it: the space joined (when the process coordinates across
+        // processes) and every claim shard open.
+        try await center.prepareSpace()
+        let everyShard = try await center.transport?.prepareForBatch() ?? true
+        let gate = ClaimGate(center: center, purpose: "test", openingShards: !everyShard,
+                             admitsWithoutBlocking: everyShard && center.transport?.takesClaimsForBatch != false)
+        try #require(gate.admitsWithoutBlocking)
+        // A new directory: nothing remembered, so no answer without a `realpath`.
+        guard case .notKnownYet = gate.enterWithoutBlocking(group) else { Issue.record("answered before the directory was looked up"); return }
+        // A worker's question looks it up.
+        let workers = try #require(gate.enter(group))
+        gate.leave(workers)
+        // A writer inside file 2: the group is refused.
+        let writing = Gate(), done = Gate()
+        let writer = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: files[2]) { _ in
+                writing.open()
+                await done.wait()
+            }
+        }
+        await writing.wait()
+        guard case .refused = gate.enterWithoutBlocking(group) else { Issue.record("admitted while a writer held file 2"); return }
+        done.open()
+        try await writer.value
+        // Free: admitted, and a writer of file 0 waits until the group leaves.
+        let answer = gate.enterWithoutBlocking(group)
+        guard case .admitted(let token) = answer else { Issue.record("a free group not admitted: \(answer)"); return }
+        let left = Locked(false)
+        let second = Task {
+            try await privateCoordinator(center).coordinate(writingItemAt: files[0]) { _ in
+                #expect(left.withLock { $0 }, "a writer got in while the group was admitted")
+            }
+        }
+        // The writer is queued behind the group's claim before it leaves.
+        await center.waitUntilWaiting(1)
+        left.withLock { $0 = true }
+        gate.leave(token)
+        try await second.value
+        // Not for a gate that may not claim without blocking (etcd, few descriptors).
+        let closed = ClaimGate(center: center, purpose: "test", openingShards: false, admitsWithoutBlocking: false)
+        guard case .refused = closed.enterWithoutBlocking(group) else { Issue.record("a gate that may not claim without blocking admitted"); return }
+    }
+
     @Test("64 concurrent readers of one item are all inside at once")
     func readersShare() async throws {
         let center = CoordinationCenter(), box = Sandbox()
