@@ -119,12 +119,14 @@ public final class FileCoordinator: Sendable {
     /// context, the async overload returns once both are done.
     public static func addFilePresenter(_ presenter: any FilePresenter) {
         guard let url = presenter.presentedItemURL, let lexical = try? Self.normalizedPath(url) else { return }
-        // Known at once under the name given; under its canonical path as soon as that is
-        // resolved (a directory new to the process takes a trip to an I/O thread).
-        let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: lexical)
+        // Known at once under the name given (a `..` in it taken lexically, right unless a
+        // link comes before it); under its canonical path, which replaces that, as soon as
+        // it is resolved (a directory new to the process takes a trip to an I/O thread).
+        let given = lexical.lexicallyNormalized()
+        let watch = CoordinationCenter.shared.addPresenterWatching(presenter, at: given)
         Task {
             let path = await CanonicalPaths.canonical(lexical, followingLast: true)
-            if path != lexical { CoordinationCenter.shared.addPresenter(presenter, at: path) }
+            if path != given { CoordinationCenter.shared.addPresenter(presenter, at: path) }
             await watch.start(at: path)
             await CoordinationCenter.shared.publish(presenter, at: path)
         }

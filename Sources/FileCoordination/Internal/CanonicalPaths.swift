@@ -350,7 +350,10 @@ enum CanonicalPaths {
         if let real = realPath(directory) {
             resolved = real == [UInt8(ascii: "/")] ? [] : real
         } else if let (parent, name) = split(directory) {
-            resolved = join(directoryNow(parent), name)
+            let above = directoryNow(parent)
+            // `..` of a directory that does not exist (yet): the directory above it, as the
+            // kernel will find once it is made (it is no link now).
+            resolved = isParentStep(name) ? (split(above)?.0 ?? []) : join(above, name)
         } else {
             resolved = directory
         }
