@@ -397,6 +397,33 @@ struct FileBatchReaderTests {
         #expect(gaveBack)
     }
 
+    /// Takes every result in order and checks it (a file left to the gate's owner fails).
+    /// Once `pause` holds, takes nothing until the workers pause: what they buffer
+    /// meanwhile is what the buffer limit lets through.
+    private static func readAll(_ iterator: FileBatchReader.Iterator, _ files: [(FilePath, Data)], gate: OpenGate,
+                                pausingOnce pause: () -> Bool) async throws {
+        var index = 0
+        var paused = false
+        while let result = try await iterator.next() {
+            #expect(result.index == index)
+            if gate.skipped.withLock({ $0.contains(index) }) {
+                #expect(throws: FileCoordinationError.self) { try result.get() } // left to the gate's owner
+            } else {
+                #expect(try result.get() == files[index].1, "file \(index)")
+            }
+            index += 1
+            if !paused, pause() {
+                paused = true
+                var previous = -1
+                while iterator.storage.mostBufferedBytes != previous {
+                    previous = iterator.storage.mostBufferedBytes
+                    try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
+                }
+            }
+        }
+        #expect(index == files.count)
+    }
+
     @Test("under a gate, the files the consumer leaves at the buffer limit go back as one group, within which a worker stops at the limit",
           .enabled(if: localDiskBase != nil, "no directory on a local disk's file system"), .timeLimit(.minutes(2)))
     func consumerLeavesAtTheLimit() async throws {
@@ -417,28 +444,9 @@ struct FileBatchReaderTests {
             let gate = OpenGate()
             let iterator = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 3, maximumBufferedBytes: 2 << 20))
                 .makeAsyncIterator(gate: gate)
-            var index = 0
-            var paused = false
-            while let result = try await iterator.next() {
-                #expect(result.index == index)
-                if gate.skipped.withLock({ $0.contains(index) }) {
-                    #expect(throws: FileCoordinationError.self) { try result.get() } // left to the gate's owner
-                } else {
-                    #expect(try result.get() == files[index].1, "file \(index)")
-                }
-                index += 1
-                // Once the consumer has left files at the limit, nothing is taken until the
-                // workers pause: what they read meanwhile is what the limit lets through.
-                if !paused, iterator.storage.consumerStoppedAtLimit > 0 {
-                    paused = true
-                    var previous = -1
-                    while iterator.storage.mostBufferedBytes != previous {
-                        previous = iterator.storage.mostBufferedBytes
-                        try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
-                    }
-                }
-            }
-            #expect(index == files.count)
+            // Once the consumer has left files at the limit, nothing is taken until the workers
+            // pause.
+            try await Self.readAll(iterator, files, gate: gate) { iterator.storage.consumerStoppedAtLimit > 0 }
             // The limit, and a file more for the consumer and for each worker at most (the
             // first of a group is read whatever is buffered).
             #expect(iterator.storage.mostBufferedBytes <= 8 << 20, "\(iterator.storage.mostBufferedBytes) bytes buffered")
@@ -468,28 +476,8 @@ struct FileBatchReaderTests {
             let gate = OpenGate()
             let batch = FileBatchReader(paths: files.map(\.0), options: .init(concurrency: 3, maximumBufferedBytes: 2 << 20))
             let iterator = gated ? batch.makeAsyncIterator(gate: gate) : batch.makeAsyncIterator()
-            var index = 0
-            var paused = false
-            while let result = try await iterator.next() {
-                #expect(result.index == index)
-                if gate.skipped.withLock({ $0.contains(index) }) {
-                    #expect(throws: FileCoordinationError.self) { try result.get() } // left to the gate's owner
-                } else {
-                    #expect(try result.get() == files[index].1, "file \(index)")
-                }
-                index += 1
-                // Once the consumer has left files, nothing is taken until the workers
-                // pause: what they read meanwhile is what the limit lets through.
-                if !paused, iterator.storage.filesLeftByConsumer > 1 {
-                    paused = true
-                    var previous = -1
-                    while iterator.storage.mostBufferedBytes != previous {
-                        previous = iterator.storage.mostBufferedBytes
-                        try await Task.sleep(for: .milliseconds(20)) // ok: lets workers run to their pause
-                    }
-                }
-            }
-            #expect(index == files.count)
+            // Once the consumer has left files, nothing is taken until the workers pause.
+            try await Self.readAll(iterator, files, gate: gate) { iterator.storage.filesLeftByConsumer > 1 }
             // The limit, and a file more for each worker at most.
             #expect(iterator.storage.mostBufferedBytes <= 8 << 20, "\(iterator.storage.mostBufferedBytes) bytes buffered")
             left = iterator.storage.filesLeftByConsumer > 1
