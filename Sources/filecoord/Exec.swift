@@ -11,7 +11,8 @@ struct Exec: AsyncParsableCommand {
         discussion: """
             Like flock(1), with reader/writer semantics: --read claims are shared, --write \
             and --delete claims exclusive (--delete of a directory covers everything inside \
-            it). Presenters are asked to relinquish before COMMAND starts and hear what \
+            it; of a link, the link, unless the name ends in a slash: dirlink/ is the \
+            directory it leads to, as rm -r dirlink/ empties). Presenters are asked to relinquish before COMMAND starts and hear what \
             changed after it ends. All claims are taken together in one canonical order, so \
             two exec's over the same items never deadlock. The claims last as long as \
             COMMAND: it inherits the descriptors that hold them, so if filecoord is killed \
@@ -84,8 +85,19 @@ struct ExecSettings: Sendable {
                                   InTheWay.Wanted(path: RawArguments.path($0), isWrite: false)) }
         claims += writes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL),
                                 InTheWay.Wanted(path: RawArguments.path($0), isWrite: true)) }
-        claims += deletes.map { (FileAccessIntent.writingIntent(with: RawArguments.path($0).fileURL, options: .forDeleting),
-                                 InTheWay.Wanted(path: RawArguments.path($0), isWrite: true, followingLast: false)) }
+        // A delete acts on the name, a link there included; but a name ending in a slash
+        // (or `/.`) is what the kernel reaches through it (`rm -r dirlink/` empties the
+        // directory the link leads to), and that directory is the item.
+        let slash = UInt8(ascii: "/"), dot = UInt8(ascii: ".")
+        let deleted = deletes.map { argument in
+            let bytes = RawArguments.bytes(argument)
+            return (path: RawArguments.path(argument), through: bytes.count > 1 && (bytes.last == slash || bytes.suffix(2) == [slash, dot]))
+        }
+        let deletedPaths = deleted.contains(where: \.through)
+            ? try await runOnIOThread { deleted.map { $0.through ? FileCoordinator.claimPath(of: $0.path, followingLast: true) : $0.path } }
+            : deleted.map(\.path)
+        claims += deletedPaths.map { (FileAccessIntent.writingIntent(with: $0.fileURL, options: .forDeleting),
+                                      InTheWay.Wanted(path: $0, isWrite: true, followingLast: false)) }
         // The items' directories are resolved (cached for the claims) while the space is
         // joined, on two I/O threads at once.
         let paths = claims.map(\.1.path)

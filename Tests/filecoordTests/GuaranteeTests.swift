@@ -193,6 +193,26 @@ extension CrossProcessTests.GuaranteeTests {
         #expect(await targetHolder.wait().status == 0)
     }
 
+    @Test("`exec --delete` of a name ending in a slash claims what the kernel reaches through it: the directory a link there leads to, not the link",
+          .timeLimit(.minutes(2)))
+    func deleteThroughTrailingSlash() async throws {
+        try FileManager.default.createDirectory(atPath: scratch.path + "/real", withIntermediateDirectories: true)
+        let inside = scratch.write("real/x", "x")
+        try FileManager.default.createSymbolicLink(atPath: scratch.path + "/dirlink", withDestinationPath: "real")
+        let fifo = scratch.path + "/go"
+        let holder = try await holdUntilReleased(["--write", inside], fifo: fifo)
+        // `rm -r dirlink/` empties `real`: its delete must wait for the writer inside.
+        for name in ["dirlink/", "dirlink/."] {
+            let delete = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", scratch.path + "/" + name, "--", "true")
+            #expect(delete.status == 3, "exec --delete \(name) while real/x is held: \(delete.errorText)")
+        }
+        // Without the slash the link itself is the item, and nothing holds it.
+        let link = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", scratch.path + "/dirlink", "--", "true")
+        #expect(link.status == 0, "\(link.errorText)")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
+    }
+
     @Test("a batch read through a symbolic link claims the link's target: with the target held, the link fails and the other files are read, in place and through the sequence",
           .timeLimit(.minutes(2)))
     func batchThroughLink() async throws {
