@@ -141,10 +141,16 @@ public struct PlatformPath: Sendable {
         }
         var iterator = encoded.utf8.makeIterator()
         while !copied, let byte = iterator.next() {
-            if byte == UInt8(ascii: "%"), let high = iterator.next().flatMap(FilePath.hexValue),
-               let low = iterator.next().flatMap(FilePath.hexValue)
+            if byte == UInt8(ascii: "%"), let highDigit = iterator.next(), let high = FilePath.hexValue(highDigit),
+               let lowDigit = iterator.next(), let low = FilePath.hexValue(lowDigit)
             {
-                chars.append(CChar(bitPattern: high << 4 | low))
+                // An escaped slash stays escaped, as Foundation keeps it in the path it
+                // opens: no name holds a slash, so `a%2Fb` names the file `a%2Fb`.
+                if high << 4 | low == UInt8(ascii: "/") {
+                    chars += [byte, highDigit, lowDigit].map { CChar(bitPattern: $0) }
+                } else {
+                    chars.append(CChar(bitPattern: high << 4 | low))
+                }
             } else {
                 chars.append(CChar(bitPattern: byte))
             }
