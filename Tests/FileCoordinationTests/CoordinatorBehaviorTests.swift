@@ -133,11 +133,13 @@ struct CoordinatorBehaviorTests {
         #expect(CanonicalPaths.canonicalNameIfKnown(bytes("other/a"), memo: &memo) == nil)
     }
 
-    @Test("`..` after a linked directory leads where the kernel goes (the parent of the link's target), in every resolution, also through a link's target and under a directory not made yet; `.` and extra separators go")
+    @Test("`..` after a linked directory leads where the kernel goes (the parent of the link's target), in every resolution, also through a link's target, under a directory not made yet and through a link to one; `.` and extra separators go")
     func parentStepsResolveAsTheKernelDoes() async throws {
         let cases = [("sublink/../f", "/real/f"), ("sublink/./../f", "/real/f"), ("sublink//..//f", "/real/f"),
                      ("sublink/..", "/real"), ("sublink/../sub/./g", "/real/sub/g"), ("./real/../f", "/f"),
-                     ("missing/../f", "/f"), ("missing/..", "")]
+                     ("missing/../f", "/f"), ("missing/..", ""),
+                     // A link to a directory not made yet: where the kernel will go once it is.
+                     ("dangling/f", "/made/later/f"), ("dangling/../f", "/made/f"), ("dangling/g/h", "/made/later/g/h")]
         // Each form of resolution in a sandbox of its own, so that each resolves the
         // directories itself (they share one cache).
         for form in ["async", "now", "name"] {
@@ -146,6 +148,11 @@ struct CoordinatorBehaviorTests {
             box.file("real/f")
             box.file("f")
             try FileManager.default.createSymbolicLink(atPath: box.url.path + "/sublink", withDestinationPath: "real/sub")
+            try FileManager.default.createSymbolicLink(atPath: box.url.path + "/dangling", withDestinationPath: "made/later")
+            // A link into itself, and two into each other: no answer, but an end.
+            try FileManager.default.createSymbolicLink(atPath: box.url.path + "/inward", withDestinationPath: "inward/sub")
+            try FileManager.default.createSymbolicLink(atPath: box.url.path + "/ping", withDestinationPath: "pong/x")
+            try FileManager.default.createSymbolicLink(atPath: box.url.path + "/pong", withDestinationPath: "ping/y")
             let base = try await offThePool { CanonicalPaths.canonicalNow(FilePath(box.url.path), followingLast: true).string }
             #expect(FileManager.default.contents(atPath: box.url.path + "/sublink/../f") == FileManager.default.contents(atPath: box.url.path + "/real/f"))
             for (name, expected) in cases {
@@ -161,6 +168,9 @@ struct CoordinatorBehaviorTests {
                     }
                 }
                 #expect(resolved == base + expected, "\(form): \(name)")
+            }
+            for name in ["inward/f", "ping/f", "inward/../f"] {
+                _ = await CanonicalPaths.canonical(FileCoordinator.normalized(FilePath(box.url.path + "/" + name)), followingLast: true)
             }
             // A link whose target goes through the linked directory and up.
             try FileManager.default.createSymbolicLink(atPath: box.url.path + "/up", withDestinationPath: "sublink/../f")

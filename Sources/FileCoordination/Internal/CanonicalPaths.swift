@@ -343,26 +343,33 @@ enum CanonicalPaths {
     }
 
     /// `realpath(3)` of the directory, or, where it does not exist (yet), of the nearest
-    /// directory above it that does, with the rest appended. Remembered.
+    /// directory above it that does, with the rest appended (``resolveMissing(_:hops:)``).
+    /// Remembered.
     private static func resolveDirectory(_ directory: [UInt8]) -> [UInt8] {
         if directory.isEmpty { return directory }
-        var resolved: [UInt8]
-        if let real = realPath(directory) {
-            resolved = real == [UInt8(ascii: "/")] ? [] : real
-        } else if let (parent, name) = split(directory) {
-            let above = directoryNow(parent)
-            // `..` of a directory that does not exist (yet): the directory above it, as the
-            // kernel will find once it is made (it is no link now).
-            resolved = isParentStep(name) ? (split(above)?.0 ?? []) : join(above, name)
-        } else {
-            resolved = directory
-        }
+        var hops = maximumLinks
+        let resolved = realPath(directory).map { $0 == [UInt8(ascii: "/")] ? [] : $0 } ?? resolveMissing(directory, hops: &hops)
         let (key, entry) = (PathKey(directory), Entry(resolved: resolved, made: .now))
         cache.withLock { cache in
             if cache.count >= limit { cache.removeAll(keepingCapacity: true) }
             cache[key] = entry
         }
         return resolved
+    }
+
+    /// A directory that `realpath(3)` could not resolve (it does not exist, yet): where
+    /// the kernel will find it once it is made. Its directory resolved, then its name:
+    /// `..` takes the directory above, and a link there (one to a directory not made yet)
+    /// is followed, `hops` links in all (a loop of links ends there).
+    private static func resolveMissing(_ directory: [UInt8], hops: inout Int) -> [UInt8] {
+        guard let (parent, name) = split(directory) else { return directory }
+        let above = cached(parent)?.resolved ?? realPath(parent).map { $0 == [UInt8(ascii: "/")] ? [] : $0 }
+            ?? resolveMissing(parent, hops: &hops)
+        if isParentStep(name) { return split(above)?.0 ?? [] }
+        let joined = join(above, name)
+        guard hops > 0, let target = followOnce(joined) else { return joined }
+        hops -= 1
+        return realPath(target).map { $0 == [UInt8(ascii: "/")] ? [] : $0 } ?? resolveMissing(target, hops: &hops)
     }
 
     private static func realPath(_ bytes: [UInt8]) -> [UInt8]? {
