@@ -354,7 +354,7 @@ public final class FileCoordinator: Sendable {
     /// doubled separators; its `..` components are left for ``CanonicalPaths`` to resolve
     /// as the kernel does (`normalizedKeepingParents()`).
     static func normalized(_ path: FilePath) -> FilePath {
-        let absolute = path.isRelative ? FilePath(FileManager.default.currentDirectoryPath).pushing(path) : path
+        let absolute = path.isRelative ? FilePath.currentDirectory.pushing(path) : path
         return needsNormalizing(absolute) ? absolute.normalizedKeepingParents() : absolute
     }
 

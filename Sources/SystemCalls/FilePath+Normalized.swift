@@ -1,4 +1,9 @@
 import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
 
 extension FilePath {
     /// The path without `.` components (and, as every `FilePath`, without doubled or
@@ -17,5 +22,17 @@ extension FilePath {
             }
         }
         return FilePath(root: root, kept)
+    }
+}
+
+extension FilePath {
+    /// The current directory, byte for byte as the kernel has it (Foundation's
+    /// `currentDirectoryPath` is a `String`, which replaces bytes that are not UTF-8);
+    /// `/proc/self/cwd` when the kernel cannot name it (removed, or longer than
+    /// `PATH_MAX`), which is meaningful in this process only.
+    package static var currentDirectory: FilePath {
+        guard let pointer = getcwd(nil, 0) else { return "/proc/self/cwd" }
+        defer { free(pointer) }
+        return FilePath(platformString: pointer)
     }
 }

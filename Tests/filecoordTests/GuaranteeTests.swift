@@ -213,6 +213,27 @@ extension CrossProcessTests.GuaranteeTests {
         #expect(await holder.wait().status == 0)
     }
 
+    @Test("a relative name, in a current directory whose name is not UTF-8, is claimed under the directory's own bytes by exec and by read alike",
+          .timeLimit(.minutes(2)))
+    func relativeNameInDirectoryNotUTF8() async throws {
+        let fifo = scratch.path + "/go"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // The directory `odd\xFF` (no `String` can name it: the shell does).
+        let odd = #""$S/$(printf 'odd\377')""#
+        let environment = ["FILECOORD": filecoordBinary, "S": scratch.path, "SPACE": space, "FIFO": fifo]
+        let setup = try await run("/bin/sh", ["-c", "mkdir \(odd) && echo x > \(odd)/rel"], environment: environment)
+        #expect(setup.status == 0, "\(setup.errorText)")
+        let holder = try LineProcess(["-c", #"cd \#(odd) && exec "$FILECOORD" exec --space "$SPACE" --write rel -- sh -c 'echo held; read x < "$FIFO"'"#],
+                                     executable: "/bin/sh", environment: environment)
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let read = try await run("/bin/sh", ["-c", #"cd \#(odd) && "$FILECOORD" read --space "$SPACE" --timeout 0 --json rel"#],
+                                 environment: environment)
+        #expect(read.status == 3, "read rel while exec --write rel holds it: \(read.errorText)")
+        try await release(fifo)
+        #expect(await holder.wait().status == 0)
+    }
+
     @Test("a batch read through a symbolic link claims the link's target: with the target held, the link fails and the other files are read, in place and through the sequence",
           .timeLimit(.minutes(2)))
     func batchThroughLink() async throws {

@@ -162,7 +162,7 @@ public final class CoordinationSpace: Sendable {
 
     static func absolute(_ path: FilePath) -> FilePath {
         if path.isAbsolute { return path.normalizedKeepingParents() }
-        return FilePath(FileManager.default.currentDirectoryPath).pushing(path).normalizedKeepingParents()
+        return FilePath.currentDirectory.pushing(path).normalizedKeepingParents()
     }
 
     /// Opens (creating if needed) the space at `directory` and joins it.
