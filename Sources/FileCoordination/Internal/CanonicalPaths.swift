@@ -346,8 +346,14 @@ enum CanonicalPaths {
     /// directory above it that does, with the rest appended (``resolveMissing(_:hops:)``).
     /// Remembered.
     private static func resolveDirectory(_ directory: [UInt8]) -> [UInt8] {
-        if directory.isEmpty { return directory }
         var hops = maximumLinks
+        return resolveDirectory(directory, hops: &hops)
+    }
+
+    /// ``resolveDirectory(_:)`` within a budget of links that a resolution of directories
+    /// not made yet shares (``resolveMissing(_:hops:)``).
+    private static func resolveDirectory(_ directory: [UInt8], hops: inout Int) -> [UInt8] {
+        if directory.isEmpty { return directory }
         let resolved = realPath(directory).map { $0 == [UInt8(ascii: "/")] ? [] : $0 } ?? resolveMissing(directory, hops: &hops)
         let (key, entry) = (PathKey(directory), Entry(resolved: resolved, made: .now))
         cache.withLock { cache in
@@ -363,13 +369,12 @@ enum CanonicalPaths {
     /// is followed, `hops` links in all (a loop of links ends there).
     private static func resolveMissing(_ directory: [UInt8], hops: inout Int) -> [UInt8] {
         guard let (parent, name) = split(directory) else { return directory }
-        let above = cached(parent)?.resolved ?? realPath(parent).map { $0 == [UInt8(ascii: "/")] ? [] : $0 }
-            ?? resolveMissing(parent, hops: &hops)
+        let above = cached(parent)?.resolved ?? resolveDirectory(parent, hops: &hops)
         if isParentStep(name) { return split(above)?.0 ?? [] }
         let joined = join(above, name)
         guard hops > 0, let target = followOnce(joined) else { return joined }
         hops -= 1
-        return realPath(target).map { $0 == [UInt8(ascii: "/")] ? [] : $0 } ?? resolveMissing(target, hops: &hops)
+        return resolveDirectory(target, hops: &hops)
     }
 
     private static func realPath(_ bytes: [UInt8]) -> [UInt8]? {
