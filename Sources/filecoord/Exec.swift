@@ -94,7 +94,17 @@ struct ExecSettings: Sendable {
             return (path: RawArguments.path(argument), through: bytes.count > 1 && (bytes.last == slash || bytes.suffix(2) == [slash, dot]))
         }
         let deletedPaths = deleted.contains(where: \.through)
-            ? try await runOnIOThread { deleted.map { $0.through ? FileCoordinator.claimPath(of: $0.path, followingLast: true) : $0.path } }
+            ? try await runOnIOThread {
+                deleted.map { entry in
+                    guard entry.through else { return entry.path }
+                    // Only a directory is reached so: through a link to anything else, or
+                    // to nothing, the kernel stops (`ENOTDIR`, `ENOENT`) at the name.
+                    let reached = FileCoordinator.claimPath(of: entry.path, followingLast: true)
+                    var info = stat()
+                    let isDirectory = reached.withPlatformString { stat($0, &info) } == 0 && info.st_mode & S_IFMT == S_IFDIR
+                    return isDirectory ? reached : entry.path
+                }
+            }
             : deleted.map(\.path)
         claims += deletedPaths.map { (FileAccessIntent.writingIntent(with: $0.fileURL, options: .forDeleting),
                                       InTheWay.Wanted(path: $0, isWrite: true, followingLast: false)) }

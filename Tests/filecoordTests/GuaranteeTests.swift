@@ -206,9 +206,13 @@ extension CrossProcessTests.GuaranteeTests {
             let delete = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", scratch.path + "/" + name, "--", "true")
             #expect(delete.status == 3, "exec --delete \(name) while real/x is held: \(delete.errorText)")
         }
-        // Without the slash the link itself is the item, and nothing holds it.
-        let link = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", scratch.path + "/dirlink", "--", "true")
-        #expect(link.status == 0, "\(link.errorText)")
+        // Without the slash the link itself is the item, and nothing holds it; nor through a
+        // slash after a link to a file, which the kernel does not follow (`ENOTDIR`).
+        try FileManager.default.createSymbolicLink(atPath: scratch.path + "/filelink", withDestinationPath: "real/x")
+        for name in ["dirlink", "filelink/"] {
+            let link = try await filecoord("exec", "--space", space, "--timeout", "0", "--delete", scratch.path + "/" + name, "--", "true")
+            #expect(link.status == 0, "exec --delete \(name) while real/x is held: \(link.errorText)")
+        }
         try await release(fifo)
         #expect(await holder.wait().status == 0)
     }
