@@ -144,9 +144,9 @@ public struct PlatformPath: Sendable {
             if byte == UInt8(ascii: "%"), let highDigit = iterator.next(), let high = FilePath.hexValue(highDigit),
                let lowDigit = iterator.next(), let low = FilePath.hexValue(lowDigit)
             {
-                // An escaped slash stays escaped, as Foundation keeps it in the path it
-                // opens: no name holds a slash, so `a%2Fb` names the file `a%2Fb`.
-                if high << 4 | low == UInt8(ascii: "/") {
+                // An escaped slash or NUL stays escaped, as Foundation keeps it in the path
+                // it opens: no name holds either, so `a%2Fb` names the file `a%2Fb`.
+                if high << 4 | low == UInt8(ascii: "/") || high << 4 | low == 0 {
                     chars += [byte, highDigit, lowDigit].map { CChar(bitPattern: $0) }
                 } else {
                     chars.append(CChar(bitPattern: high << 4 | low))

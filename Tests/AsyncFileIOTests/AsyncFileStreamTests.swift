@@ -76,9 +76,9 @@ struct AsyncFileStreamTests {
         #expect(try FilePath(fileURL: URL(fileURLWithPath: "/", isDirectory: true)) == "/")
         // An escaped slash stays escaped, as Foundation opens it (a name holds no slash):
         // `a%2Fb` is the file of that name, not `b` inside `a`.
-        let escapedSlash = try #require(URL(string: "file:///d/a%2Fb%2fc%41"))
+        let escapedSlash = try #require(URL(string: "file:///d/a%2Fb%2fc%41%00"))
         #expect(try FilePath(fileURL: escapedSlash) == FilePath(escapedSlash.path))
-        #expect(try FilePath(fileURL: escapedSlash) == "/d/a%2Fb%2fcA")
+        #expect(try FilePath(fileURL: escapedSlash) == "/d/a%2Fb%2fcA%00")
         let newline = directory.file("line\nbreak")
         try await Data("nl".utf8).asyncWrite(to: newline)
         #expect(try await Data(asyncContentsOf: newline) == Data("nl".utf8))
