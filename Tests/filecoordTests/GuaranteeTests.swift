@@ -227,7 +227,7 @@ extension CrossProcessTests.GuaranteeTests {
         let environment = ["FILECOORD": filecoordBinary, "S": scratch.path, "SPACE": space, "FIFO": fifo]
         let setup = try await run("/bin/sh", ["-c", "mkdir \(odd) && echo x > \(odd)/rel"], environment: environment)
         #expect(setup.status == 0, "\(setup.errorText)")
-        let holder = try LineProcess(["-c", #"cd \#(odd) && exec "$FILECOORD" exec --space "$SPACE" --write rel -- sh -c 'echo held; read x < "$FIFO"'"#],
+        let holder = try LineProcess(["-c", #"cd \#(odd) && exec "$FILECOORD" exec --space "$SPACE" --write rel -- sh -c 'echo held; exec timeout 300 sh -c "read x < \"\$FIFO\""'"#],
                                      executable: "/bin/sh", environment: environment)
         var lines = holder.lines.makeAsyncIterator()
         #expect(await lines.next() == "held")
