@@ -12,8 +12,9 @@ struct Exec: AsyncParsableCommand {
             Like flock(1), with reader/writer semantics: --read claims are shared, --write \
             and --delete claims exclusive (--delete of a directory covers everything inside \
             it; of a link, the link, unless the name ends in a slash: dirlink/ is the \
-            directory it leads to, as rm -r dirlink/ empties). Presenters are asked to relinquish before COMMAND starts and hear what \
-            changed after it ends. All claims are taken together in one canonical order, so \
+            directory it leads to, as rm -r dirlink/ empties). Presenters are asked to \
+            relinquish before COMMAND starts and hear what changed after it ends. All \
+            claims are taken together in one canonical order, so \
             two exec's over the same items never deadlock. The claims last as long as \
             COMMAND: it inherits the descriptors that hold them, so if filecoord is killed \
             they are released when COMMAND (and whatever it passed them on to) ends, as \
