@@ -153,21 +153,16 @@ public final class CoordinationSpace: Sendable {
     }
 
     private static func defaultDirectory(variable: (String) -> String?) -> FilePath {
-        if let named = variable("FILECOORD_SPACE"), !named.isEmpty { return absolute(FilePath(named)) }
+        if let named = variable("FILECOORD_SPACE"), !named.isEmpty { return FileCoordinator.normalized(FilePath(named)) }
         if let runtime = variable("XDG_RUNTIME_DIR"), !runtime.isEmpty, runtime.hasPrefix("/") {
             return FilePath(runtime).appending("filecoord")
         }
         return FilePath("/tmp/filecoord-\(geteuid())")
     }
 
-    static func absolute(_ path: FilePath) -> FilePath {
-        if path.isAbsolute { return path.normalizedKeepingParents() }
-        return FilePath.currentDirectory.pushing(path).normalizedKeepingParents()
-    }
-
     /// Opens (creating if needed) the space at `directory` and joins it.
     static func join(_ directory: FilePath) async throws -> CoordinationSpace {
-        let directory = absolute(directory)
+        let directory = FileCoordinator.normalized(directory)
         let processName = "\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
         // One hand-off to an I/O thread for the files and the look for dead processes.
         let (files, mail, candidates) = try await runOnIOThread {
