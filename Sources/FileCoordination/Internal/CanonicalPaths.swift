@@ -342,60 +342,115 @@ enum CanonicalPaths {
         cached(directory)?.resolved ?? resolveDirectory(directory)
     }
 
-    /// `realpath(3)` of the directory, or, where it does not exist (yet), of the nearest
-    /// directory above it that does, with the rest appended (``resolveMissing(_:hops:)``).
-    /// Remembered.
+    /// `realpath(3)` of the directory, or, where it does not exist (yet), where the kernel
+    /// will find it once it is made (``resolveMissing(_:)``). Remembered.
     private static func resolveDirectory(_ directory: [UInt8]) -> [UInt8] {
-        var hops = maximumLinks
-        return resolveDirectory(directory, hops: &hops)
+        if directory.isEmpty { return directory }
+        if let resolved = realPath(directory) {
+            remember(directory, as: resolved)
+            return resolved
+        }
+        return resolveMissing(directory)
     }
 
-    /// ``resolveDirectory(_:)`` within a budget of links that a resolution of directories
-    /// not made yet shares (``resolveMissing(_:hops:)``).
-    private static func resolveDirectory(_ directory: [UInt8], hops: inout Int) -> [UInt8] {
-        if directory.isEmpty { return directory }
-        let resolved = realPath(directory).map { $0 == [UInt8(ascii: "/")] ? [] : $0 } ?? resolveMissing(directory, hops: &hops)
+    /// Where the kernel will find a directory that `realpath(3)` could not resolve (it
+    /// does not exist, yet): the nearest directory above it that is known or resolves,
+    /// then each name below it in turn, as the kernel walks a path: `..` takes the
+    /// directory above, and a link there (one to a directory not made yet) is followed,
+    /// ``maximumLinks`` links in all (a loop of links ends there). Each level of
+    /// `directory` is remembered.
+    ///
+    /// A loop, not a recursion: the names to walk are a stack, so that no depth of the
+    /// program's own stack depends on how many directories are missing (a path of 1,200
+    /// missing components is 2.4 KB).
+    private static func resolveMissing(_ directory: [UInt8]) -> [UInt8] {
+        enum Step {
+            /// A name to walk, from `directory` or from a link's target.
+            case name(ArraySlice<UInt8>)
+            /// Every name of this level of `directory` (and what its links led to) has been
+            /// walked: the walk so far is its resolution.
+            case level([UInt8])
+        }
+        // Up to the nearest level that is known or resolves: the levels below it wait.
+        var steps: [Step] = []
+        var above = directory
+        var current: [UInt8] = []
+        while let (parent, name) = split(above) {
+            steps.append(.level(above))
+            steps.append(.name(name))
+            above = parent
+            if above.isEmpty { break }
+            if let known = cached(above) {
+                current = known.resolved
+                break
+            }
+            if let resolved = realPath(above) {
+                remember(above, as: resolved)
+                current = resolved
+                break
+            }
+        }
+        var hops = maximumLinks
+        while let step = steps.popLast() {
+            switch step {
+            case .level(let level):
+                remember(level, as: current)
+            case .name(let name):
+                if name.isEmpty || (name.count == 1 && name.first == UInt8(ascii: ".")) { continue }
+                if isParentStep(name) {
+                    current = split(current)?.0 ?? []
+                    continue
+                }
+                let joined = join(current, name)
+                guard hops > 0, let target = linkTarget(joined) else {
+                    current = joined
+                    continue
+                }
+                hops -= 1
+                // The target's names are walked next, from the root or from the link's
+                // directory.
+                if target.first == UInt8(ascii: "/") { current = [] }
+                for component in target.split(separator: UInt8(ascii: "/")).reversed() { steps.append(.name(component)) }
+            }
+        }
+        return current
+    }
+
+    /// Keeps a directory's resolution (`/` kept empty) for ``lifetime``.
+    private static func remember(_ directory: [UInt8], as resolved: [UInt8]) {
         let (key, entry) = (PathKey(directory), Entry(resolved: resolved, made: .now))
         cache.withLock { cache in
             if cache.count >= limit { cache.removeAll(keepingCapacity: true) }
             cache[key] = entry
         }
-        return resolved
     }
 
-    /// A directory that `realpath(3)` could not resolve (it does not exist, yet): where
-    /// the kernel will find it once it is made. Its directory resolved, then its name:
-    /// `..` takes the directory above, and a link there (one to a directory not made yet)
-    /// is followed, `hops` links in all (a loop of links ends there).
-    private static func resolveMissing(_ directory: [UInt8], hops: inout Int) -> [UInt8] {
-        guard let (parent, name) = split(directory) else { return directory }
-        let above = cached(parent)?.resolved ?? resolveDirectory(parent, hops: &hops)
-        if isParentStep(name) { return split(above)?.0 ?? [] }
-        let joined = join(above, name)
-        guard hops > 0, let target = followOnce(joined) else { return joined }
-        hops -= 1
-        return resolveDirectory(target, hops: &hops)
-    }
-
+    /// `realpath(3)`, with `/` as no bytes (as resolutions keep it).
     private static func realPath(_ bytes: [UInt8]) -> [UInt8]? {
         let string = bytes.map { CChar(bitPattern: $0) } + [0]
         guard let result = realpath(string, nil) else { return nil }
         defer { free(result) }
-        return Array(UnsafeRawBufferPointer(start: result, count: strlen(result)))
+        let resolved = Array(UnsafeRawBufferPointer(start: result, count: strlen(result)))
+        return resolved == [UInt8(ascii: "/")] ? [] : resolved
     }
 
-    /// The path a link at `bytes` points to, made absolute and normalized; nil when it is
-    /// not a link (or cannot be read).
-    private static func followOnce(_ bytes: [UInt8]) -> [UInt8]? {
+    /// What the link at `bytes` holds, as written; nil when it is not a link (or cannot
+    /// be read).
+    private static func linkTarget(_ bytes: [UInt8]) -> [UInt8]? {
         var string = bytes
         string.append(0)
-        let read = string.withUnsafeBufferPointer { string in
+        return string.withUnsafeBufferPointer { string in
             withUnsafeTemporaryAllocation(of: UInt8.self, capacity: Int(PATH_MAX)) { buffer -> [UInt8]? in
                 let count = string.withMemoryRebound(to: CChar.self) { readlink($0.baseAddress!, buffer.baseAddress!, buffer.count) }
                 return count > 0 ? Array(buffer[..<count]) : nil
             }
         }
-        guard let target = read else { return nil }
+    }
+
+    /// The path a link at `bytes` points to, made absolute and normalized; nil when it is
+    /// not a link (or cannot be read).
+    private static func followOnce(_ bytes: [UInt8]) -> [UInt8]? {
+        guard let target = linkTarget(bytes) else { return nil }
         var full: FilePath
         if target.first == UInt8(ascii: "/") {
             full = FilePath(platformBytes: target)
