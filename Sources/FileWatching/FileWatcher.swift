@@ -70,8 +70,18 @@ public final class FileWatcher: AsyncSequence, Sendable {
     ///   that long, and the same event repeated meanwhile (a burst of writes to one file,
     ///   say) is delivered once, in the order of first occurrence.
     /// - Parameter filter: which events are delivered (all by default).
-    public init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
-                settle: Duration? = nil, filter: FileEventFilter = .all) async throws {
+    public convenience init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
+                            settle: Duration? = nil, filter: FileEventFilter = .all) async throws {
+        try await self.init(watching: path, recursive: recursive, bufferLimit: bufferLimit, settle: settle, filter: filter,
+                            reportingExisting: false)
+    }
+
+    /// ``init(watching:recursive:bufferLimit:settle:filter:)`` that, with
+    /// `reportingExisting`, reports what is there when watching begins as created: the
+    /// root itself first, then (for a directory) every entry the first listing finds. For
+    /// an item that has just appeared, whose contents nobody has heard of yet.
+    package init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
+                 settle: Duration? = nil, filter: FileEventFilter = .all, reportingExisting: Bool) async throws {
         root = path.normalizedKeepingParents()
         self.bufferLimit = Swift.max(1, bufferLimit)
         self.filter = filter
@@ -94,7 +104,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
         syncDirectoryIdentity = directory
         tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory,
                          bufferLimit: self.bufferLimit, filter: filter)
-        try await tree.start()
+        try await tree.start(reportingExisting: reportingExisting)
     }
 
     deinit {

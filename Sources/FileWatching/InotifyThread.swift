@@ -247,8 +247,8 @@ public final class InotifyThread: @unchecked Sendable {
             }
             if event.mask & UInt32(IN_MOVED_FROM) != 0 {
                 // The kernel queues both halves of a rename in the same system call, so
-                // the partner, if it is watched, is already waiting: peek without blocking.
-                if let raw = inotifytools_next_event(0) {
+                // the partner, if it is watched, is already waiting: the next event tells.
+                if let raw = nextEventWithoutWaiting() {
                     let next = Self.copy(raw)
                     if next.mask & UInt32(IN_MOVED_TO) != 0 && next.cookie == event.cookie {
                         deliverMove(from: event, to: next)
@@ -259,6 +259,23 @@ public final class InotifyThread: @unchecked Sendable {
             }
             deliver(event)
         }
+    }
+
+    /// The next event, read without waiting for one to happen.
+    ///
+    /// `inotifytools_next_event(0)` is no peek: a timeout of 0 waits for ever, so a rename
+    /// out of every watched directory (whose second half never comes) was held until some
+    /// other event came. When the kernel's queue is empty, the doorbell is rung first: its
+    /// event queues behind everything already there, so the read returns the event
+    /// libinotifytools has buffered, or the next one queued, or at worst the doorbell's
+    /// own (a ring with no command drains nothing).
+    private func nextEventWithoutWaiting() -> UnsafeMutablePointer<inotify_event>? {
+        var ready = pollfd(fd: instance, events: Int16(POLLIN), revents: 0)
+        if poll(&ready, 1, 0) != 1 {
+            var byte: UInt8 = 1
+            _ = pwrite(doorbell, &byte, 1, 0)
+        }
+        return inotifytools_next_event(-1)
     }
 
     private func deliver(_ event: InotifyEvent) {

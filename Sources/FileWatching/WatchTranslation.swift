@@ -85,8 +85,9 @@ final class WatchTranslation {
     }
 
     /// Adds the first watch and learns the tree, reporting nothing (but a limit met on
-    /// the way: ``WatchOutput/unwatched(_:)``).
-    func start(system: any WatchSystem) -> Result<Void, FileCoordinationError> {
+    /// the way: ``WatchOutput/unwatched(_:)``), or, with `reportingExisting`, reporting
+    /// the root and everything found as created.
+    func start(system: any WatchSystem, reportingExisting: Bool = false) -> Result<Void, FileCoordinationError> {
         // The root itself may be a symbolic link to a directory: follow it (the entries
         // inside are watched without following).
         switch system.addWatch(syncDirectory, followingLink: true) {
@@ -96,9 +97,11 @@ final class WatchTranslation {
             top.wd = wd
             nodes[wd] = top
             if rootIsDirectory {
-                scan(top, report: false, system: system)
+                if reportingExisting { emit(.created, path: [], isDirectory: true, absolute: root, to: system) }
+                scan(top, report: reportingExisting, system: system)
             } else if system.inode(root) != 0 {
                 top.children[fileName] = WatchNode(name: fileName, parent: top, isDirectory: false)
+                if reportingExisting { emit(.created, path: fileName, isDirectory: false, to: system) }
             }
             return .success(())
         }

@@ -83,11 +83,13 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         buffer = EventBuffer(limit: bufferLimit, resyncEvent: resync)
     }
 
-    /// Adds the first watch and learns the tree, on the watcher thread.
-    func start() async throws {
+    /// Adds the first watch and learns the tree, on the watcher thread (reporting what it
+    /// finds as created, with `reportingExisting`).
+    func start(reportingExisting: Bool = false) async throws {
         let result: Result<Void, FileCoordinationError> = await withCheckedContinuation { continuation in
             InotifyThread.shared.perform { thread in
-                continuation.resume(returning: self.translation.start(system: Kernel(thread: thread, tree: self)))
+                continuation.resume(returning: self.translation.start(system: Kernel(thread: thread, tree: self),
+                                                                      reportingExisting: reportingExisting))
             } orFail: { error in
                 continuation.resume(returning: .failure(error))
             }

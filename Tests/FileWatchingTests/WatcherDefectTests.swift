@@ -47,6 +47,23 @@ struct WatcherDefectTests {
         #expect(KernelWatches.count(on: directories) == 0, "no kernel watch is left after cancel()")
     }
 
+    @Test("a rename out of what is watched, whose second half never comes, is reported as a deletion at once, with no other event to push it out",
+          arguments: [false, true])
+    func renameOutIsDeletion(directory: Bool) async throws {
+        let dir = WatchedDirectory(), outside = WatchedDirectory()
+        touch(dir.at("f"))
+        // A watched file's directory is watched for its name only: a subdirectory there is
+        // as far out of reach as another directory.
+        try FileManager.default.createDirectory(atPath: dir.at("o").string, withIntermediateDirectories: true)
+        let watcher = try await FileWatcher(watching: directory ? dir.path : dir.at("f"))
+        let destination = directory ? outside.at("f") : dir.at("o/f")
+        #expect(rename(dir.at("f").string, destination.string) == 0)
+        // No sync: its cookie is an event of its own, which would carry the lone half out.
+        let event = try await watcher.next(timeout: .seconds(20))
+        #expect(event == FileEvent(.deleted, dir.at("f")), "a lone half of a rename was held back")
+        watcher.cancel()
+    }
+
     @Test("mkdir -p racing the watcher: every item is reported once, and no watch is left after cancel()")
     func mkdirRaceIsExact() async throws {
         let dir = WatchedDirectory()
