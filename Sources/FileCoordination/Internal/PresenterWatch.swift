@@ -32,31 +32,111 @@ final class PresenterWatch: Sendable {
         state = Locked(State())
     }
 
-    /// Starts watching `path` (recursively for a directory). A failure (a watch limit, a
-    /// missing item) is logged; coordination works without it.
+    /// Starts watching `path` (recursively for a directory). An item that does not exist
+    /// (yet, or any more) is watched once it appears (``awaitItem(at:)``); another failure
+    /// (a watch limit) is logged, and coordination works without the watch.
     func start(at path: FilePath) async {
         do {
-            let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval)
-            // Said before the watch is reported started (a command prints `ready` then).
-            let warned = !watcher.unwatchedDirectories.isEmpty
-            if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
-            let consumer = Task { await self.consume(watcher, item: path, warned: warned) }
-            let keep = state.withLock { state -> Bool in
-                guard !state.stopped else { return false }
-                state.watcher?.cancel()
-                state.consumer?.cancel()
-                state.watcher = watcher
-                state.consumer = consumer
+            try await begin(at: path, reportingExisting: false)
+        } catch let error as FileCoordinationError where error.code == .notFound {
+            let waiting = Task { await self.awaitItem(at: path) }
+            if !replaceConsumer(watcher: nil, consumer: waiting) { waiting.cancel() }
+        } catch {
+            Self.warnUnwatchable(path, error)
+        }
+    }
+
+    /// Watches `path`, which exists, and consumes its events; with `reportingExisting`
+    /// the presenter hears of the item and what it holds as new.
+    private func begin(at path: FilePath, reportingExisting: Bool) async throws {
+        let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval,
+                                            reportingExisting: reportingExisting)
+        // Said before the watch is reported started (a command prints `ready` then).
+        let warned = !watcher.unwatchedDirectories.isEmpty
+        if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
+        let consumer = Task {
+            let item = await self.consume(watcher, item: path, warned: warned)
+            // The watch ended by itself (the item, or a directory above it, went away),
+            // not stopped or replaced: the presenter is still registered there, so the
+            // item is watched again once it is back.
+            let ended = self.state.withLock { state -> Bool in
+                guard !state.stopped, state.watcher === watcher else { return false }
+                state.watcher = nil
                 return true
             }
-            if !keep {
-                watcher.cancel()
-                consumer.cancel()
-            }
-        } catch {
-            PresenterMessenger.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
-                                              metadata: ["path": "\(path)", "error": "\(error)"])
+            if ended { await self.awaitItem(at: item) }
         }
+        if !replaceConsumer(watcher: watcher, consumer: consumer) {
+            watcher.cancel()
+            consumer.cancel()
+        }
+    }
+
+    /// Installs a watcher and the task that consumes it (or waits for the item), ending
+    /// those it replaces; false once the watch is stopped.
+    private func replaceConsumer(watcher: FileWatcher?, consumer: Task<Void, Never>) -> Bool {
+        let replaced = state.withLock { state -> (FileWatcher?, Task<Void, Never>?)? in
+            guard !state.stopped else { return nil }
+            defer { state.watcher = watcher; state.consumer = consumer }
+            return (state.watcher, state.consumer)
+        }
+        guard let (previous, previousConsumer) = replaced else { return false }
+        previous?.cancel()
+        // The task replacing itself (an item watched again) is not cancelled.
+        if previousConsumer != consumer { previousConsumer?.cancel() }
+        return true
+    }
+
+    /// Waits until an item at `path` exists, then watches it, telling the presenter of it
+    /// and of what it holds as new (all of it appeared since the item went away). The
+    /// nearest directory above it that exists is watched for the next name down, one
+    /// level at a time: no polling, and a directory above removed meanwhile is followed
+    /// up. Ends when the task is cancelled (the watch stopped or replaced).
+    private func awaitItem(at path: FilePath) async {
+        while !Task.isCancelled {
+            guard let ancestor = try? await runOnIOThread({ Self.nearestExisting(path) }) else { return }
+            if ancestor == path {
+                do {
+                    try await begin(at: path, reportingExisting: true)
+                    return
+                } catch let error as FileCoordinationError where error.code == .notFound {
+                    continue // gone again before its watch was in place
+                } catch {
+                    Self.warnUnwatchable(path, error)
+                    return
+                }
+            }
+            let above: FileWatcher
+            do {
+                above = try await FileWatcher(watching: ancestor, recursive: false)
+            } catch let error as FileCoordinationError where error.code == .notFound {
+                continue
+            } catch {
+                Self.warnUnwatchable(path, error)
+                return
+            }
+            // Made since it was looked for, before the watch was in place?
+            if (try? await runOnIOThread({ Self.nearestExisting(path) })) == ancestor {
+                // Any change in that directory (or its end) is a reason to look again.
+                _ = try? await above.nextSequenced()
+            }
+            above.cancel()
+        }
+    }
+
+    /// `path` if it exists, else the nearest directory above it that does (`/` at worst).
+    private static func nearestExisting(_ path: FilePath) -> FilePath {
+        var candidate = path
+        var info = stat()
+        while candidate.components.count > 0, candidate.withPlatformString({ stat($0, &info) }) != 0 {
+            candidate = candidate.removingLastComponent()
+        }
+        return candidate
+    }
+
+    private static func warnUnwatchable(_ path: FilePath, _ error: any Error) {
+        PresenterMessenger.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
+                                          metadata: ["path": "\(path)", "error": "\(error)"])
     }
 
     /// Logs the one warning that part of the item is not watched.
@@ -129,7 +209,9 @@ final class PresenterWatch: Sendable {
         }
     }
 
-    private func consume(_ watcher: FileWatcher, item start: FilePath, warned: Bool) async {
+    /// Turns the watcher's events into the presenter's callbacks until the watcher ends;
+    /// returns where the item was last (a watched item follows renames).
+    private func consume(_ watcher: FileWatcher, item start: FilePath, warned: Bool) async -> FilePath {
         var item = start
         let presenter = self.presenter
         let policy = PresenterTimeoutPolicy.default
@@ -188,5 +270,6 @@ final class PresenterWatch: Sendable {
                 break
             }
         }
+        return item
     }
 }
