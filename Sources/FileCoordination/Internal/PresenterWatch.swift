@@ -24,6 +24,9 @@ final class PresenterWatch: Sendable {
         var checked: UInt64 = 0
         var nextToken = 0
         var stopped = false
+        /// Counts the watches begun: a watch begun later replaces one begun earlier, even
+        /// one whose start ends after it.
+        var generation = 0
     }
 
     init(presenter: any FilePresenter, center: CoordinationCenter) {
@@ -39,8 +42,9 @@ final class PresenterWatch: Sendable {
         do {
             try await begin(at: path, reportingExisting: false)
         } catch let error as FileCoordinationError where error.code == .notFound {
+            let generation = nextGeneration()
             let waiting = Task { await self.awaitItem(at: path) }
-            if !replaceConsumer(watcher: nil, consumer: waiting) { waiting.cancel() }
+            if !replaceConsumer(watcher: nil, consumer: waiting, generation: generation) { waiting.cancel() }
         } catch {
             Self.warnUnwatchable(path, error)
         }
@@ -49,6 +53,7 @@ final class PresenterWatch: Sendable {
     /// Watches `path`, which exists, and consumes its events; with `reportingExisting`
     /// the presenter hears of the item and what it holds as new.
     private func begin(at path: FilePath, reportingExisting: Bool) async throws {
+        let generation = nextGeneration()
         let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval,
                                             reportingExisting: reportingExisting)
         // Said before the watch is reported started (a command prints `ready` then).
@@ -60,23 +65,31 @@ final class PresenterWatch: Sendable {
             // not stopped or replaced: the presenter is still registered there, so the
             // item is watched again once it is back.
             let ended = self.state.withLock { state -> Bool in
-                guard !state.stopped, state.watcher === watcher else { return false }
+                guard !state.stopped, state.generation == generation else { return false }
                 state.watcher = nil
                 return true
             }
             if ended { await self.awaitItem(at: item) }
         }
-        if !replaceConsumer(watcher: watcher, consumer: consumer) {
+        if !replaceConsumer(watcher: watcher, consumer: consumer, generation: generation) {
             watcher.cancel()
             consumer.cancel()
         }
     }
 
+    private func nextGeneration() -> Int {
+        state.withLock { state in
+            state.generation += 1
+            return state.generation
+        }
+    }
+
     /// Installs a watcher and the task that consumes it (or waits for the item), ending
-    /// those it replaces; false once the watch is stopped.
-    private func replaceConsumer(watcher: FileWatcher?, consumer: Task<Void, Never>) -> Bool {
+    /// those it replaces; false once the watch is stopped, or when a watch begun later
+    /// replaced this one.
+    private func replaceConsumer(watcher: FileWatcher?, consumer: Task<Void, Never>, generation: Int) -> Bool {
         let replaced = state.withLock { state -> (FileWatcher?, Task<Void, Never>?)? in
-            guard !state.stopped else { return nil }
+            guard !state.stopped, state.generation == generation else { return nil }
             defer { state.watcher = watcher; state.consumer = consumer }
             return (state.watcher, state.consumer)
         }
