@@ -31,7 +31,7 @@ extension CrossProcessTests.InjectedFaultTests {
         _ = await presenter.wait()
     }
 
-    @Test("a request that cannot be written into a presenter's mailbox (ENOSPC) fails the write with one line naming that mailbox; the presenter keeps its item and the next write goes through",
+    @Test("a request that cannot be written into a presenter's mailbox (ENOSPC) fails the write with one line naming that mailbox and saying the request was not delivered; the presenter keeps its item and the next write goes through",
           .timeLimit(.minutes(2)))
     func failedRequest() async throws {
         let file = scratch.write("doc", "old")
@@ -43,6 +43,9 @@ extension CrossProcessTests.InjectedFaultTests {
         let lineCount = failed.errorText.split(separator: "\n").count
         let named = failed.errorText.contains("\(space)/mail/\(mailbox): open failed: No space left on device (ENOSPC)")
         #expect(lineCount == 1 && named, "\(failed.errorText)")
+        // The presenter refused nothing: the request never reached it.
+        #expect(failed.errorText.contains("could not be delivered to the presenter in process") && !failed.errorText.contains("refused"),
+                "\(failed.errorText)")
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "old")
         let written = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
         #expect(written.status == 0, "\(written.errorText)")

@@ -97,10 +97,13 @@ enum PresenterMessenger {
         (presenter as? any CustomStringConvertible)?.description ?? "the presenter \(type(of: presenter))"
     }
 
-    /// Wraps a presenter's own error as the coordination's failure.
+    /// Wraps a presenter's own error as the coordination's failure. A presenter in another
+    /// process is a proxy whose errors say themselves what failed: its own refusal, or a
+    /// request that could not be delivered.
     static func failure(_ error: any Error, callback: String, entry: PresenterRegistry.Entry) -> any Error {
         if error is CancellationError { return error }
-        if let error = error as? FileCoordinationError, error.code == .timedOut || error.code == .presenterFailed { return error }
+        if let error = error as? FileCoordinationError,
+           error.code == .timedOut || error.code == .presenterFailed || entry.presenter is RemotePresenter { return error }
         return FileCoordinationError(code: .presenterFailed, path: entry.path, operation: callback,
                                      message: "the presenter refused: \(error)", cause: error)
     }

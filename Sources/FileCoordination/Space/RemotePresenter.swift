@@ -57,10 +57,18 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         .presenter(.init(presenter: number, path: path ?? self.path, call: call))
     }
 
-    /// Sends and waits; throws the presenter's own error text when it refused.
+    /// Sends and waits; throws the presenter's own error text when it refused, and says
+    /// that the request could not be delivered when the sending failed (a full space).
     private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil) async throws -> Bool {
         WaitObserver.current?.notify()
-        guard let answer = try await mail.request(message(call, path: path), to: process) else { return false }
+        let answer: SpaceProtocol.Body?
+        do {
+            answer = try await mail.request(message(call, path: path), to: process)
+        } catch let error as FileCoordinationError where error.code != .timedOut && error.code != .cancelled {
+            throw FileCoordinationError(code: error.code, path: path ?? self.path, operation: call.kind, errno: error.errno,
+                                        message: "the request could not be delivered to \(self): \(error)", cause: error)
+        }
+        guard let answer else { return false }
         if case .reply(let reply) = answer, let text = reply.failure {
             throw FileCoordinationError(code: .presenterFailed, path: path ?? self.path, operation: call.kind,
                                         message: "\(self) refused: \(text)")
