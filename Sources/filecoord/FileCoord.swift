@@ -118,6 +118,11 @@ struct FileCoord: ParsableCommand {
             status = code == .validationFailure ? 2 : code.rawValue
         }
         await FileCoordinator.leaveCoordinationSpace()
+        // Output that did not arrive is a failure, whatever else went well.
+        if status == 0, let failure = Output.standardOutputFailure {
+            Output.report(failure)
+            status = Status.failed.rawValue
+        }
         Foundation.exit(status)
     }
 }

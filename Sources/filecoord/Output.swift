@@ -132,22 +132,37 @@ enum Output {
     }
 
     static func writeStandardError(_ bytes: [UInt8]) {
-        write(bytes, to: 2)
+        _ = write(bytes, to: 2)
     }
 
-    /// For the demo's narration, where a blocking write to a terminal is what we want.
-    static func writeStandardOutput(_ bytes: [UInt8]) {
-        write(bytes, to: 1)
+    /// Writes to stdout on the calling thread (the demo's narration, `status`, `present`'s
+    /// lines: a blocking write is what a reader that stops reading should cause). False
+    /// when the write failed: the first failure is kept (``standardOutputFailure``), and
+    /// the command then ends with status 1 and says so, where it would have said 0.
+    @discardableResult
+    static func writeStandardOutput(_ bytes: [UInt8]) -> Bool {
+        guard let failure = write(bytes, to: 1) else { return true }
+        outputFailure.withLock { $0 = $0 ?? failure }
+        return false
     }
 
-    private static func write(_ bytes: [UInt8], to fd: Int32) {
+    /// Why a write to stdout failed first (`/dev/full`: ENOSPC), if one did.
+    static var standardOutputFailure: FileCoordinationError? {
+        outputFailure.withLock { $0 }.map { FileCoordinationError("write", errno: $0, path: FilePath("stdout")) }
+    }
+    private static let outputFailure = Locked<Errno?>(nil)
+
+    /// nil once every byte is written; else the error that stopped the write.
+    private static func write(_ bytes: [UInt8], to fd: Int32) -> Errno? {
         bytes.withUnsafeBytes { raw in
             var offset = 0
             while offset < raw.count {
                 let n = Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
-                if n <= 0 { if errno == EINTR { continue } else { return } }
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return Errno(rawValue: n < 0 ? errno : EIO) }
                 offset += n
             }
+            return nil
         }
     }
 }
