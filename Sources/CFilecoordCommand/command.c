@@ -3,10 +3,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -43,6 +45,10 @@ void fc_note_startup(void) {
         struct sigaction action;
         if (sigaction(number, NULL, &action) == 0 && action.sa_handler == SIG_IGN) sigaddset(&fc_ignored_at_start_set, number);
     }
+    // The Swift runtime's backtracer catches SIGQUIT, prints a crash report and lets the
+    // process run on: Ctrl-\ would not end a command. It ends it, as the other
+    // terminating signals do (a command that catches them catches it too).
+    if (!sigismember(&fc_ignored_at_start_set, SIGQUIT)) signal(SIGQUIT, SIG_DFL);
     DIR *directory = opendir("/proc/self/fd");
     if (directory == NULL) return;
     int own = dirfd(directory);
@@ -159,6 +165,23 @@ int fc_wait_command(pid_t pid) {
     }
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
+}
+
+
+void fc_die_by_signal(int number) {
+    // A process that has cleaned up after SIGQUIT leaves no core behind.
+    if (number == SIGQUIT) {
+        struct rlimit none = { 0, 0 };
+        setrlimit(RLIMIT_CORE, &none);
+    }
+    signal(number, SIG_DFL);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, number);
+    pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+    raise(number);
+    // Not reached for a signal whose default action ends the process.
+    _exit(128 + number);
 }
 
 

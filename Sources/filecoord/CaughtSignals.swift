@@ -64,3 +64,17 @@ final class CaughtSignals: Sendable {
         }
     }
 }
+
+/// The signals that end a command: SIGHUP, SIGINT, SIGQUIT and SIGTERM, those not ignored
+/// when `filecoord` started (`nohup`, a shell's background job). A command that caught
+/// one cleans up, then dies by it (``die(by:)``), so that the shell sees 128 + N and
+/// `filecoord present --once f && make` does not run make after Ctrl-C.
+enum TerminatingSignals {
+    static var handled: [Int32] { [SIGHUP, SIGINT, SIGQUIT, SIGTERM].filter { fc_ignored_at_start($0) == 0 } }
+
+    /// Ends the process by `number`, as if it had not been caught.
+    static func die(by number: Int32) -> Never {
+        fc_die_by_signal(number)
+    }
+}
+

@@ -126,27 +126,23 @@ struct SpaceSettings: Sendable {
         return joined
     }
 
-    /// SIGHUP, SIGTERM and SIGINT (those not ignored when filecoord started) remove this
-    /// process's files from the space, then end it as they would have: otherwise its
-    /// record and mailbox would stay until another process joined and cleaned up. Its claims
-    /// end with it, in the kernel. (`present` ends cleanly on them instead; `exec` passes
+    /// The terminating signals (``TerminatingSignals``) remove this process's files from
+    /// the space, then end it as they would have: otherwise its record and mailbox would
+    /// stay until another process joined and cleaned up. Its claims end with it, in the
+    /// kernel. (`present` ends on them too, after removing its presenter; `exec` passes
     /// them on to its command while it runs.)
     /// The same for an etcd space: the lease is revoked, so the claims go at once.
     private static func revokeLeaseOnFatalSignals(_ space: EtcdCoordinationSpace) {
-        let numbers = [SIGHUP, SIGTERM, SIGINT].filter { fc_ignored_at_start($0) == 0 }
-        try? CaughtSignals.shared.catchSignals(numbers) { number in
+        try? CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number in
             space.revokeLeaseBeforeExit()
-            CaughtSignals.shared.release([number])
-            kill(getpid(), number)
+            TerminatingSignals.die(by: number)
         }
     }
 
     private static func removeFilesOnFatalSignals(_ space: CoordinationSpace) {
-        let numbers = [SIGHUP, SIGTERM, SIGINT].filter { fc_ignored_at_start($0) == 0 }
-        try? CaughtSignals.shared.catchSignals(numbers) { number in
+        try? CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number in
             space.removeFilesBeforeExit()
-            CaughtSignals.shared.release([number])
-            kill(getpid(), number) // to the process: this thread may block it
+            TerminatingSignals.die(by: number)
         }
     }
 }

@@ -236,10 +236,10 @@ struct Demo: AsyncParsableCommand {
     }
 }
 
-/// The demo's directory and processes, and what an interrupted demo undoes: SIGINT,
-/// SIGTERM or SIGHUP sent to it stops the processes it started (its presenter would
-/// otherwise run on, waiting for a signal of its own) and removes its directory, then it
-/// exits with 128 + the signal's number. A signal ignored when `filecoord` started
+/// The demo's directory and processes, and what an interrupted demo undoes: a terminating
+/// signal sent to it stops the processes it started (its presenter would otherwise run
+/// on, waiting for a signal of its own) and removes its directory, then it dies by that
+/// signal. A signal ignored when `filecoord` started
 /// (`nohup`) stays ignored; one that comes while the demo is finishing on its own is.
 final class DemoInterruption: Sendable {
     /// The pids of the processes the demo started and has not seen end.
@@ -247,7 +247,7 @@ final class DemoInterruption: Sendable {
     /// Set by whichever removes the directory first: the end of the demo or a signal.
     private let cleaning = Atomic<Bool>(false)
     private let root: FilePath
-    private let handled = [SIGINT, SIGTERM, SIGHUP].filter { fc_ignored_at_start($0) == 0 }
+    private let handled = TerminatingSignals.handled
 
     init(root: FilePath) throws {
         self.root = root
@@ -268,7 +268,7 @@ final class DemoInterruption: Sendable {
         let aside = root.string + ".removing"
         let gone = rename(root.string, aside) == 0 ? aside : root.string
         for _ in 0 ..< 3 where (try? FileManager.default.removeItem(atPath: gone)) == nil {}
-        exit(128 + number)
+        TerminatingSignals.die(by: number)
     }
 
     /// Starts `process`, noted as one to stop if the demo is interrupted; once it is

@@ -13,7 +13,8 @@ struct Present: AsyncParsableCommand {
             Registers a presenter for PATH (a file, or a directory covering its whole subtree). \
             It hears changes made by any program, coordinated or not. The first line is \
             "ready", printed once the presenter is registered and its watches are in place. \
-            It ends on SIGINT, SIGTERM or SIGHUP (exit 0), after --count events (exit 0, \
+            It ends on SIGINT, SIGTERM, SIGHUP or SIGQUIT (it removes its presenter, then \
+            dies by the signal: the shell sees 128+N), after --count events (exit 0, \
             once the access a relinquish let through has ended), or when no event came for \
             --timeout (exit 2). Events: \(EventFilter.names.joined(separator: ", ")). \
             With --json each line is one object, keys sorted: \
@@ -103,22 +104,32 @@ struct Present: AsyncParsableCommand {
                                           settle: settle.seconds > 0 ? settle.duration ?? .seconds(1e9) : nil)
         try await space.join()
         // After joining, which catches them to remove the process's files and die: a
-        // presenter ends cleanly instead (a closed terminal's SIGHUP included).
-        try CaughtSignals.shared.catchSignals([SIGINT, SIGTERM, SIGHUP].filter { fc_ignored_at_start($0) == 0 }) { _ in
-            wakes.continuation.yield(.stop)
+        // presenter removes itself first (a closed terminal's SIGHUP included).
+        try CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number in
+            wakes.continuation.yield(.stop(number))
         }
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", presenter.path, pid: getpid())
-        let status = await Self.waitForEnd(wakes.stream, printer: printer, idle: timeout.map { $0.duration ?? .seconds(1e9) })
+        let end = await Self.waitForEnd(wakes.stream, printer: printer, idle: timeout.map { $0.duration ?? .seconds(1e9) })
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()
-        if status != 0 { throw ExitCode(status) }
+        switch end {
+        case .signal(let number): TerminatingSignals.die(by: number)
+        case .status(let status): if status != 0 { throw ExitCode(status) }
+        }
     }
 
-    /// Runs until a signal (0), the count reached with no relinquished access still
-    /// going on (0: `present --once f && make` runs make after the writer is done), or
-    /// `idle` without an event (2, as `inotifywait -t` does).
-    private static func waitForEnd(_ wakes: AsyncStream<PresentWake>, printer: EventPrinter, idle: Duration?) async -> Int32 {
+    /// How `present` ends.
+    private enum End {
+        /// By this signal, once the presenter is removed.
+        case signal(Int32)
+        case status(Int32)
+    }
+
+    /// Runs until a signal, the count reached with no relinquished access still going on
+    /// (0: `present --once f && make` runs make after the writer is done), or `idle`
+    /// without an event (2, as `inotifywait -t` does).
+    private static func waitForEnd(_ wakes: AsyncStream<PresentWake>, printer: EventPrinter, idle: Duration?) async -> End {
         var timer: Task<Void, Never>?
         var generation = 0
         func arm() {
@@ -135,34 +146,40 @@ struct Present: AsyncParsableCommand {
         arm()
         for await wake in wakes {
             switch wake {
-            case .stop:
-                return 0
+            case .stop(let number):
+                return .signal(number)
             case .event:
                 if printer.isDone {
                     timer?.cancel()
-                    if printer.relinquished == 0 { return 0 }
+                    if printer.relinquished == 0 { return .status(0) }
                 } else {
                     arm()
                 }
             case .reacquired:
-                if printer.isDone && printer.relinquished == 0 { return 0 }
+                if printer.isDone && printer.relinquished == 0 { return .status(0) }
+            case .outputFailed:
+                // Reported by the command's end: nothing more can be printed.
+                return .status(0)
             case .idle(let armed):
-                if armed == generation && !printer.isDone { return 2 }
+                if armed == generation && !printer.isDone { return .status(2) }
             }
         }
-        return 0
+        return .status(0)
     }
 }
 
 /// What wakes `present`'s loop.
 enum PresentWake: Sendable {
-    case stop
+    /// A terminating signal came.
+    case stop(Int32)
     /// An event was printed.
     case event
     /// A relinquished access ended (its reacquirer ran).
     case reacquired
     /// The idle timer armed `n`-th fired.
     case idle(Int)
+    /// A line could not be written to stdout.
+    case outputFailed
 }
 
 /// `--event`, `--include` and `--exclude`: which events `present` prints.
@@ -284,24 +301,27 @@ final class EventPrinter: Sendable {
         }
         // Written under the lock: a line must not overtake `ready` and those held for it,
         // and no line passes the limit.
-        let printed = state.withLock { state -> Bool in
+        // nil: past the limit, not printed; else whether the write succeeded.
+        let written = state.withLock { state -> Bool? in
             if counted {
-                if let limit, state.printed >= limit { return false }
+                if let limit, state.printed >= limit { return nil }
                 state.printed += 1
             }
             guard let held = state.early else {
-                Output.writeStandardOutput(line)
-                return true
+                return Output.writeStandardOutput(line)
             }
             guard event == "ready" else {
                 state.early = held + [line]
                 return true
             }
             state.early = nil
-            Output.writeStandardOutput(Array(([line] + held).joined()))
-            return true
+            return Output.writeStandardOutput(Array(([line] + held).joined()))
         }
-        if printed && counted { wakes.yield(.event) }
+        if written == false {
+            wakes.yield(.outputFailed)
+        } else if written == true && counted {
+            wakes.yield(.event)
+        }
     }
 }
 

@@ -170,6 +170,13 @@ final class LineProcess: @unchecked Sendable {
         }
     }
 
+    /// Waits for it to end; whether signal `number` ended it (as a command that caught it
+    /// and cleaned up then dies by it).
+    func endsBy(_ number: Int32) async -> Bool {
+        let status = await wait().status
+        return process.terminationReason == .uncaughtSignal && status == number
+    }
+
     /// Waits for it to end; its status and stderr.
     func wait() async -> (status: Int32, stderr: String) {
         await withCheckedContinuation { continuation in

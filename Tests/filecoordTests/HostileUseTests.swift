@@ -97,6 +97,93 @@ struct HostileUseTests: CrossProcessFixture {
         _ = await presenter.wait()
     }
 
+    @Test("present ended by a terminating signal removes its presenter, then dies by the signal: through a shell, `present --once f && touch ran` does not run on and $? is 128+N; no crash report",
+          .timeLimit(.minutes(3)), arguments: [SIGINT, SIGTERM, SIGHUP, SIGQUIT])
+    func presentDiesBySignal(number: Int32) async throws {
+        let file = scratch.write("f", "v\n")
+        let ran = scratch.path + "/ran"
+        let script = #""$FILECOORD" present --once --json --space "$1" "$2" && touch "$3"; echo "status=$?""#
+        let shell = try LineProcess(["-c", script, "sh", space, file, ran], executable: "/bin/sh",
+                                    environment: ["FILECOORD": filecoordBinary])
+        var lines = shell.lines.makeAsyncIterator()
+        let ready = try #require(await lines.next())
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(ready.utf8)) as? [String: Any])
+        let pid = try #require(object["pid"] as? Int32)
+        #expect(kill(pid, number) == 0)
+        // Bounded: a presenter that does not end is killed after 30 s (and the shell then
+        // says 137).
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(30)) // ok: the bound of a hang
+            kill(pid, SIGKILL)
+        }
+        #expect(await lines.next() == "status=\(128 + number)")
+        watchdog.cancel()
+        let ended = await shell.wait()
+        #expect(!FileManager.default.fileExists(atPath: ran), "the command after && ran")
+        #expect(!ended.stderr.contains("crashed") && !ended.stderr.contains("Backtracing"), "\(ended.stderr.prefix(300))")
+        #expect(entries("procs").isEmpty && entries("presenters").isEmpty, "left \(entries("procs")) \(entries("presenters"))")
+    }
+
+    @Test("SIGQUIT ends a command waiting for a claim as SIGTERM does: it dies by the signal, with no crash report, writes nothing and leaves no files in the space",
+          .timeLimit(.minutes(3)))
+    func quitWhileWaiting() async throws {
+        let file = scratch.write("f", "old\n")
+        // One after another: a holder started while another command runs would inherit
+        // that command's output pipes and hold them open.
+        for command in ["write", "exec", "read"] {
+            let fifo = scratch.path + "/release-" + command
+            let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
+            let arguments: [String]
+            switch command {
+            case "write": arguments = ["write", "--space", space, file]
+            case "exec": arguments = ["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo new > \"$0\"", file]
+            default: arguments = ["read", "--space", space, "--cat", file]
+            }
+            let waiting = try LineProcess(arguments)
+            try await waitForStatus { self.waitingPids(in: $0).contains(waiting.pid) }
+            waiting.signal(SIGQUIT)
+            // Ended (or, past 30 s, killed) before the holder lets go: a command that lived
+            // on would take the claim and write.
+            var ended = false
+            for _ in 0 ..< 3000 where !ended {
+                ended = !isAlive(waiting.pid)
+                if !ended { try await Task.sleep(for: .milliseconds(10)) } // ok: polling another process's state
+            }
+            if !ended { waiting.signal(SIGKILL) }
+            _ = try await shell("timeout 30 sh -c 'echo go > \"$0\"' '\(fifo)'")
+            _ = await ends(holder, within: .seconds(30), "the holder")
+            let result = await waiting.wait()
+            #expect(ended && waiting.process.terminationReason == .uncaughtSignal && result.status == SIGQUIT,
+                    "\(command) ended with \(waiting.process.terminationReason == .exit ? "exit" : "signal") \(result.status)")
+            #expect(!result.stderr.contains("crashed") && !result.stderr.contains("Backtracing"), "\(command): \(result.stderr.prefix(300))")
+            #expect(try String(contentsOfFile: file, encoding: .utf8) == "old\n", "\(command)")
+            #expect(!entries("procs").contains { $0.hasPrefix("\(waiting.pid)-") }, "\(command): \(entries("procs"))")
+        }
+    }
+
+    @Test("output that cannot be written (stdout on /dev/full) is an error: one line on stderr naming stdout and the cause, exit 1",
+          .timeLimit(.minutes(3)), arguments: ["status --json", "status", "present --once", "version"])
+    func outputLost(command: String) async throws {
+        let file = scratch.write("f", "v\n")
+        let words = command.split(separator: " ").map(String.init)
+        let arguments = words == ["version"] ? words : [words[0], "--space", space] + words.dropFirst() + (words[0] == "present" ? [file] : [])
+        let quoted = arguments.map { "'\($0)'" }.joined(separator: " ")
+        // --once ends at the first event (not reached: the first line already fails).
+        let result = try await shell("\"$FILECOORD\" \(quoted) > /dev/full; echo \"status=$?\" >&2")
+        let lines = result.errorText.split(separator: "\n")
+        #expect(lines.last == "status=1", "\(command): \(result.errorText)")
+        #expect(lines.count == 2 && lines.first == "filecoord: stdout: write failed: No space left on device (ENOSPC)",
+                "\(command): \(result.errorText)")
+    }
+
+    /// Whether process `pid` runs (a zombie does not).
+    func isAlive(_ pid: Int32) -> Bool {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")"),
+              let state = stat[stat.index(after: close)...].split(separator: " ").first else { return false }
+        return state != "Z" && state != "X"
+    }
+
     /// The presenter's next events, as "EVENT PATH", up to the first that `stop` accepts;
     /// past `limit` the presenter is ended and a hang recorded.
     func events(of presenter: LineProcess, _ lines: inout AsyncStream<String>.Iterator, within limit: Duration,

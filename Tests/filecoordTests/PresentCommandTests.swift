@@ -24,7 +24,7 @@ struct PresentCommandTests {
         #expect(events == ["subitemDidAppear new.txt", "subitemDidChange new.txt", "subitemDidMove new.txt renamed.txt",
                            "accommodateSubitemDeletion renamed.txt"])
         present.signal(SIGTERM)
-        #expect(await present.wait().status == 0)
+        #expect(await present.endsBy(SIGTERM))
     }
 
     @Test("ready is the first line even when changes arrive while the presenter is being set up", .timeLimit(.minutes(3)))
@@ -45,7 +45,7 @@ struct PresentCommandTests {
         #expect(first.contains(#""event":"ready""#), "\(first)")
         _ = await writer.wait()
         present.signal(SIGTERM)
-        #expect(await present.wait().status == 0)
+        #expect(await present.endsBy(SIGTERM))
     }
 
     @Test("names with a newline, a tab, a backslash or bytes that are not UTF-8: a text line each, escaped; JSON gives the exact bytes",
@@ -84,8 +84,8 @@ struct PresentCommandTests {
         #expect(shown == [#"new\nline"#, #"tab\there"#, #"back\\slash"#, #"c\376\377"#, "café"])
         json.signal(SIGTERM)
         text.signal(SIGTERM)
-        #expect(await json.wait().status == 0)
-        #expect(await text.wait().status == 0)
+        #expect(await json.endsBy(SIGTERM))
+        #expect(await text.endsBy(SIGTERM))
     }
 
     @Test("a path that does not exist is a one-line error, exit 1")

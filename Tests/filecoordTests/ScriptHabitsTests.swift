@@ -144,7 +144,7 @@ struct ScriptHabitsTests: CrossProcessFixture {
         #expect(status.outputText.contains("presenters:\n  \(file)  (pid \(presenter.pid))"), "\(status.outputText)")
         presenter.signal(SIGCONT)
         presenter.signal(SIGTERM)
-        #expect(await presenter.wait().status == 0)
+        #expect(await presenter.endsBy(SIGTERM))
     }
 
     @Test("FILECOORD_LOG_LEVEL=debug (or --log-level debug) traces claims and messages on stderr; a level that does not exist is a usage error")
@@ -190,7 +190,7 @@ struct ScriptHabitsTests: CrossProcessFixture {
         }
         #expect(heard == ["subitemDidChange f", "subitemDidAppear marker"])
         presenter.signal(SIGTERM)
-        #expect(await presenter.wait().status == 0)
+        #expect(await presenter.endsBy(SIGTERM))
     }
 
     @Test("write of a file whose directory takes no new file (/proc/version) says the temporary failed, not that the file is missing")
@@ -222,6 +222,6 @@ struct ScriptHabitsTests: CrossProcessFixture {
         #expect(deletions.count == 4, "each once: \(heard)")
         #expect(heard.contains("subitemDidMove a -> b"), "\(heard)")
         presenter.signal(SIGTERM)
-        #expect(await presenter.wait().status == 0)
+        #expect(await presenter.endsBy(SIGTERM))
     }
 }

@@ -42,7 +42,7 @@ extension UsageTests {
         #expect(event(ready).event == "ready", "\(ready)")
         presenter.signal(SIGTERM)
         let ended = await presenter.wait()
-        #expect(ended.status == 0, "\(ended.stderr)")
+        #expect(ended.status == SIGTERM && presenter.process.terminationReason == .uncaughtSignal, "\(ended.stderr)")
 
         let loop = try await filecoord(["present", scratch.path + "/loop", "--space", scratch.path + "/space"])
         #expect(loop.status == 1)

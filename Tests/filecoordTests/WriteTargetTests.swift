@@ -31,7 +31,7 @@ struct WriteTargetTests {
         while heard.count < 4, let line = await lines.next() { heard.append(event(line).event) }
         #expect(heard == ["relinquishToWriter", "save", "didChange", "reacquire"])
         presenter.signal(SIGTERM)
-        #expect(await presenter.wait().status == 0)
+        #expect(await presenter.endsBy(SIGTERM))
         let dangling = scratch.path + "/dangling"
         try FileManager.default.createSymbolicLink(atPath: dangling, withDestinationPath: "made-by-write")
         #expect(try await write(dangling, "created").status == 0)

@@ -12,7 +12,8 @@
 /// descriptors open then (3 and up, with their files' identities). Also unblocks SIGINT,
 /// SIGTERM, SIGHUP and SIGQUIT in the calling thread, and so in every thread it starts
 /// after: a process started from a thread that blocks them (any libdispatch worker, so
-/// any Swift task that runs `Process`) inherits the mask. Call first in main.
+/// any Swift task that runs `Process`) inherits the mask. SIGQUIT, unless ignored, gets its
+/// default action back from the Swift runtime's backtracer. Call first in main.
 void fc_note_startup(void);
 /// Caps glibc's malloc at one arena a core (its default: eight a core). Each arena
 /// reserves 64 MiB of address space, and a thread that allocates while the others hold
@@ -41,6 +42,11 @@ void fc_forward_signals_end(void);
 /// Waits for the command, stops forwarding before reaping it, and returns its exit
 /// status (128+N for signal N), or -errno.
 int fc_wait_command(pid_t pid);
+
+/// Ends the process by signal `number`, as if it had not been caught: the default action
+/// put back, the signal unblocked in the calling thread and raised there (no core dump for
+/// SIGQUIT: the process has cleaned up). The shell then sees 128 + `number`. Does not return.
+void fc_die_by_signal(int number) __attribute__((noreturn));
 
 /// Catches the `count` signals in `numbers` with a handler that writes each one's number
 /// (one byte) into a pipe, and returns the pipe's read end (-1 with errno set on

@@ -251,7 +251,7 @@ public final class CoordinationSpace: Sendable {
 
     /// Removes this process's files from the space at once, on the calling thread, and
     /// leaves its claims to the kernel: for a process about to die of a signal
-    /// (`filecoord` on SIGHUP, SIGTERM or SIGINT), whose claims end with it.
+    /// (`filecoord` on SIGHUP, SIGINT, SIGQUIT or SIGTERM), whose claims end with it.
     @_spi(FileCoordinationInternal)
     public func removeFilesBeforeExit() {
         mail.removeFilesNow()
