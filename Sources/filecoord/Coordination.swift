@@ -235,15 +235,9 @@ struct CoordinationSettings: Sendable {
         do {
             let observer = reporter.enabled ? WaitObserver { reporter.waiting() } : nil
             return try await WaitObserver.$current.withValue(observer) { try await body(reporter) }
-        } catch var error as FileCoordinationError {
+        } catch let failure as FileCoordinationError {
             reporter.granted()
-            if error.code == .timedOut, error.operation == "coordinate", !wanted.isEmpty,
-               let space = FileCoordinator.coordinationSpace {
-                let blockers = await InTheWay.describe(wanted, in: space, timeout: .milliseconds(500))
-                if !blockers.isEmpty {
-                    error.message = "held by " + blockers.joined(separator: ", ") + "; " + error.message
-                }
-            }
+            let error = await Self.explained(failure, wanted: wanted)
             Output.report(error)
             throw error.code == .timedOut ? Status.timedOut : Status.failed
         } catch let error as ExitCode {
@@ -252,6 +246,23 @@ struct CoordinationSettings: Sendable {
             Output.error("\(error)")
             throw Status.failed
         }
+    }
+
+    /// A claim's failure as the tool reports it: its item named absolute (as a name given
+    /// relative is claimed), and, when it timed out, who held it (``InTheWay``).
+    static func explained(_ failure: FileCoordinationError, wanted: [InTheWay.Wanted]) async -> FileCoordinationError {
+        var error = failure
+        guard error.operation == "coordinate" else { return error }
+        if let path = error.path, path.isRelative, let absolute = try? FilePath(fileURL: path.fileURL) {
+            error.path = absolute
+        }
+        if error.code == .timedOut, !wanted.isEmpty, let space = FileCoordinator.coordinationSpace {
+            let blockers = await InTheWay.describe(wanted, in: space, timeout: .milliseconds(500))
+            if !blockers.isEmpty {
+                error.message = "held by " + blockers.joined(separator: ", ") + "; " + error.message
+            }
+        }
+        return error
     }
 }
 

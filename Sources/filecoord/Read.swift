@@ -165,9 +165,11 @@ struct ReadSettings: Sendable {
         }
         let options = BatchReadOptions(concurrency: min(concurrency, headroom), maximumFileSize: Read.wholeFileLimit, engine: engine)
         let coordinator = noCoordination ? nil : try await coordination.coordinator()
+        // A file's claim that waits says who is in the way, as every claim does.
+        let wanted = noCoordination ? [] : list.map { InTheWay.Wanted(path: $0, isWrite: false) }
         if !cat && progress == nil {
             // Nothing to write out and no progress to draw: count each file where it was read.
-            try await coordination.run { _ in
+            try await coordination.run(wanted: wanted) { _ in
                 try await summarizeInPlace(list, options: options, coordinator: coordinator)
             }
             return
@@ -178,7 +180,7 @@ struct ReadSettings: Sendable {
         } else {
             results = FileBatchReader(paths: list, options: options)
         }
-        try await coordination.run { _ in
+        try await coordination.run(wanted: wanted) { _ in
             try await consume(results, coordinator: coordinator, output: output, progress: progress)
         }
     }
@@ -230,7 +232,7 @@ struct ReadSettings: Sendable {
         }
         let elapsed = clock.now - start
         failures.sort { $0.index < $1.index }
-        for failure in failures { Output.report(failure.error) }
+        for failure in failures { Output.report(await Self.explained(failure.error, of: list[failure.index])) }
         try await summarize(files: files, bytes: bytes, failed: failures.count,
                             timedOut: failures.contains { $0.error.code == .timedOut }, elapsed: elapsed)
     }
@@ -259,7 +261,7 @@ struct ReadSettings: Sendable {
                 failed += 1
                 timedOut = timedOut || error.code == .timedOut
                 progress?.clear()
-                Output.report(error)
+                Output.report(await Self.explained(error, of: file.path))
             }
             progress?.update(done: files + failed)
         }
@@ -300,6 +302,11 @@ struct ReadSettings: Sendable {
         } catch let error as FileCoordinationError {
             return .failure(error)
         }
+    }
+
+    /// A file's failure as reported: a claim's, absolute and with who held it.
+    private static func explained(_ error: FileCoordinationError, of path: FilePath) async -> FileCoordinationError {
+        await CoordinationSettings.explained(error, wanted: [InTheWay.Wanted(path: path, isWrite: false)])
     }
 
     /// The summary line (stderr), or the JSON object (stdout); exit 3 if a file's claim or

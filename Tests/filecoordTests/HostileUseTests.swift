@@ -176,6 +176,22 @@ struct HostileUseTests: CrossProcessFixture {
                 "\(command): \(result.errorText)")
     }
 
+    @Test("read waiting for a claim says who holds it after a second, and its timeout names the holder and the item absolute, as every claim does",
+          .timeLimit(.minutes(3)))
+    func readSaysWhoHolds() async throws {
+        let file = scratch.write("f", "v\n")
+        let fifo = scratch.path + "/release"
+        let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
+        // A relative name, as a script gives it.
+        let result = try await shell("cd '\(scratch.path)' && \"$FILECOORD\" read --space '\(space)' --timeout 3 --cat f")
+        try await release(fifo)
+        _ = await ends(holder, within: .seconds(30), "the holder")
+        #expect(result.status == 3, "\(result.errorText)")
+        #expect(result.errorText.contains("filecoord: waiting for pid \(holder.pid) (write claim on \(file))"), "\(result.errorText)")
+        #expect(result.errorText.contains("filecoord: \(file): claim failed: held by pid \(holder.pid) (write claim on \(file));"),
+                "\(result.errorText)")
+    }
+
     /// Whether process `pid` runs (a zombie does not).
     func isAlive(_ pid: Int32) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
