@@ -284,7 +284,16 @@ enum RawArguments {
 
     /// The path as it was typed, bytes and all.
     static func path(_ argument: String) -> FilePath {
-        FilePath(platformBytes: bytes(argument))
+        path(bytes: bytes(argument))
+    }
+
+    /// A name's bytes as a path. A trailing slash says the name is a directory (`cat f/`
+    /// is ENOTDIR for a file); `FilePath` drops it, so it is kept as `/.`, which the kernel
+    /// reads the same way and every claim normalizes away.
+    static func path(bytes: [UInt8]) -> FilePath {
+        let slash = UInt8(ascii: "/")
+        guard bytes.count > 1, bytes.last == slash else { return FilePath(platformBytes: bytes) }
+        return FilePath(platformBytes: bytes + [UInt8(ascii: ".")])
     }
 
     /// The argument's bytes as typed.

@@ -118,7 +118,7 @@ struct Read: AsyncParsableCommand {
             while start < raw.count {
                 let end = memchr(raw.baseAddress! + start, Int32(separator), raw.count - start)
                     .map { UnsafeRawPointer($0) - raw.baseAddress! } ?? raw.count
-                if end > start { paths.append(FilePath(platformBuffer: UnsafeRawBufferPointer(rebasing: raw[start ..< end]))) }
+                if end > start { paths.append(RawArguments.path(bytes: Array(UnsafeRawBufferPointer(rebasing: raw[start ..< end])))) }
                 start = end + 1
             }
             return paths

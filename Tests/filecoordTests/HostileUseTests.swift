@@ -192,6 +192,19 @@ struct HostileUseTests: CrossProcessFixture {
                 "\(result.errorText)")
     }
 
+    @Test("a trailing slash on a regular file's name is ENOTDIR for write, write --append, read and a --from-list line, as for cat, and the file is left as it was")
+    func trailingSlashOnFile() async throws {
+        let file = scratch.write("f", "old\n")
+        let list = scratch.write("list", file + "/\n")
+        for arguments in [["write", file + "/"], ["write", "--append", file + "/"], ["read", "--cat", file + "/"],
+                          ["read", "--cat", "--from-list", list], ["present", "--once", "--timeout", "10", file + "/"]] {
+            let result = try await run(filecoordBinary, [arguments[0], "--space", space] + arguments.dropFirst(), stdin: Data("new\n".utf8))
+            #expect(result.status == 1 && result.errorText.contains("Not a directory (ENOTDIR)"), "\(arguments): \(result.errorText)")
+            #expect(result.stdout.isEmpty, "\(arguments)")
+        }
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old\n")
+    }
+
     /// Whether process `pid` runs (a zombie does not).
     func isAlive(_ pid: Int32) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
