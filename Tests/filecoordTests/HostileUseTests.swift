@@ -205,6 +205,29 @@ struct HostileUseTests: CrossProcessFixture {
         #expect(try String(contentsOfFile: file, encoding: .utf8) == "old\n")
     }
 
+    @Test("status reports each dead process once, and only once its files are gone: entries of the wrong type where a record or mailbox belongs are set aside, not reported again and again")
+    func cleanedUpOnce() async throws {
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        // Pids above the kernel's pid_max: no process has them.
+        try FileManager.default.createDirectory(atPath: space + "/procs/999992-aa", withIntermediateDirectories: false)
+        #expect(FileManager.default.createFile(atPath: space + "/mail/999993-bb", contents: nil))
+        try FileManager.default.createDirectory(atPath: space + "/mail/999994-cc/x", withIntermediateDirectories: true)
+        #expect(mkfifo(space + "/procs/999995-dd", 0o600) == 0)
+        // Old enough to be a join's leftovers.
+        let old = Date(timeIntervalSinceNow: -7200)
+        for name in ["mail/999993-bb", "mail/999994-cc"] {
+            try FileManager.default.setAttributes([.modificationDate: old], ofItemAtPath: space + "/" + name)
+        }
+        var reported: [[Int]] = []
+        for _ in 0 ..< 3 {
+            let result = try await filecoord("status", "--json", "--space", space)
+            let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any], "\(result.errorText)")
+            reported.append(try #require(object["cleanedUp"] as? [Int]))
+        }
+        #expect(reported == [[999992, 999993, 999994, 999995], [], []])
+        #expect(entries("procs").isEmpty && entries("mail").isEmpty, "\(entries("procs")) \(entries("mail"))")
+    }
+
     /// Whether process `pid` runs (a zombie does not).
     func isAlive(_ pid: Int32) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),

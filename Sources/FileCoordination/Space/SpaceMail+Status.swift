@@ -86,8 +86,8 @@ extension SpaceMail {
                         status.presenters.append(.init(path: path, processIdentifier: pid))
                     }
                 case .dead:
-                    status.cleanedUp.append(pid)
-                    await cleanUp(process)
+                    // Reported once its files are gone (not for files it cannot remove).
+                    if await cleanUp(process) { status.cleanedUp.append(pid) }
                 case .reply(let reply):
                     add(reply, of: pid)
                 }
@@ -101,7 +101,9 @@ extension SpaceMail {
             defer { state.cleanedUp.removeAll() }
             return state.cleanedUp
         }
-        status.cleanedUp.sort()
+        // A process cleaned up after by this process's join and found dead again here
+        // (another process was removing its files meanwhile) is one process.
+        status.cleanedUp = Set(status.cleanedUp).sorted()
         return status
     }
 
@@ -127,8 +129,9 @@ extension SpaceMail {
     }
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
-    /// ``MessageSlots``); returns whether it did (nothing is removed for a process that
-    /// is alive). On an I/O thread, the liveness check included (it opens the record).
+    /// ``MessageSlots``); returns whether its record and mailbox are gone now (nothing is
+    /// removed for a process that is alive). On an I/O thread, the liveness check
+    /// included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
         (try? await runOnIOThread { [self] in cleanUpHere(process) }) ?? false
@@ -152,6 +155,18 @@ extension SpaceMail {
         // Another process may have been first: the registry of presenters, which
         // others cache, changed only if this removed some.
         if removedPresenters { files.bumpSequence() }
+        // What could not be removed is not a record or a mailbox this library makes (a
+        // directory for a record, a file for a mailbox, one that holds a directory): set
+        // aside, or every later look would find it again.
+        for (folder, what) in [("procs", "a process's record"), ("mail", "a process's mailbox")] where exists(dirFD, "\(folder)/\(process)") {
+            setAside(folder, process, reason: "not \(what) (its type is not one this library makes)")
+        }
+        return !exists(dirFD, "procs/" + process) && !exists(dirFD, "mail/" + process)
+    }
+
+    /// Whether the space has an entry at `name` (blocking).
+    private func exists(_ dirFD: Int32, _ name: String) -> Bool {
+        if case .failure(.noSuchFileOrDirectory) = Syscall.lstatat(dirFD, name) { return false }
         return true
     }
 
@@ -161,6 +176,11 @@ extension SpaceMail {
     @discardableResult
     static func removeMailbox(_ dirFD: Int32, _ process: String) -> Bool {
         var removed = false
+        // A file where the mailbox belongs (not one this library makes) goes as a file.
+        if case .success(let info) = Syscall.lstatat(dirFD, "mail/" + process), info.st_mode & S_IFMT != S_IFDIR {
+            if case .success = Syscall.unlinkat(dirFD, "mail/" + process) { return true }
+            return false
+        }
         for _ in 0 ..< 4 {
             for name in (try? list(dirFD, "mail/" + process)) ?? [] {
                 if case .success = Syscall.unlinkat(dirFD, "mail/\(process)/\(name)") { removed = true }
