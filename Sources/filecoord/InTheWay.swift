@@ -37,14 +37,15 @@ enum InTheWay {
         let answered = conflicting.filter { !status.unanswered.contains($0.processIdentifier) }
         var found: [String] = []
         for claim in answered.isEmpty ? conflicting : answered {
-            let line = "pid \(claim.processIdentifier) (\(claim.isWrite ? "write" : "read") claim on \(Output.displayed(claim.path)))"
+            let line = "\(StatusCommand.who(claim.processIdentifier, nil, otherNamespace: claim.isInAnotherPIDNamespace)) (\(claim.isWrite ? "write" : "read") claim on \(Output.displayed(claim.path)))"
             if !found.contains(line) { found.append(line) }
         }
         if !found.isEmpty { return found }
         for presenter in status.presenters where presenter.processIdentifier != me {
             guard wanted.contains(where: { related($0.path, presenter.path) }) else { continue }
             let silent = status.unanswered.contains(presenter.processIdentifier) ? ", not answering" : ""
-            found.append("pid \(presenter.processIdentifier) (presenter of \(Output.displayed(presenter.path))\(silent))")
+            let who = StatusCommand.who(presenter.processIdentifier, nil, otherNamespace: presenter.isInAnotherPIDNamespace)
+            found.append("\(who) (presenter of \(Output.displayed(presenter.path))\(silent))")
         }
         return found
     }

@@ -72,6 +72,8 @@ enum JSONLines {
             var pid: Int32
             /// The holder's host, in an etcd space.
             var host: String?
+            /// True when `pid` is another PID namespace's (absent otherwise).
+            var otherPidNamespace: Bool?
         }
         struct Presenter: Encodable {
             var path: String
@@ -79,6 +81,8 @@ enum JSONLines {
             var pid: Int32
             /// The registering process's host, in an etcd space.
             var host: String?
+            /// True when `pid` is another PID namespace's (absent otherwise).
+            var otherPidNamespace: Bool?
         }
         var claims: [Claim]
         var waiting: [Claim]

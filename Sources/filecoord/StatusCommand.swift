@@ -13,7 +13,10 @@ struct StatusCommand: AsyncParsableCommand {
             in the space list them). \
             Entries left by dead processes are cleaned up, not listed. With --json one \
             object, keys sorted: {"claims":[{"access":"read"|"write","path":P,"pid":N}],\
-            "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"waiting":[...]}.
+            "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"waiting":[...]}. \
+            A pid is as this process's PID namespace numbers it; a process of another \
+            namespace that this one does not show (a container's) keeps its own pid, with \
+            "otherPidNamespace":true (in text: "pid N in another PID namespace").
             """
     )
 
@@ -41,11 +44,12 @@ struct StatusCommand: AsyncParsableCommand {
             func claim(_ claim: CoordinationSpace.Status.Claim) -> JSONLines.Status.Claim {
                 let (path, base64) = JSONLines.text(claim.path)
                 return .init(path: path, pathBase64: base64, access: claim.isWrite ? "write" : "read", pid: claim.processIdentifier,
-                             host: claim.host)
+                             host: claim.host, otherPidNamespace: claim.isInAnotherPIDNamespace ? true : nil)
             }
             let presenters = status.presenters.map { presenter in
                 let (path, base64) = JSONLines.text(presenter.path)
-                return JSONLines.Status.Presenter(path: path, pathBase64: base64, pid: presenter.processIdentifier, host: presenter.host)
+                return JSONLines.Status.Presenter(path: path, pathBase64: base64, pid: presenter.processIdentifier, host: presenter.host,
+                                                  otherPidNamespace: presenter.isInAnotherPIDNamespace ? true : nil)
             }
             let line = JSONLines.line(JSONLines.Status(claims: status.claims.map(claim), waiting: status.waiting.map(claim),
                                                        presenters: presenters, unanswered: status.unanswered, cleanedUp: status.cleanedUp))
@@ -54,18 +58,26 @@ struct StatusCommand: AsyncParsableCommand {
         }
         var lines: [String] = []
         lines.append(status.claims.isEmpty ? "no claims" : "claims:")
-        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim.processIdentifier, claim.host)))") }
+        for claim in status.claims { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim)))") }
         if !status.waiting.isEmpty { lines.append("waiting:") }
-        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim.processIdentifier, claim.host)))") }
+        for claim in status.waiting { lines.append("  \(claim.isWrite ? "write" : "read ") \(Output.displayed(claim.path))  (\(Self.who(claim)))") }
         lines.append(status.presenters.isEmpty ? "no presenters" : "presenters:")
-        for presenter in status.presenters { lines.append("  \(Output.displayed(presenter.path))  (\(Self.who(presenter.processIdentifier, presenter.host)))") }
+        for presenter in status.presenters {
+            lines.append("  \(Output.displayed(presenter.path))  (\(Self.who(presenter.processIdentifier, presenter.host, otherNamespace: presenter.isInAnotherPIDNamespace)))")
+        }
         if !status.unanswered.isEmpty { lines.append("not answering: " + status.unanswered.map { "pid \($0)" }.joined(separator: ", ")) }
         if !status.cleanedUp.isEmpty { lines.append("cleaned up after dead processes: " + status.cleanedUp.map { "pid \($0)" }.joined(separator: ", ")) }
         Output.writeStandardOutput(Array((lines.joined(separator: "\n") + "\n").utf8))
     }
 
-    /// `pid N`, with ` on HOST` in a space shared by hosts.
-    static func who(_ pid: Int32, _ host: String?) -> String {
-        host.map { "pid \(pid) on \($0)" } ?? "pid \(pid)"
+    /// `pid N`, with ` on HOST` in a space shared by hosts, and ` in another PID
+    /// namespace` when it is not this one's number for the process.
+    static func who(_ pid: Int32, _ host: String?, otherNamespace: Bool = false) -> String {
+        (host.map { "pid \(pid) on \($0)" } ?? "pid \(pid)") + (otherNamespace ? " in another PID namespace" : "")
+    }
+
+    /// ``who(_:_:otherNamespace:)`` of a claim's holder.
+    static func who(_ claim: CoordinationSpace.Status.Claim) -> String {
+        who(claim.processIdentifier, claim.host, otherNamespace: claim.isInAnotherPIDNamespace)
     }
 }

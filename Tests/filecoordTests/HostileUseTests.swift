@@ -228,6 +228,32 @@ struct HostileUseTests: CrossProcessFixture {
         #expect(entries("procs").isEmpty && entries("mail").isEmpty, "\(entries("procs")) \(entries("mail"))")
     }
 
+    @Test("a presenter in a PID namespace of its own (pid 1 there) is shown by status under the pid the viewer's namespace gives it, and a viewer that cannot see it says the pid is another namespace's",
+          .enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/unshare"), "needs root and unshare"),
+          .timeLimit(.minutes(3)))
+    func presenterInOtherPIDNamespace() async throws {
+        let file = scratch.write("f", "v\n")
+        let inner = try LineProcess(["--pid", "--fork", filecoordBinary, "present", "--json", "--space", space, file],
+                                    executable: "/usr/bin/unshare")
+        var lines = inner.lines.makeAsyncIterator()
+        let ready = try #require(await lines.next())
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(ready.utf8)) as? [String: Any])
+        #expect(object["pid"] as? Int == 1, "the presenter sees itself as pid 1: \(ready)")
+        // Its pid here: unshare's child.
+        let children = (try? String(contentsOfFile: "/proc/\(inner.pid)/task/\(inner.pid)/children", encoding: .utf8)) ?? ""
+        let outer = try #require(Int(children.split(separator: " ").first ?? ""), "no child of unshare: \(children)")
+        let status = try await filecoord("status", "--json", "--space", space)
+        let listed = try #require(try JSONSerialization.jsonObject(with: status.stdout) as? [String: Any])
+        let presenters = try #require(listed["presenters"] as? [[String: Any]])
+        #expect(presenters.count == 1 && presenters.first?["pid"] as? Int == outer && presenters.first?["otherPidNamespace"] == nil,
+                "\(status.outputText)")
+        // From a namespace of its own, with its own /proc, the presenter cannot be seen.
+        let hidden = try await run("/usr/bin/unshare", ["--pid", "--fork", "--mount-proc", filecoordBinary, "status", "--space", space])
+        #expect(hidden.outputText.contains("(pid 1 in another PID namespace)"), "\(hidden.outputText) \(hidden.errorText)")
+        kill(Int32(outer), SIGTERM)
+        _ = await ends(inner, within: .seconds(30), "the presenter")
+    }
+
     /// Whether process `pid` runs (a zombie does not).
     func isAlive(_ pid: Int32) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),

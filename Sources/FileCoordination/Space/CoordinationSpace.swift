@@ -280,19 +280,25 @@ public final class CoordinationSpace: Sendable {
             public var path: FilePath
             /// Whether the claim writes (else it reads).
             public var isWrite: Bool
-            /// The holding process.
+            /// The holding process, as this process's PID namespace numbers it.
             public var processIdentifier: Int32
             /// The holding process's host, in a space shared by hosts (nil in a local space).
             public var host: String? = nil
+            /// ``processIdentifier`` is another PID namespace's (a container's): this
+            /// process's namespace does not show that process.
+            public var isInAnotherPIDNamespace = false
         }
         /// A presenter registered by a live process.
         public struct Presenter: Sendable, Equatable {
             /// The item presented.
             public var path: FilePath
-            /// The registering process.
+            /// The registering process, as this process's PID namespace numbers it.
             public var processIdentifier: Int32
             /// The registering process's host, in a space shared by hosts (nil in a local space).
             public var host: String? = nil
+            /// ``processIdentifier`` is another PID namespace's (a container's): this
+            /// process's namespace does not show that process.
+            public var isInAnotherPIDNamespace = false
         }
         /// Claims held by live processes, by path.
         public var claims: [Claim] = []

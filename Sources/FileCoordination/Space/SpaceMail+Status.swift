@@ -11,6 +11,8 @@ import Glibc
 
 /// `status` across the space, and cleaning up after processes that are gone.
 extension SpaceMail {
+    private typealias Visible = PIDNamespaces.Visible
+
     // MARK: Status
 
     func answerStatus(_ query: SpaceProtocol.Header) async {
@@ -42,14 +44,19 @@ extension SpaceMail {
         }
         /// `silent`: with the process's record, which lists the claims it has held for a while.
         enum Answer: Sendable { case dead, silent(SpaceProtocol.ProcessRecord?), reply(SpaceProtocol.StatusReport) }
-        await withTaskGroup(of: (String, Answer).self) { group in
+        /// The answer, and the process's pid as this process's namespace numbers it.
+        await withTaskGroup(of: (String, Answer, PIDNamespaces.Visible).self) { group in
             for process in processes {
                 group.addTask { [self] in
-                    guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead) }
+                    let named = Visible(pid: Self.pid(of: process), isForeign: false)
+                    guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead, named) }
                     // A process that does not read its mailbox is not asked: its record
                     // says what it holds (see ``CoordinationSpace/claimsChanged()``).
-                    let record = try? await runOnIOThread({ try self.readRecord(of: process) })
-                    if let record, !record.listening { return (process, .reply(.init(re: 0, claims: record.claims))) }
+                    let (record, visible) = (try? await runOnIOThread { () throws -> (SpaceProtocol.ProcessRecord, Visible) in
+                        let record = try self.readRecord(of: process)
+                        return (record, PIDNamespaces.visible(named.pid, in: record.pidNamespace))
+                    }).map { ($0.0, $0.1) } ?? (nil, named)
+                    if let record, !record.listening { return (process, .reply(.init(re: 0, claims: record.claims)), visible) }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask {
                             switch try await self.request(.status, to: process) {
@@ -62,34 +69,38 @@ extension SpaceMail {
                         defer { race.cancelAll() }
                         return try await race.next()!
                     }
-                    return (process, answer ?? .silent(record))
+                    return (process, answer ?? .silent(record), visible)
                 }
             }
-            func add(_ report: SpaceProtocol.StatusReport, of pid: Int32) {
+            func add(_ report: SpaceProtocol.StatusReport, of who: Visible) {
                 for line in report.claims {
-                    status.claims.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: pid))
+                    status.claims.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: who.pid,
+                                               isInAnotherPIDNamespace: who.isForeign))
                 }
                 for line in report.waiting {
-                    status.waiting.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: pid))
+                    status.waiting.append(.init(path: line.path, isWrite: line.isWrite, processIdentifier: who.pid,
+                                                isInAnotherPIDNamespace: who.isForeign))
                 }
-                for path in report.presenters { status.presenters.append(.init(path: path, processIdentifier: pid)) }
+                for path in report.presenters { addPresenter(path, of: who) }
             }
-            for await (process, answer) in group {
-                let pid = Self.pid(of: process)
+            func addPresenter(_ path: FilePath, of who: Visible) {
+                status.presenters.append(.init(path: path, processIdentifier: who.pid, isInAnotherPIDNamespace: who.isForeign))
+            }
+            for await (process, answer, who) in group {
                 switch answer {
                 case .silent(let record):
                     // Stopped or busy: what it holds still stands in the kernel, and its
                     // presenters are still asked (their records say what they present).
-                    status.unanswered.append(pid)
-                    if let record { add(.init(re: 0, claims: record.claims), of: pid) }
+                    status.unanswered.append(who.pid)
+                    if let record { add(.init(re: 0, claims: record.claims), of: who) }
                     for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
-                        status.presenters.append(.init(path: path, processIdentifier: pid))
+                        addPresenter(path, of: who)
                     }
                 case .dead:
                     // Reported once its files are gone (not for files it cannot remove).
-                    if await cleanUp(process) { status.cleanedUp.append(pid) }
+                    if await cleanUp(process) { status.cleanedUp.append(who.pid) }
                 case .reply(let reply):
-                    add(reply, of: pid)
+                    add(reply, of: who)
                 }
             }
         }

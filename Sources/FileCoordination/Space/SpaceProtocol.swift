@@ -31,6 +31,8 @@ enum SpaceProtocol {
     /// The header's sender field, which the receiver reads before decoding a whole slot
     /// (see `SpaceMail.receive`).
     static let fromKey = "from"
+    /// A process record's PID namespace (the inode number of `/proc/self/ns/pid`).
+    static let pidNamespaceKey = "pid-ns"
 
     /// A message as received: header and body.
     struct Message: Sendable, Equatable {
@@ -117,6 +119,8 @@ enum SpaceProtocol {
         /// Whether it reads its mailbox (one that does not is never asked for its status).
         var listening: Bool
         var claims: [ClaimLine] = []
+        /// The PID namespace `pid` belongs to (``PIDNamespaces``); nil when unknown.
+        var pidNamespace: UInt64? = PIDNamespaces.current
     }
 
     /// Why a file that is a well-formed ``SpaceMessage`` is still not a message of ours.
@@ -259,6 +263,7 @@ extension SpaceProtocol.ProcessRecord {
         var record = SpaceMessage(kind: "process", fields: SpaceProtocol.claimFields("claim", claims))
         record.set("pid", "\(pid)")
         record.set("listening", listening ? "1" : "0")
+        if let pidNamespace { record.set(SpaceProtocol.pidNamespaceKey, "\(pidNamespace)") }
         return record
     }
 
@@ -267,6 +272,7 @@ extension SpaceProtocol.ProcessRecord {
         pid = try record.required("pid", record.pid)
         listening = record.string("listening") != "0"
         claims = SpaceProtocol.claimLines("claim", in: record)
+        pidNamespace = record.string(SpaceProtocol.pidNamespaceKey).flatMap { UInt64($0) }
     }
 }
 
