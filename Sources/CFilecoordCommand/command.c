@@ -24,6 +24,12 @@ static sigset_t fc_ignored_at_start_set;
 static const int fc_forwarded[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT };
 enum { fc_forwarded_count = sizeof fc_forwarded / sizeof fc_forwarded[0] };
 static int fc_inherited_count;
+/// Bit N: descriptor N (0, 1, 2) was closed when this process started.
+static int fc_closed_standard;
+
+int fc_standard_descriptor_was_closed(int fd) {
+    return fd >= 0 && fd <= 2 && (fc_closed_standard & (1 << fd)) != 0;
+}
 static struct { int fd; dev_t dev; ino_t ino; } fc_inherited[fc_max_inherited];
 
 int fc_ignored_at_start(int number) {
@@ -36,6 +42,15 @@ void fc_limit_malloc_arenas(void) {
 }
 
 void fc_note_startup(void) {
+    // A standard descriptor closed at start (`<&-`) would be the next file opened: stdin
+    // would read the coordination space's files, stdout write into them. /dev/null takes
+    // its place, and the command says that it was closed when it needs it.
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (opened == fd) fc_closed_standard |= 1 << fd;
+        else if (opened >= 0) close(opened);
+    }
     sigset_t handled;
     sigemptyset(&handled);
     for (int index = 0; index < fc_forwarded_count; index++) sigaddset(&handled, fc_forwarded[index]);

@@ -31,8 +31,8 @@ struct SpaceOption: ParsableArguments {
                                valueName: "FILE"), completion: .file())
     var etcdKey: String?
 
-    @Option(name: .customLong("log-level"), help: ArgumentHelp("Diagnostics on stderr: error, warning (default), info, debug (claims, waits, messages) or trace (default: $FILECOORD_LOG_LEVEL).",
-                               valueName: "LEVEL"), completion: .list(["error", "warning", "info", "debug", "trace"]))
+    @Option(name: .customLong("log-level"), help: ArgumentHelp("Diagnostics on stderr: critical, error, warning (default), notice, info, debug (claims that wait, messages) or trace (every claim) (default: $FILECOORD_LOG_LEVEL).",
+                               valueName: "LEVEL"), completion: .list(Logger.Level.allCases.map(\.rawValue)))
     var logLevel: String?
 
     /// The values given, apart from the parser.
@@ -73,7 +73,7 @@ struct SpaceSettings: Sendable {
         let environment = environmentVariable("FILECOORD_LOG_LEVEL")
         if let (source, name) = logLevel.map({ ("--log-level", $0) }) ?? environment.map({ ("FILECOORD_LOG_LEVEL", $0) }) {
             guard let level = Logs.level(named: name) else {
-                throw ValidationError("\(source): no level named '\(name)'; the levels are error, warning, info, debug, trace")
+                throw ValidationError("\(source): no level named '\(name)'; the levels are \(Logs.levelNames)")
             }
             Logs.level = level
         }
@@ -165,7 +165,7 @@ struct CoordinationOptions: ParsableArguments {
     @Flag(help: "Fail (exit 3) instead of proceeding when a presenter does not answer in time.")
     var strict = false
 
-    @Option(name: [.customLong("timeout"), .customShort("w"), .customLong("wait")], parsing: .unconditional,
+    @Option(name: [.customLong("timeout"), .customShort("w", allowingJoined: true), .customLong("wait")], parsing: .unconditional,
             help: ArgumentHelp("How long to wait for a conflicting claim to end (default: forever).", valueName: "DURATION"))
     var timeout: CommandDuration?
 
@@ -203,7 +203,8 @@ struct CoordinationSettings: Sendable {
     /// as the parser makes them).
     func validate() throws {
         try presenterTimeout.requireNonNegative("--presenter-timeout")
-        guard presenterTimeout.seconds > 0 else { throw ValidationError("--presenter-timeout must be more than zero") }
+        // A presenter cannot answer in no time: what rounds to nothing is refused too.
+        guard presenterTimeout.seconds >= 0.001 else { throw ValidationError("--presenter-timeout must be at least 1ms") }
         try timeout?.requireNonNegative("--timeout")
         if nonblock, let timeout, timeout.seconds != 0 {
             throw ValidationError("--nonblock and --timeout \(timeout.description) contradict each other")
@@ -284,6 +285,9 @@ enum Logs {
     }()
 
     static func bootstrap() { _ = once }
+
+    /// Every level's name, from the quietest, as an error lists them.
+    static var levelNames: String { Logger.Level.allCases.reversed().map(\.rawValue).joined(separator: ", ") }
 
     /// The level a `--log-level` or `FILECOORD_LOG_LEVEL` value names.
     static func level(named name: String) -> Logger.Level? {

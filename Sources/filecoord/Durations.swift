@@ -18,8 +18,32 @@ struct CommandDuration: ExpressibleByArgument, Sendable, Equatable {
             number = text.dropLast(unit.suffix.count)
             scale = unit.scale
         }
-        guard !number.isEmpty, let value = Double(number), !value.isNaN else { return nil }
+        // Decimal only: `Double` also reads hexadecimal (`0x10` is 16) and `nan`.
+        guard Self.isDecimal(number) || number == "inf", let value = Double(number) else { return nil }
         seconds = value * scale
+    }
+
+    /// `[+-]DIGITS[.DIGITS][e[+-]DIGITS]` (digits on at least one side of the point).
+    private static func isDecimal(_ text: Substring) -> Bool {
+        var rest = text.utf8[...]
+        func digits() -> Int {
+            let count = rest.prefix { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }.count
+            rest = rest.dropFirst(count)
+            return count
+        }
+        if rest.first == UInt8(ascii: "+") || rest.first == UInt8(ascii: "-") { rest = rest.dropFirst() }
+        var count = digits()
+        if rest.first == UInt8(ascii: ".") {
+            rest = rest.dropFirst()
+            count += digits()
+        }
+        guard count > 0 else { return false }
+        if rest.first == UInt8(ascii: "e") {
+            rest = rest.dropFirst()
+            if rest.first == UInt8(ascii: "+") || rest.first == UInt8(ascii: "-") { rest = rest.dropFirst() }
+            guard digits() > 0 else { return false }
+        }
+        return rest.isEmpty
     }
 
     static var defaultCompletionKind: CompletionKind { .list(["0.5", "1", "500ms", "2s", "1m", "inf"]) }

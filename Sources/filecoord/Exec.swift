@@ -40,7 +40,7 @@ struct Exec: AsyncParsableCommand {
 
     @OptionGroup var coordination: CoordinationOptions
 
-    @Option(name: [.customShort("E"), .customLong("conflict-exit-code")], parsing: .unconditional,
+    @Option(name: [.customShort("E", allowingJoined: true), .customLong("conflict-exit-code")], parsing: .unconditional,
             help: ArgumentHelp("Exit with N instead of 3 when the claims could not be had in time (a conflicting claim, or a presenter under --strict), so that a script tells that from COMMAND's own status.",
                                valueName: "N"))
     var conflictExitCode: Int32?

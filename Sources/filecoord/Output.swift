@@ -1,3 +1,4 @@
+import CFilecoordCommand
 import FileCoordination
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
@@ -141,14 +142,15 @@ enum Output {
     /// the command then ends with status 1 and says so, where it would have said 0.
     @discardableResult
     static func writeStandardOutput(_ bytes: [UInt8]) -> Bool {
-        guard let failure = write(bytes, to: 1) else { return true }
+        let closed = fc_standard_descriptor_was_closed(1) != 0
+        guard let failure = closed ? Errno.badFileDescriptor : write(bytes, to: 1) else { return true }
         outputFailure.withLock { $0 = $0 ?? failure }
         return false
     }
 
     /// Why a write to stdout failed first (`/dev/full`: ENOSPC), if one did.
     static var standardOutputFailure: FileCoordinationError? {
-        outputFailure.withLock { $0 }.map { FileCoordinationError("write", errno: $0, path: FilePath("stdout")) }
+        outputFailure.withLock { $0 }.map { DescriptorWriter.failure("write", $0, fd: 1, name: "stdout") }
     }
     private static let outputFailure = Locked<Errno?>(nil)
 
@@ -180,6 +182,7 @@ final class DescriptorWriter: Sendable {
 
     func write(_ data: Data) async throws {
         let fd = self.fd
+        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure("write", .badFileDescriptor, fd: fd, name: "stdout") }
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
                 let result: Result<Void, any Error> = data.withUnsafeBytes { raw in
@@ -188,8 +191,7 @@ final class DescriptorWriter: Sendable {
                         let n = Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
                         if n < 0 {
                             if errno == EINTR { continue }
-                            return .failure(FileCoordinationError("write", errno: Errno(rawValue: errno),
-                                                                  path: FilePath("/dev/fd/\(fd)")))
+                            return .failure(Self.failure("write", Errno(rawValue: errno), fd: fd, name: "/dev/fd/\(fd)"))
                         }
                         offset += n
                     }
@@ -205,6 +207,7 @@ final class DescriptorWriter: Sendable {
     /// fails (what was read so far must not pass for the whole input).
     func readChunk(upToCount count: Int, name: String = "stdin") async throws(FileCoordinationError) -> Data {
         let fd = self.fd
+        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure("read", .badFileDescriptor, fd: fd, name: name) }
         let result: Result<Data, FileCoordinationError> = await withCheckedContinuation { continuation in
             queue.async {
                 var buffer = Data(count: count)
@@ -227,6 +230,14 @@ final class DescriptorWriter: Sendable {
             }
         }
         return try result.get()
+    }
+
+    /// A failed `operation` on `fd`, named `name`; a standard descriptor closed when the
+    /// tool started says so rather than what /dev/null in its place did.
+    static func failure(_ operation: String, _ errno: Errno, fd: Int32, name: String) -> FileCoordinationError {
+        guard fc_standard_descriptor_was_closed(fd) != 0 else { return FileCoordinationError(operation, errno: errno, path: FilePath(name)) }
+        return FileCoordinationError(code: .closed, path: FilePath(name), operation: operation, errno: .badFileDescriptor,
+                                     message: "it was closed when filecoord started")
     }
 
     /// Reads the descriptor to its end (standard input, a list), on the writer's thread.

@@ -62,7 +62,7 @@ struct Present: AsyncParsableCommand {
     var once = false
 
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Exit 2 when no event comes for this long (after ready, and after each event).", valueName: "DURATION"))
+            help: ArgumentHelp("Exit 2 when no event comes for this long (after ready, and after each event); 0 waits for ever, as inotifywait -t 0.", valueName: "DURATION"))
     var timeout: CommandDuration?
 
     @Option(name: [.customShort("e"), .customLong("event")], help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated.", valueName: "NAME[,NAME...]"), completion: .list(EventFilter.names))
@@ -110,7 +110,9 @@ struct Present: AsyncParsableCommand {
         }
         await FileCoordinator.addFilePresenter(presenter)
         printer.print("ready", presenter.path, pid: getpid())
-        let end = await Self.waitForEnd(wakes.stream, printer: printer, idle: timeout.map { $0.duration ?? .seconds(1e9) })
+        // 0 is no timeout, as `inotifywait -t 0`.
+        let idle = timeout.flatMap { $0.seconds == 0 ? nil : $0.duration ?? .seconds(1e9) }
+        let end = await Self.waitForEnd(wakes.stream, printer: printer, idle: idle)
         await FileCoordinator.removeFilePresenter(presenter)
         await FileCoordinator.leaveCoordinationSpace()
         switch end {
@@ -196,7 +198,11 @@ struct EventFilter: Sendable {
 
     init(events given: [String] = [], include: String? = nil, exclude: String? = nil) throws {
         var events: Set<String> = []
-        for name in given.flatMap({ $0.split(separator: ",") }).map({ $0.trimmingCharacters(in: .whitespaces) }) {
+        // `split` would drop empty names (`-e ''`, `-e a,,b`): each must name an event.
+        for name in given.flatMap({ $0.split(separator: ",", omittingEmptySubsequences: false) }).map({ $0.trimmingCharacters(in: .whitespaces) }) {
+            guard !name.isEmpty else {
+                throw ValidationError("--event: an empty event name; the events are \(Self.names.joined(separator: ", "))")
+            }
             guard let known = Self.names.first(where: { $0.lowercased() == name.lowercased() }) else {
                 throw ValidationError("--event: no event named '\(name)'; the events are \(Self.names.joined(separator: ", "))")
             }

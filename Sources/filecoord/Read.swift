@@ -36,8 +36,8 @@ struct Read: AsyncParsableCommand {
     @Argument(help: "Files to read.", completion: .file())
     var paths: [String] = []
 
-    @Option(name: .customLong("from-list"), help: ArgumentHelp("Read paths from FILE, one a line (- for stdin).", valueName: "FILE"), completion: .file())
-    var fromList: String?
+    @Option(name: .customLong("from-list"), help: ArgumentHelp("Read paths from FILE, one a line (- for stdin); once.", valueName: "FILE"), completion: .file())
+    var fromLists: [String] = []
 
     @Flag(name: [.customShort("z"), .customLong("null")], help: "The list separates paths with NUL bytes, for names that contain newlines.")
     var nullSeparated = false
@@ -71,11 +71,15 @@ struct Read: AsyncParsableCommand {
 
     /// The values given, apart from the parser.
     var settings: ReadSettings {
-        ReadSettings(paths: paths, fromList: fromList, nullSeparated: nullSeparated, concurrency: concurrency,
+        ReadSettings(paths: paths, fromList: fromLists.first, nullSeparated: nullSeparated, concurrency: concurrency,
                      noCoordination: noCoordination, cat: cat, json: json, engine: engine, coordination: coordination.settings)
     }
 
-    func validate() throws { try settings.validate() }
+    func validate() throws {
+        // A second list would silently replace the first.
+        guard fromLists.count <= 1 else { throw ValidationError("--from-list may be given once (join the lists: cat A B | filecoord read --from-list -)") }
+        try settings.validate()
+    }
 
     /// How many files may be open at once, leaving one descriptor free: libdispatch's
     /// monitor of its worker threads opens `/proc/self/task/…/stat` about once a second
@@ -112,17 +116,31 @@ struct Read: AsyncParsableCommand {
         }
         // One pass over the bytes: each line (or NUL-separated name) becomes a path, empty
         // ones are skipped. (Splitting `Data` into slices cost more than reading the files.)
-        return data.withUnsafeBytes { raw -> [FilePath] in
+        // A NUL inside a line is no name's: cut there, the name would be another file's.
+        let (paths, lineWithNUL) = data.withUnsafeBytes { raw -> ([FilePath], Int?) in
             var paths: [FilePath] = []
             var start = 0
             while start < raw.count {
                 let end = memchr(raw.baseAddress! + start, Int32(separator), raw.count - start)
                     .map { UnsafeRawPointer($0) - raw.baseAddress! } ?? raw.count
-                if end > start { paths.append(RawArguments.path(bytes: Array(UnsafeRawBufferPointer(rebasing: raw[start ..< end])))) }
+                if end > start {
+                    let name = UnsafeRawBufferPointer(rebasing: raw[start ..< end])
+                    if separator != 0, memchr(name.baseAddress!, 0, name.count) != nil {
+                        return (paths, raw[..<start].count { $0 == separator } + 1)
+                    }
+                    paths.append(RawArguments.path(bytes: Array(name)))
+                }
                 start = end + 1
             }
-            return paths
+            return (paths, nil)
         }
+        if let lineWithNUL {
+            let list = source == "-" ? FilePath("stdin") : RawArguments.path(source)
+            Output.report(FileCoordinationError(code: .invalidArgument, path: list, operation: "read the list", errno: .invalidArgument,
+                                                message: "line \(lineWithNUL) holds a NUL byte, which no name can (a NUL-separated list takes -z)"))
+            throw Status.failed
+        }
+        return paths
     }
 
     func run() async throws { try await settings.run() }

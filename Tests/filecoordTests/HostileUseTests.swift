@@ -254,6 +254,69 @@ struct HostileUseTests: CrossProcessFixture {
         _ = await ends(inner, within: .seconds(30), "the presenter")
     }
 
+    /// Small things a script author meets: each argument list, run in a fresh space, and
+    /// the status and a piece of the stderr it must give.
+    static let optionCases: [(arguments: [String], status: Int32, says: String)] = [
+        (["present", "--timeout", "5", "-e", "", "F"], 2, "--event: an empty event name"),
+        (["present", "--timeout", "5", "-e", "didChange,,save", "F"], 2, "--event: an empty event name"),
+        (["exec", "-w5", "-E75", "--write", "F", "--", "true"], 0, ""),
+        (["exec", "--log-level", "bogus", "--write", "F", "--", "true"], 2, "the levels are critical, error, warning, notice, info, debug, trace"),
+        (["exec", "--log-level", "notice", "--write", "F", "--", "true"], 0, ""),
+        (["exec", "--timeout", "0x10", "--write", "F", "--", "true"], 2, "'0x10' is invalid"),
+        (["exec", "--timeout", "nan", "--write", "F", "--", "true"], 2, "'nan' is invalid"),
+        (["exec", "--presenter-timeout", "0", "--write", "F", "--", "true"], 2, "--presenter-timeout must be at least 1ms"),
+        (["exec", "--presenter-timeout", "1e-300", "--write", "F", "--", "true"], 2, "--presenter-timeout must be at least 1ms"),
+        (["exec", "--timeout", "1e1", "--write", "F", "--", "true"], 0, ""),
+        (["read", "--from-list", "L", "--from-list", "L"], 2, "--from-list may be given once"),
+        (["read", "--from-list", "NUL"], 1, "line 2 holds a NUL byte"),
+    ]
+
+    @Test("small things in options and lists: empty event names, flock's attached -w5 -E75, every log level named, decimal durations only, a presenter timeout that rounds to nothing, one --from-list, a NUL inside a list's line",
+          arguments: 0 ..< optionCases.count)
+    func optionsAndLists(index: Int) async throws {
+        let file = scratch.write("f", "v\n")
+        let list = scratch.write("list", file + "\n")
+        // The second line names `f` up to a NUL: read, it would be `f`.
+        let nul = scratch.path + "/nul"
+        try writeFixture(Data((file + "\n" + file + "\u{0}.secret\n").utf8), toPath: nul)
+        let (arguments, status, says) = Self.optionCases[index]
+        let given = arguments.map { ["F": file, "L": list, "NUL": nul][$0] ?? $0 }
+        let result = try await run(filecoordBinary, [given[0], "--space", space] + given.dropFirst())
+        #expect(result.status == status && (says.isEmpty || result.errorText.contains(says)), "\(arguments): \(result.status) \(result.errorText)")
+        #expect(result.stdout.isEmpty, "\(arguments): nothing of the list was read")
+    }
+
+    @Test("present --timeout 0 waits for ever, as inotifywait -t 0 does", .timeLimit(.minutes(3)))
+    func presentTimeoutZero() async throws {
+        let file = scratch.write("f", "v\n")
+        let result = try await shell("timeout 3 \"$FILECOORD\" present --space '\(space)' --timeout 0 '\(file)'; echo \"status=$?\"")
+        #expect(result.outputText.hasSuffix("status=124\n"), "\(result.outputText) \(result.errorText)")
+    }
+
+    @Test("a standard descriptor closed at start is named as closed: write and read --from-list - with stdin closed, status with stdout closed")
+    func closedStandardDescriptors() async throws {
+        let file = scratch.write("f", "old\n")
+        for (command, says) in [("write '\(file)' <&-", "filecoord: stdin: read failed: it was closed when filecoord started (EBADF)"),
+                                ("read --from-list - <&-", "filecoord: stdin: read failed: it was closed when filecoord started (EBADF)"),
+                                ("status >&-", "filecoord: stdout: write failed: it was closed when filecoord started (EBADF)")] {
+            let words = command.split(separator: " ", maxSplits: 1)
+            let result = try await shell("\"$FILECOORD\" \(words[0]) --space '\(space)' \(words[1]); echo \"status=$?\" >&2")
+            #expect(result.errorText == says + "\nstatus=1\n", "\(command): \(result.errorText)")
+        }
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old\n")
+    }
+
+    @Test("--log-level trace says more than debug: a claim granted at once and its release")
+    func traceSaysMore() async throws {
+        let file = scratch.write("f", "v\n")
+        var said: [String: String] = [:]
+        for level in ["debug", "trace"] {
+            said[level] = try await run(filecoordBinary, ["exec", "--space", space, "--log-level", level, "--write", file, "--", "true"]).errorText
+        }
+        #expect(!(said["debug"] ?? "").contains("claim granted"), "\(said["debug"] ?? "")")
+        #expect((said["trace"] ?? "").contains("claim granted") && (said["trace"] ?? "").contains("claim released"), "\(said["trace"] ?? "")")
+    }
+
     /// Whether process `pid` runs (a zombie does not).
     func isAlive(_ pid: Int32) -> Bool {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),

@@ -147,14 +147,14 @@ struct ScriptHabitsTests: CrossProcessFixture {
         #expect(await presenter.endsBy(SIGTERM))
     }
 
-    @Test("FILECOORD_LOG_LEVEL=debug (or --log-level debug) traces claims and messages on stderr; a level that does not exist is a usage error")
+    @Test("FILECOORD_LOG_LEVEL=trace (or --log-level trace) traces every claim on stderr; a level that does not exist is a usage error")
     func logLevel() async throws {
         let file = scratch.write("f", "x")
         let traced = try await run(filecoordBinary, ["exec", "--space", space, "--write", file, "--", "true"],
-                                   environment: ["FILECOORD_LOG_LEVEL": "debug"])
+                                   environment: ["FILECOORD_LOG_LEVEL": "trace"])
         #expect(traced.status == 0)
-        #expect(traced.errorText.contains("filecoord: debug: claim granted #1: writing \(file)"), "\(traced.errorText)")
-        #expect(traced.errorText.contains("filecoord: debug: claim released #1"), "\(traced.errorText)")
+        #expect(traced.errorText.contains("filecoord: trace: claim granted #1: writing \(file)"), "\(traced.errorText)")
+        #expect(traced.errorText.contains("filecoord: trace: claim released #1"), "\(traced.errorText)")
         let plain = try await filecoord("exec", "--space", space, "--write", file, "--", "true")
         #expect(plain.status == 0 && plain.errorText.isEmpty, "\(plain.errorText)")
         let wrong = try await filecoord("exec", "--space", space, "--log-level", "loud", "--write", file, "--", "true")

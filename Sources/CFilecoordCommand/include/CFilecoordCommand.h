@@ -21,6 +21,9 @@ void fc_note_startup(void);
 /// machine, the arenas took the address space and a streamed chunk's allocation failed
 /// (docs/reliability.md, Results). Call first in main, before any thread starts.
 void fc_limit_malloc_arenas(void);
+/// Whether standard descriptor `fd` (0, 1 or 2) was closed when this process started;
+/// `fc_note_startup` put /dev/null in its place, so that no file of the command's takes it.
+int fc_standard_descriptor_was_closed(int fd);
 /// Whether signal `number` was ignored when this process started (per `fc_note_startup`).
 int fc_ignored_at_start(int number);
 /// posix_spawnp for `exec`: no signal blocked; the signals this process ignores that were

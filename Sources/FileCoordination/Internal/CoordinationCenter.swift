@@ -1,5 +1,6 @@
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
+import Logging
 import Synchronization
 import SystemPackage
 
@@ -239,7 +240,7 @@ final class CoordinationCenter: Sendable {
         }
         for watcher in watchers { watcher.resume() }
         if granted, transport?.takeClaimsNow(claims, for: id.raw) ?? true {
-            Self.trace("claim granted", id, claims)
+            Self.trace("claim granted", id, claims, level: .trace)
             return .held(id)
         }
         return .pending(Pending(id: id, claims: claims, coordinator: coordinator, granted: granted, cancellations: cancellations))
@@ -251,7 +252,7 @@ final class CoordinationCenter: Sendable {
         if pending.granted {
             // Free here; another process holds a kernel claim.
             try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
-            Self.trace("claim granted", id, claims)
+            Self.trace("claim granted", id, claims, level: .trace)
             return (id, false)
         }
         Self.trace("claim waits for another in this process", id, claims)
@@ -276,8 +277,11 @@ final class CoordinationCenter: Sendable {
 
     /// A debug line for a claim's step ("why is my write blocked"); nothing is built
     /// below the debug level.
-    static func trace(_ step: @autoclosure () -> String, _ id: RequestID, _ claims: [CoordinationRules.Claim]) {
-        PresenterMessenger.logger.debug("\(step()) \(id): \(claims.map { "\($0.access) \($0.path)" }.joined(separator: ", "))")
+    /// A claim's step, at `debug` where it waits or waited (what a user asks "why is my
+    /// write blocked" about), at `trace` for a claim granted at once.
+    static func trace(_ step: @autoclosure () -> String, _ id: RequestID, _ claims: [CoordinationRules.Claim],
+                      level: Logger.Level = .debug) {
+        PresenterMessenger.logger.log(level: level, "\(step()) \(id): \(claims.map { "\($0.access) \($0.path)" }.joined(separator: ", "))")
     }
 
     /// Grants `claims` only if that needs no waiting here or in another process; nil
@@ -307,7 +311,8 @@ final class CoordinationCenter: Sendable {
                                   since cancellations: Int) async throws {
         guard let transport else { return }
         state.withLock { $0.requests.beginTakingKernelClaims(id, claims, owner: ObjectIdentifier(coordinator)) }
-        Self.trace("claim takes its kernel locks (waiting while another process holds one)", id, claims)
+        Self.trace("claim takes its kernel locks (opening its claim files first, or waiting for another process)", id, claims,
+                   level: .trace)
         do {
             // A cancel() between the grant and the line above found no request of this
             // coordinator waiting; it is seen here. (One after it finds this request
@@ -331,7 +336,7 @@ final class CoordinationCenter: Sendable {
 
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
-        PresenterMessenger.logger.debug("claim released \(id)")
+        PresenterMessenger.logger.trace("claim released \(id)")
         transport?.releaseClaims(of: id.raw)
         let granted = state.withLock { $0.requests.release(id) }
         for waiter in granted { waiter.resume() }

@@ -118,6 +118,7 @@ extension SpaceLocks {
                     // even when starting the watches is slow (a record written while the
                     // disk is saturated).
                     ClaimWait.noteWaiting()
+                    PresenterMessenger.logger.debug("claim waits for another process's claim")
                     // Watched before the flag is raised, so no doorbell rung after it is missed.
                     watched = await startWatching()
                     // Raise the flag, then try again before sleeping: a release between the
