@@ -52,7 +52,15 @@ extension FileCoordinator {
     private func blocking(_ requests: [ItemRequest], _ body: ([URL]) throws -> Void) throws {
         let session = try Self.wait { try await self.begin(requests) }
         var failure: (any Error)?
-        do { try body(session.urls) } catch { failure = error }
+        do {
+            // A writer's accessor may report a move (``itemBlocking(at:didMoveTo:)``): its
+            // context is bound on this thread, where the accessor runs.
+            if session.items.contains(where: \.isWrite) {
+                try CoordinationContext.$current.withValue(session.context) { try body(session.urls) }
+            } else {
+                try body(session.urls)
+            }
+        } catch { failure = error }
         // Claims that can stop holding (an etcd space's): checked after the accessor, as
         // the async forms do (with no task to cancel while it runs).
         if failure == nil, let transport = center.transport, transport.fencesClaims, let request = session.request,
@@ -75,6 +83,17 @@ extension FileCoordinator {
         }
         done.wait()
         return try result.withLock { $0! }.get()
+    }
+
+    /// Reports, inside an accessor that cannot await (a blocking or queue-based one), that
+    /// the item at `oldURL` moved to `newURL`, **blocking the calling thread** until the
+    /// move is recorded: ``item(at:didMoveTo:)`` for synchronous code. Inside this
+    /// coordinator's accessor the presenters hear of it after the accessor returns;
+    /// outside one, before this returns.
+    @available(*, noasync, message: "blocks the calling thread; use item(at:didMoveTo:)")
+    public func itemBlocking(at oldURL: URL, didMoveTo newURL: URL) {
+        let context = CoordinationContext.current
+        _ = try? Self.wait { await self.reportMove(from: oldURL, to: newURL, context: context) }
     }
 
     // MARK: Intents on a queue
@@ -125,7 +144,7 @@ extension FileCoordinator {
                     if once.withLock({ done in defer { done = true }; return !done }) { continuation.resume(returning: value) }
                 }
                 run({
-                    accessor(nil)
+                    CoordinationContext.$current.withValue(session.context) { accessor(nil) }
                     resume(true)
                 }, { resume(false) })
             }
@@ -147,6 +166,40 @@ extension FileCoordinator {
         isolation: isolated (any Actor)? = #isolation,
         byAccessor batchAccessor: (_ completionHandler: @escaping @Sendable () -> Void) async throws -> Void
     ) async throws {
+        let (prepared, finish) = try await prepareBatch(readingURLs, readingOptions, writingURLs, writingOptions)
+        do {
+            try await PreparedBatch.$current.withValue(prepared) {
+                try await batchAccessor { Task { await finish() } }
+            }
+        } catch {
+            await finish()
+            throw error
+        }
+        await finish()
+    }
+
+    /// ``prepare(forReadingItemsAt:options:writingItemsAt:options:isolation:byAccessor:)``
+    /// for code that cannot await, **blocking the calling thread** while the presenters
+    /// are asked and again while their reacquirers run; `batchAccessor` runs on the
+    /// calling thread, and the blocking coordinations made inside it belong to the batch.
+    @available(*, noasync, message: "blocks the calling thread; use prepare(forReadingItemsAt:options:writingItemsAt:options:byAccessor:)")
+    public func prepareBlocking(
+        forReadingItemsAt readingURLs: [URL], options readingOptions: ReadingOptions = [],
+        writingItemsAt writingURLs: [URL], options writingOptions: WritingOptions = [],
+        byAccessor batchAccessor: (_ completionHandler: @escaping @Sendable () -> Void) throws -> Void
+    ) throws {
+        let (prepared, finish) = try Self.wait { try await self.prepareBatch(readingURLs, readingOptions, writingURLs, writingOptions) }
+        // Bound on this thread: the tasks of the coordinations made inside inherit it.
+        let outcome = Result { try PreparedBatch.$current.withValue(prepared) { try batchAccessor { Task { await finish() } } } }
+        _ = try? Self.wait { await finish() }
+        try outcome.get()
+    }
+
+    /// Asks the presenters of every item once; gives the batch (whose coordinations skip
+    /// them) and what ends it (their reacquirers, once).
+    private func prepareBatch(
+        _ readingURLs: [URL], _ readingOptions: ReadingOptions, _ writingURLs: [URL], _ writingOptions: WritingOptions
+    ) async throws -> (PreparedBatch, @Sendable () async -> Void) {
         var items: [CoordinationSession.Item] = []
         for url in readingURLs {
             items.append(.init(path: await CanonicalPaths.canonical(try Self.normalizedPath(url), followingLast: true),
@@ -170,14 +223,6 @@ extension FileCoordinator {
                 let concerned = center.presenters(for: item.path, subtree: false, excluding: filePresenter.map(ObjectIdentifier.init))
                 return (concerned.item + concerned.containers).map(\.id)
             }))
-        do {
-            try await PreparedBatch.$current.withValue(prepared) {
-                try await batchAccessor { Task { await finish() } }
-            }
-        } catch {
-            await finish()
-            throw error
-        }
-        await finish()
+        return (prepared, finish)
     }
 }

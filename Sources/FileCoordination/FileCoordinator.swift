@@ -64,6 +64,13 @@ public final class FileCoordinator: Sendable {
         self.init(filePresenter: nil, purposeIdentifier: purposeIdentifier, center: .shared)
     }
 
+    /// A coordinator acting for `filePresenter` under an explicit purpose identifier: it
+    /// never messages that presenter, and coordinators with the same purpose never block
+    /// each other (Apple's `purposeIdentifier` set on a coordinator made with a presenter).
+    public convenience init(filePresenter: (any FilePresenter)?, purposeIdentifier: String) {
+        self.init(filePresenter: filePresenter, purposeIdentifier: purposeIdentifier, center: .shared)
+    }
+
     init(filePresenter: (any FilePresenter)?, purposeIdentifier: String?, center: CoordinationCenter) {
         self.filePresenter = filePresenter
         self.center = center
@@ -290,8 +297,15 @@ public final class FileCoordinator: Sendable {
     /// directories that contained it or now contain it hear
     /// ``FilePresenter/presentedSubitem(at:didMoveTo:)``. Coordinations waiting for the item
     /// follow it to its new URL. Messages are delivered after the accessor returns (at
-    /// once when called outside one).
+    /// once when called outside one). From an accessor that cannot await (the blocking
+    /// and queue-based forms): ``itemBlocking(at:didMoveTo:)``.
     public func item(at oldURL: URL, didMoveTo newURL: URL) async {
+        await reportMove(from: oldURL, to: newURL, context: CoordinationContext.current)
+    }
+
+    /// ``item(at:didMoveTo:)`` with the accessor's context (if any) read by the caller:
+    /// the blocking form reads it on its own thread, where the accessor runs.
+    func reportMove(from oldURL: URL, to newURL: URL, context: CoordinationContext?) async {
         guard let lexicalSource = try? Self.normalizedPath(oldURL), let lexicalDestination = try? Self.normalizedPath(newURL) else { return }
         let source = await CanonicalPaths.canonical(lexicalSource, followingLast: false)
         let destination = await CanonicalPaths.canonical(lexicalDestination, followingLast: false)
@@ -315,7 +329,7 @@ public final class FileCoordinator: Sendable {
             .didMove($0.entry, to: $0.newPath)
         }
         messages += containers.map { .subitemDidMove($0, from: source, to: destination) }
-        if let context = CoordinationContext.current, context.coordinator === self {
+        if let context, context.coordinator === self {
             context.recordMoved(moved.map(\.entry.id))
             context.defer(messages)
         } else {
