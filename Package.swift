@@ -7,6 +7,9 @@ let package = Package(
     name: "FileCoordination",
     products: [
         .library(name: "FileCoordination", targets: ["FileCoordination"]),
+        // Apple's NSFileCoordinator API over FileCoordination (Linux; empty on Apple's
+        // systems, whose Foundation has its own).
+        .library(name: "NSFileCoordination", targets: ["NSFileCoordination"]),
         .executable(name: "filecoord", targets: ["filecoord"]),
     ],
     dependencies: [
@@ -54,6 +57,11 @@ let package = Package(
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
+        // An adapter over FileCoordination's public API only.
+        .target(
+            name: "NSFileCoordination",
+            dependencies: [.target(name: "FileCoordination", condition: .when(platforms: [.linux]))]
+        ),
         .executableTarget(
             name: "filecoord",
             dependencies: [
@@ -73,6 +81,9 @@ let package = Package(
                                                                .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "SystemCalls", "TestSupport",
                                                                    .product(name: "SystemPackage", package: "swift-system")]),
+        // Apple-style presenters and coordinators; other processes are `filecoord` and
+        // this test binary again.
+        .testTarget(name: "NSFileCoordinationTests", dependencies: ["NSFileCoordination", "FileCoordination", "filecoord", "TestSupport"]),
         .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "filecoord", "TestSupport",
                                                           .product(name: "ArgumentParser", package: "swift-argument-parser"),
                                                           .product(name: "SystemPackage", package: "swift-system")]),
