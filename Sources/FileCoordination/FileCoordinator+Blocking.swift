@@ -51,6 +51,11 @@ extension FileCoordinator {
 
     private func blocking(_ requests: [ItemRequest], _ body: ([URL]) throws -> Void) throws {
         let session = try Self.wait { try await self.begin(requests) }
+        if Self.allForUploading(requests) {
+            let snapshots = try Self.wait { try await self.takeSnapshots(session) }
+            defer { FileSystemQueries.removeSnapshots(snapshots) }
+            return try body(snapshots.map(\.fileURL))
+        }
         var failure: (any Error)?
         do {
             // A writer's accessor may report a move (``itemBlocking(at:didMoveTo:)``): its
@@ -136,6 +141,23 @@ extension FileCoordinator {
                 session = try await self.begin(requests, intents: intents)
             } catch {
                 run({ accessor(error) }, {})
+                return
+            }
+            if Self.allForUploading(requests) {
+                // The intents name the snapshots, which the accessor may keep using while
+                // writers go on; they are removed once it has run.
+                let snapshots: [FilePath]
+                do {
+                    snapshots = try await self.takeSnapshots(session)
+                } catch {
+                    run({ accessor(error) }, {})
+                    return
+                }
+                for (intent, snapshot) in zip(intents, snapshots) { intent.update(snapshot.fileURL) }
+                run({
+                    accessor(nil)
+                    FileSystemQueries.removeSnapshots(snapshots)
+                }, { FileSystemQueries.removeSnapshots(snapshots) })
                 return
             }
             let ran = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in

@@ -94,4 +94,38 @@ struct BlockingFormsTests {
         }
         #expect(log.all == ["write"])
     }
+
+    @Test("forUploading in the blocking form: the accessor gets a snapshot, removed afterwards; a missing item fails, the accessor never runs")
+    func uploadingFromBlockingAccessor() async throws {
+        let box = Sandbox()
+        let file = box.file("doc.txt", "draft")
+        let coordinator = FileCoordinator()
+        let (given, content) = try await offThePool {
+            var seen: (URL, String)?
+            try coordinator.coordinateBlocking(readingItemAt: file, options: .forUploading) { url in
+                seen = (url, (try? String(contentsOf: url, encoding: .utf8)) ?? "")
+            }
+            return seen!
+        }
+        #expect(given.path != file.path && content == "draft")
+        let missing = box.url.appendingPathComponent("missing.txt")
+        let error = await #expect(throws: FileCoordinationError.self) {
+            try await offThePool { try coordinator.coordinateBlocking(readingItemAt: missing, options: .forUploading) { _ in Issue.record("ran") } }
+        }
+        #expect(error?.code == .notFound)
+    }
+
+    @Test("forUploading in the queue-based form: the intent's url is the snapshot while the accessor runs")
+    func uploadingFromQueueAccessor() async throws {
+        let box = Sandbox()
+        let file = box.file("doc.txt", "draft")
+        let intent = FileAccessIntent.readingIntent(with: file, options: .forUploading)
+        let seen = try await withCheckedThrowingContinuation { (done: CheckedContinuation<(URL, String), any Error>) in
+            FileCoordinator().coordinate(with: [intent], queue: OperationQueue()) { error in
+                if let error { return done.resume(throwing: error) }
+                done.resume(returning: (intent.url, (try? String(contentsOf: intent.url, encoding: .utf8)) ?? ""))
+            }
+        }
+        #expect(seen.0.path != file.path && seen.1 == "draft")
+    }
 }

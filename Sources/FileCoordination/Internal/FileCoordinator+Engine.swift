@@ -28,7 +28,7 @@ extension FileCoordinator {
             resolved = path
         }
         let session = try await begin(requests, intents: intents, claimPath: resolved)
-        if !requests.isEmpty, requests.allSatisfy({ if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }) {
+        if Self.allForUploading(requests) {
             return try await withSnapshots(session, body)
         }
         let outcome: Result<T, any Error>
@@ -325,6 +325,20 @@ extension FileCoordinator {
     private func withSnapshots<T>(
         _ session: CoordinationSession, isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
     ) async throws -> T {
+        let snapshots = try await takeSnapshots(session)
+        defer { FileSystemQueries.removeSnapshots(snapshots) }
+        return try await body(snapshots.map(\.fileURL))
+    }
+
+    /// Whether every request reads with `forUploading`: the accessor then gets snapshots.
+    static func allForUploading(_ requests: [ItemRequest]) -> Bool {
+        !requests.isEmpty && requests.allSatisfy { if case .reading(_, let o) = $0 { o.contains(.forUploading) } else { false } }
+    }
+
+    /// Snapshots of the session's items, after which the session ends: the read is the
+    /// snapshot, so presenters get their item back and writers may go on while the
+    /// accessor uses the copies (remove them with `FileSystemQueries.removeSnapshots`).
+    func takeSnapshots(_ session: CoordinationSession) async throws -> [FilePath] {
         let snapshots: [FilePath]
         do {
             snapshots = try await FileSystemQueries.snapshots(of: session.items.map(\.path))
@@ -332,11 +346,8 @@ extension FileCoordinator {
             await finish(session, accessorSucceeded: false)
             throw error
         }
-        // The read is the snapshot: presenters get their item back and writers may go on
-        // while the accessor uses the copy.
         await finish(session, accessorSucceeded: true)
-        defer { FileSystemQueries.removeSnapshots(snapshots) }
-        return try await body(snapshots.map(\.fileURL))
+        return snapshots
     }
 }
 
