@@ -1,0 +1,92 @@
+import Foundation
+import NSFileCoordination
+import Testing
+import TestSupport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A presenter that lets go of its item late: it answers a writer's relinquish a while
+/// after being asked, from another thread, as a document that first finishes an edit.
+final class SlowToLetGo: NSObject, NSFilePresenter, @unchecked Sendable {
+    // Unchecked: every stored property is immutable.
+    let presentedItemURL: URL?
+    let presentedItemOperationQueue = OperationQueue()
+    let journal: Journal
+    /// Where "released" and "reacquired" are appended (another process appends there too).
+    let orderFile: String
+    let delay: TimeInterval
+
+    init(url: URL, journal: Journal, orderFile: String, delay: TimeInterval) {
+        presentedItemURL = url
+        self.journal = journal
+        self.orderFile = orderFile
+        self.delay = delay
+    }
+
+    func relinquishPresentedItem(toWriter writer: @escaping @Sendable ((@Sendable () -> Void)?) -> Void) {
+        journal.append(OperationQueue.current === presentedItemOperationQueue ? "asked on queue" : "asked off queue")
+        let (orderFile, journal, queue) = (orderFile, journal, presentedItemOperationQueue)
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { // ok: the presenter is slow to let go, on purpose
+            appendLine("released", to: orderFile)
+            writer {
+                journal.append(OperationQueue.current === queue ? "reacquired on queue" : "reacquired off queue")
+                appendLine("reacquired", to: orderFile)
+            }
+        }
+    }
+}
+
+@Suite("NSFileCoordinator across processes", .timeLimit(.minutes(3)))
+struct NSCrossProcessTests {
+    @Test("a writer in another process waits until the presenter here calls the block it was given")
+    func writerWaitsForLateRelinquish() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let space = try await joinedSpace(scratch)
+        let file = scratch.file("doc.txt", "old")
+        let order = scratch.path + "/order"
+        let presenter = SlowToLetGo(url: file, journal: journal, orderFile: order, delay: 1)
+        NSFileCoordinator.addFilePresenter(presenter)
+        defer { NSFileCoordinator.removeFilePresenter(presenter) }
+        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
+        let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, "--write", file.path, "--",
+                                                   "sh", "-c", "echo writer >> '\(order)'"], includeStandardError: true)
+        #expect(status == 0, "\(output)")
+        #expect(try await journal.waitAsync { $0.contains { $0.hasPrefix("reacquired") } })
+        #expect(lines(of: order) == ["released", "writer", "reacquired"])
+        #expect(journal.all == ["asked on queue", "reacquired on queue"])
+    }
+
+    @Test("cancel() ends a coordination waiting for another process's claim: NSUserCancelledError, and the accessor never runs")
+    func cancelWhileWaitingOnAnotherProcess() async throws {
+        let scratch = Scratch()
+        let space = try await joinedSpace(scratch)
+        let file = scratch.file("held.txt")
+        let fifo = scratch.path + "/release"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // Holds the write claim until told to go (or 300 s, should the test fail first).
+        let holder = try Child([filecoordBinary, "exec", "--space", space, "--write", file.path, "--", "sh", "-c",
+                                "echo held; exec timeout 300 sh -c 'read x < \"$0\"' \"$0\"", fifo])
+        #expect(try await holder.lines.waitAsync { $0 == ["held"] })
+
+        let coordinator = NSFileCoordinator()
+        let ran = Shared(false)
+        let waiting = Task {
+            try await blocking { error in
+                coordinator.coordinate(writingItemAt: file, error: error) { _ in ran.value = true }
+            }
+        }
+        #expect(try await waitForStatus(space: space) { listsThisProcessWaiting($0) }, "the coordination never waited")
+        coordinator.cancel()
+        let error = try await waiting.value
+        #expect(error?.domain == NSCocoaErrorDomain)
+        #expect(error?.code == NSUserCancelledError)
+        #expect(!ran.value)
+
+        _ = try await runToEnd(["sh", "-c", "echo go > '\(fifo)'"])
+        #expect(try await holder.wait() == 0)
+        // The claim is free again for this process.
+        let after = try await blocking { error in NSFileCoordinator().coordinate(writingItemAt: file, error: error) { _ in ran.value = true } }
+        #expect(after == nil && ran.value)
+    }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import NSFileCoordination
+import Testing
+import TestSupport
+
+/// A presenter that implements the `async` form of the save, as Apple's Swift import
+/// allows, instead of the completion-handler form.
+final class AsyncSaver: NSObject, NSFilePresenter, @unchecked Sendable {
+    // Unchecked: every stored property is immutable.
+    let presentedItemURL: URL?
+    let presentedItemOperationQueue = OperationQueue()
+    let journal: Journal
+    init(url: URL, journal: Journal) {
+        presentedItemURL = url
+        self.journal = journal
+    }
+    func savePresentedItemChanges() async throws { journal.append("saved (async)") }
+}
+
+/// A presenter that answers a writer's relinquish only after `delay`, or never (nil).
+final class LateAnswer: NSObject, NSFilePresenter, @unchecked Sendable {
+    // Unchecked: every stored property is immutable.
+    let presentedItemURL: URL?
+    let presentedItemOperationQueue = OperationQueue()
+    let journal: Journal
+    let delay: TimeInterval?
+    init(url: URL, journal: Journal, delay: TimeInterval?) {
+        presentedItemURL = url
+        self.journal = journal
+        self.delay = delay
+    }
+    func relinquishPresentedItem(toWriter writer: @escaping @Sendable ((@Sendable () -> Void)?) -> Void) {
+        guard let delay else { return }
+        let journal = journal
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { // ok: a presenter slow to answer, on purpose
+            journal.append("released")
+            writer(nil)
+        }
+    }
+}
+
+/// A coordinator made while ``NSFileCoordinator/presenterTimeout`` is `timeout`.
+func coordinator(presenterTimeout timeout: Duration?) -> NSFileCoordinator {
+    let before = NSFileCoordinator.presenterTimeout
+    NSFileCoordinator.presenterTimeout = timeout
+    defer { NSFileCoordinator.presenterTimeout = before }
+    return NSFileCoordinator()
+}
+
+@Suite("NSFileCoordinator: errors as Cocoa's, and the presenter timeout")
+struct ErrorsAndTimeoutTests {
+    @Test("a presenter's failed save is the coordination's error, and the accessor never runs")
+    func presenterRefusal() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.file("doc.txt")
+        let refusal = NSError(domain: NSCocoaErrorDomain, code: NSFileWriteNoPermissionError)
+        try await withRegistered([Document("P", url: file, journal: journal, saveError: refusal)]) {
+            let error = try await blocking { error in
+                NSFileCoordinator().coordinate(writingItemAt: file, error: error) { _ in journal.append("write") }
+            }
+            #expect(error?.domain == NSCocoaErrorDomain)
+            #expect(error?.code == NSFileWriteNoPermissionError)
+            #expect(try await journal.waitAsync { events(of: "P", in: $0).contains("reacquire") }, "the presenter gets its item back")
+        }
+        #expect(!journal.all.contains("write"))
+    }
+
+    @Test("a file error is Cocoa's: a snapshot of a missing file is NSFileReadNoSuchFileError with its path")
+    func missingFile() async throws {
+        let scratch = Scratch()
+        let missing = scratch.url.appendingPathComponent("missing.txt")
+        let ran = Shared(false)
+        let error = try await blocking { error in
+            NSFileCoordinator().coordinate(readingItemAt: missing, options: .forUploading, error: error) { _ in ran.value = true }
+        }
+        #expect(error?.domain == NSCocoaErrorDomain)
+        #expect(error?.code == NSFileReadNoSuchFileError)
+        #expect((error?.userInfo[NSFilePathErrorKey] as? String)?.hasSuffix("/missing.txt") == true)
+        #expect(!ran.value)
+    }
+
+    @Test("a presenter that implements the async form of the save is asked to save")
+    func asyncSave() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.file("doc.txt")
+        try await withRegistered([AsyncSaver(url: file, journal: journal)]) {
+            _ = try await blocking { error in NSFileCoordinator().coordinate(readingItemAt: file, error: error) { _ in journal.append("read") } }
+        }
+        #expect(journal.all == ["saved (async)", "read"])
+    }
+
+    @Test("the presenter timeout: a presenter that never answers holds a writer only that long; nil waits for the answer, as Apple's do")
+    func presenterTimeout() async throws {
+        #expect(NSFileCoordinator.presenterTimeout == .seconds(30))
+        let scratch = Scratch(), journal = Journal()
+        let (silent, slow) = (scratch.file("silent.txt"), scratch.file("slow.txt"))
+        try await withRegistered([LateAnswer(url: silent, journal: journal, delay: nil),
+                                  LateAnswer(url: slow, journal: journal, delay: 1.5)]) {
+            let bounded = coordinator(presenterTimeout: .milliseconds(300))
+            let error = try await blocking { error in bounded.coordinate(writingItemAt: silent, error: error) { _ in journal.append("wrote silent") } }
+            #expect(error == nil)
+            let forever = coordinator(presenterTimeout: nil)
+            _ = try await blocking { error in forever.coordinate(writingItemAt: slow, error: error) { _ in journal.append("wrote slow") } }
+        }
+        #expect(journal.all == ["wrote silent", "released", "wrote slow"])
+        #expect(NSFileCoordinator.presenterTimeout == .seconds(30))
+    }
+}
