@@ -155,11 +155,18 @@ struct PresenterOrderTests {
         #expect(queue.maxConcurrentOperationCount != 1)
         let readers = 8
         try await withRegistered([Document("P", url: file, journal: journal, queue: queue, busy: 0.005)]) {
+            // Readers on threads of their own, so that the queue's pool has threads to spare.
             _ = try await offThePool {
-                DispatchQueue.concurrentPerform(iterations: readers) { _ in
-                    var error: NSError?
-                    NSFileCoordinator().coordinate(readingItemAt: file, error: &error) { _ in }
+                let done = DispatchGroup()
+                for _ in 0 ..< readers {
+                    done.enter()
+                    Thread.detachNewThread {
+                        var error: NSError?
+                        NSFileCoordinator().coordinate(readingItemAt: file, error: &error) { _ in }
+                        done.leave()
+                    }
                 }
+                done.wait()
             }
             #expect(try await journal.waitAsync { events(of: "P", in: $0).filter { $0 == "reacquire" }.count == readers })
         }
