@@ -7,7 +7,7 @@ SHELL := /bin/bash
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-etcd build test test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files static-archives clean
+.PHONY: all deps deps-etcd build test grdb-check test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files static-archives clean
 
 all: build
 
@@ -125,6 +125,19 @@ limits: deps
 	$(SWIFT) build --build-tests
 	FILECOORD_MANY_WRITERS=$${FILECOORD_MANY_WRITERS:-1000} \
 		$(SWIFT) test --skip-build --filter "manyProcessesUnderInstanceLimit"
+
+# NSFileCoordination proved on code we did not write: GRDB 7.10.0's own
+# DatabasePoolConcurrencyTests.testConcurrentOpening (50 rounds of 10 threads opening one
+# database under NSFileCoordinator) and the helpers of its "Sharing a Database" guide,
+# which GRDB skips on Linux. scripts/grdb-check.sh clones GRDB into .build-grdb (from the
+# machine's package copy, GRDB_REPO), takes out only those `#if !canImport(Darwin)`
+# skips, adds `import NSFileCoordination`, and runs the test against this package; it
+# must pass. GRDB needs SQLite's headers (Debian: libsqlite3-dev). Not part of `make
+# test`: GRDB's test target takes some minutes to build.
+grdb-check: deps
+	@[ -f /usr/include/sqlite3.h ] || { echo "make: installing libsqlite3-dev (GRDB links SQLite)"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsqlite3-dev; }
+	SWIFT=$(SWIFT) scripts/grdb-check.sh
 
 # The DocC catalog (Sources/FileCoordination/FileCoordination.docc) and every public
 # symbol's comment, as a documentation archive under .build/plugins/Swift-DocC/outputs.
