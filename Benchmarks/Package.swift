@@ -17,6 +17,7 @@ let package = Package(
             dependencies: [
                 "CPeers",
                 .product(name: "FileCoordination", package: "FileCoordination"),
+                .product(name: "NSFileCoordination", package: "FileCoordination"),
                 .product(name: "_NIOFileSystem", package: "swift-nio"),
             ]
         ),

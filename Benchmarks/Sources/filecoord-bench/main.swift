@@ -7,7 +7,8 @@
 // large:  8 files of 64 MiB, read whole (MiB/s)
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
-// coordination: in-process coordination cost; callers: the same from the main actor;
+// coordination: in-process coordination cost; adapter: NSFileCoordination's blocking form
+// against FileCoordination's; callers: the same from the main actor;
 // cli: one filecoord command as a process, beside flock(1); watch: inotify latency, bursts and
 // watched deletion (watch-delete alone)
 // space: across processes (a second process of this binary presents and holds claims)
@@ -53,7 +54,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "callers", "cli", "watch", "space", "etcd"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "adapter", "callers", "cli", "watch", "space", "etcd"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -705,6 +706,8 @@ for workload in workloads {
         try await runRandom(dataset.big)
     case "coordination":
         try await runCoordination(dataset.small)
+    case "adapter":
+        try await runAdapter(dataset.small)
     case "callers":
         try await runMainActor(dataset.small)
     case "cli":
