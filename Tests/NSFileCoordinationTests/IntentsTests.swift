@@ -3,30 +3,22 @@ import NSFileCoordination
 import Testing
 import TestSupport
 
-/// Apple's "Improving performance and stability when accessing the file system": request
-/// access to many files in parallel, one coordinator and one reading intent per file,
-/// the accessors on a background queue. The sample as the article gives it, with its
-/// two placeholder comments filled in (recording the error, reading the file).
+/// The sample of Apple's article "Improving performance and stability when accessing the
+/// file system" (many files requested in parallel: one coordinator and one reading intent
+/// per file, the accessors on a background queue), its statements as the article gives
+/// them; its two placeholder comments are filled in (record the error, read the file).
 func processInParallel(_ fileURLs: [URL], errors: Journal, contents: Journal) {
-    // Create a background queue for the system to use
-    // when invoking each file coordinator's accessor
-    // closure.
     let queue = OperationQueue()
     queue.underlyingQueue = .global(qos: .utility)
 
-    // Iterate over the file URLs.
     for url in fileURLs {
-        // Create a file coordinator and specify the appropriate
-        // file access intent and queue.
         let intent = NSFileAccessIntent.readingIntent(with: url)
         let coordinator = NSFileCoordinator()
         coordinator.coordinate(with: [intent],
                                queue: queue) { error in
             if let error {
-                // If there's an error, handle it here.
                 errors.append("\(error)")
             } else {
-                // Otherwise, process the file.
                 let text = (try? String(contentsOf: intent.url, encoding: .utf8)) ?? "unreadable"
                 contents.append(text)
             }
