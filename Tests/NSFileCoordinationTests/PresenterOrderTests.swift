@@ -75,6 +75,34 @@ struct PresenterOrderTests {
                 == ["D:relinquishToWriter", "D:save", "write", "D:subitemDidChange:doc.txt", "D:reacquire"])
     }
 
+    @Test("a write that makes a file: the directory hears subitemDidAppear")
+    func creation() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.url.appendingPathComponent("new.txt")
+        try await withRegistered([Document("D", url: scratch.url, journal: journal)]) {
+            _ = try await blocking { error in
+                NSFileCoordinator().coordinate(writingItemAt: file, error: error) { url in try? writeFixture(Data("hi".utf8), toPath: url.path) }
+            }
+            #expect(try await journal.waitAsync { events(of: "D", in: $0).contains("reacquire") })
+        }
+        #expect(events(of: "D", in: journal.all) == ["relinquishToWriter", "save", "subitemDidAppear:new.txt", "reacquire"])
+    }
+
+    @Test("filePresenters lists the registered presenters in the order added; a second add registers nothing more")
+    func registration() {
+        let scratch = Scratch(), journal = Journal()
+        let (first, second) = (Document("A", url: scratch.file("a"), journal: journal), Document("B", url: scratch.file("b"), journal: journal))
+        NSFileCoordinator.addFilePresenter(first)
+        NSFileCoordinator.addFilePresenter(second)
+        NSFileCoordinator.addFilePresenter(first)
+        let mine = { NSFileCoordinator.filePresenters.filter { $0 === first || $0 === second } }
+        #expect(mine().count == 2 && mine().first === first && mine().last === second)
+        NSFileCoordinator.removeFilePresenter(first)
+        #expect(mine().count == 1 && mine().first === second)
+        NSFileCoordinator.removeFilePresenter(second)
+        #expect(mine().isEmpty)
+    }
+
     @Test("delete: the item's presenter accommodates the deletion, the directory's the subitem's, before the accessor")
     func delete() async throws {
         let scratch = Scratch(), journal = Journal()
