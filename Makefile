@@ -139,10 +139,11 @@ grdb-check: deps
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsqlite3-dev; }
 	SWIFT=$(SWIFT) scripts/grdb-check.sh
 
-# The DocC catalog (Sources/FileCoordination/FileCoordination.docc) and every public
-# symbol's comment, as a documentation archive under .build/plugins/Swift-DocC/outputs.
+# The DocC catalogs (Sources/FileCoordination/FileCoordination.docc,
+# Sources/NSFileCoordination/NSFileCoordination.docc) and every public symbol's comment,
+# as documentation archives under .build/plugins/Swift-DocC/outputs.
 docs: deps
-	$(SWIFT) package generate-documentation --target FileCoordination
+	$(SWIFT) package generate-documentation --target FileCoordination --target NSFileCoordination
 
 demo: deps
 	$(SWIFT) build -c release --product filecoord
