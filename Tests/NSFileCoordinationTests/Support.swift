@@ -55,7 +55,7 @@ final class Journal: @unchecked Sendable {
     var all: [String] { condition.withLock { lines } }
 
     /// Waits up to `seconds` for `done` to hold; whether it did. Blocks: call it off the pool.
-    func wait(seconds: Double = 20, until done: ([String]) -> Bool) -> Bool {
+    func wait(seconds: Double = 60, until done: ([String]) -> Bool) -> Bool {
         let deadline = Date(timeIntervalSinceNow: seconds)
         return condition.withLock {
             while !done(lines) {
@@ -66,7 +66,7 @@ final class Journal: @unchecked Sendable {
     }
 
     /// ``wait(seconds:until:)`` from a task, on a thread of its own.
-    func waitAsync(seconds: Double = 20, until done: @escaping @Sendable ([String]) -> Bool) async throws -> Bool {
+    func waitAsync(seconds: Double = 60, until done: @escaping @Sendable ([String]) -> Bool) async throws -> Bool {
         try await offThePool { self.wait(seconds: seconds, until: done) }
     }
 }
@@ -100,7 +100,7 @@ let filecoordBinary: String = {
 /// `filecoord status --json` until `condition` holds (another process's state has no
 /// event to await); whether it did.
 func waitForStatus(space: String, _ condition: @escaping @Sendable ([String: Any]) -> Bool) async throws -> Bool {
-    for _ in 0 ..< 250 {
+    for _ in 0 ..< 500 {
         let (_, output) = try await runToEnd([filecoordBinary, "status", "--json", "--space", space])
         if let object = try? JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], condition(object) { return true }
         try await Task.sleep(for: .milliseconds(20)) // ok: polling another process's state
@@ -185,11 +185,11 @@ func lines(of path: String) -> [String] {
 }
 
 /// Whether a read of `url` in this process, tried without waiting, finds a writer queued
-/// for it; asked again every 10 ms for 5 s at most.
+/// for it; asked again every 10 ms for 30 s at most.
 func waitsBehindAWriter(_ url: URL) async throws -> Bool {
     let probe = FileCoordinator()
     probe.setClaimTimeout(.zero)
-    for _ in 0 ..< 500 {
+    for _ in 0 ..< 3000 {
         do {
             try await probe.coordinate(readingItemAt: url) { _ in }
         } catch let error as FileCoordinationError where error.code == .timedOut {
