@@ -46,7 +46,33 @@ enum JSONLines {
         }
     }
 
-    /// `read --json`: what was read, and how fast (`seconds` times the read phase only).
+    /// `read --json`, one per file before the summary: `{"path","pathBase64"?,"bytes"}`, or
+    /// `{"path","pathBase64"?,"error","errno"?,"code"}` for a file that could not be read.
+    struct ReadFile: Encodable {
+        var path: String
+        var pathBase64: String?
+        var bytes: Int?
+        /// The error's line, as stderr would give it (without the path).
+        var error: String?
+        /// Its errno's name (`ENOENT`), when the kernel gave one.
+        var errno: String?
+        /// Its ``FileCoordinationError/Code`` (`notFound`, `timedOut`, ...).
+        var code: String?
+
+        init(_ path: FilePath, bytes: Int) {
+            (self.path, pathBase64) = JSONLines.text(path)
+            self.bytes = bytes
+        }
+
+        init(_ path: FilePath, error failure: FileCoordinationError) {
+            (self.path, pathBase64) = JSONLines.text(failure.path ?? path)
+            error = "\(Output.words(failure.operation)) failed: \(Output.words(failure.message))"
+            errno = failure.errno?.symbolicName ?? (failure.code == .timedOut ? "ETIMEDOUT" : nil)
+            code = failure.code.description
+        }
+    }
+
+    /// `read --json`, last: what was read, and how fast (`seconds` times the read phase only).
     struct ReadSummary: Encodable {
         var files: Int
         var bytes: Int

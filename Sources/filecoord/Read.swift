@@ -22,9 +22,12 @@ struct Read: AsyncParsableCommand {
         discussion: """
             Every file up to 16 MiB is read whole; a larger one, or a device whose size is \
             not known (/dev/zero), is read 1 MiB at a time once the batch reaches it, so \
-            memory stays bounded. A file that fails is reported on stderr and skipped; \
+            memory stays bounded. A file that fails is reported on stderr (and in its --json \
+            line) and skipped; \
             the others are still read, and the exit status is 1. Without --cat or --json \
-            a summary goes to stderr. --json prints one object on stdout: \
+            a summary goes to stderr. --json prints one line per file on stdout, in the \
+            order given, {"bytes":B,"path":P} or {"code":C,"errno":E?,"error":TEXT,"path":P} \
+            (pathBase64 beside a name that is not UTF-8), then the summary \
             {"bytes":B,"failed":F,"files":N,"filesPerSecond":X,"mibPerSecond":Y,"seconds":S} (keys sorted), \
             where seconds times the read phase only. A progress bar is drawn on stderr when \
             it is a terminal, unless --cat writes to that terminal too. Without --cat (and \
@@ -174,6 +177,7 @@ struct ReadSettings: Sendable {
 
         let output = cat ? DescriptorWriter(fd: 1, label: "filecoord.stdout") : nil
         // No bar where it would be drawn into the contents: --cat onto the same terminal.
+        // `--json` gives its lines once the batch is done: no bar.
         let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
             ? Progress(total: list.count) : nil
         guard let headroom = Read.descriptorHeadroom() else {
@@ -211,12 +215,17 @@ struct ReadSettings: Sendable {
         var failures: [(index: Int, error: FileCoordinationError)] = []
         /// The files too large to be read whole, streamed after the batch.
         var large: [Int] = []
+        /// Each file's size, by position, for `--json`'s line per file (nil: not kept).
+        var sizes: [(index: Int, bytes: Int)]?
+
+        init(keepingSizes: Bool) { sizes = keepingSizes ? [] : nil }
 
         mutating func add(_ file: BatchFileContents) {
             switch file.bytes {
             case .success(let bytes):
                 files += 1
                 self.bytes += bytes.count
+                sizes?.append((file.index, bytes.count))
             case .failure(let error) where error.code == .fileTooLarge:
                 large.append(file.index)
             case .failure(let error):
@@ -231,26 +240,33 @@ struct ReadSettings: Sendable {
         let clock = ContinuousClock()
         let start = clock.now
         let partials: [Tally]
+        let empty = Tally(keepingSizes: json)
         if let coordinator {
             partials = try await coordinator.readFiles(at: list, batchOptions: options)
-                .forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
+                .forEachFile(perWorker: empty) { tally, file in tally.add(file) }
         } else {
-            partials = try await FileBatchReader(paths: list, options: options).forEachFile(perWorker: Tally()) { tally, file in tally.add(file) }
+            partials = try await FileBatchReader(paths: list, options: options).forEachFile(perWorker: empty) { tally, file in tally.add(file) }
         }
         var files = partials.reduce(0) { $0 + $1.files }, bytes = partials.reduce(0) { $0 + $1.bytes }
         var failures = partials.flatMap(\.failures)
+        var sizes = partials.flatMap { $0.sizes ?? [] }
         for index in partials.flatMap(\.large).sorted() {
             switch try await stream(list[index], coordinator: coordinator, output: nil) {
             case .success(let count):
                 files += 1
                 bytes += count
+                sizes.append((index, count))
             case .failure(let error):
                 failures.append((index, error))
             }
         }
         let elapsed = clock.now - start
         failures.sort { $0.index < $1.index }
-        for failure in failures { Output.report(await Self.explained(failure.error, of: list[failure.index])) }
+        var explained: [(index: Int, error: FileCoordinationError)] = []
+        for failure in failures { explained.append((failure.index, await Self.explained(failure.error, of: list[failure.index]))) }
+        // Failures on stderr in every mode: a script that reads --json's lines is told too.
+        for failure in explained { Output.report(failure.error) }
+        if json { try await printFiles(list, sizes: sizes, failures: explained) }
         try await summarize(files: files, bytes: bytes, failed: failures.count,
                             timedOut: failures.contains { $0.error.code == .timedOut }, elapsed: elapsed)
     }
@@ -320,6 +336,17 @@ struct ReadSettings: Sendable {
         } catch let error as FileCoordinationError {
             return .failure(error)
         }
+    }
+
+    /// `--json`: one object per file, in the order given: its size, or its error.
+    private func printFiles(_ list: [FilePath], sizes: [(index: Int, bytes: Int)],
+                            failures: [(index: Int, error: FileCoordinationError)]) async throws {
+        var lines = [JSONLines.ReadFile?](repeating: nil, count: list.count)
+        for (index, count) in sizes { lines[index] = JSONLines.ReadFile(list[index], bytes: count) }
+        for (index, error) in failures { lines[index] = JSONLines.ReadFile(list[index], error: error) }
+        var text: [UInt8] = []
+        for line in lines.compactMap({ $0 }) { text += JSONLines.line(line) }
+        try await DescriptorWriter(fd: 1, label: "filecoord.stdout").write(Data(text))
     }
 
     /// A file's failure as reported: a claim's, absolute and with who held it.

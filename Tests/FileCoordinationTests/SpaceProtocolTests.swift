@@ -70,10 +70,13 @@ struct SpaceProtocolTests {
         #expect(String(decoding: presenter.encoded().encoded(), as: UTF8.self) == presenterText)
         #expect(try P.PresenterRecord(decoding: SpaceMessage.decode(Array(presenterText.utf8)).get()) == presenter)
 
-        let process = P.ProcessRecord(pid: 41, listening: false, claims: [.init(isWrite: false, path: FilePath("/r"))])
-        let processText = "filecoord 1\nkind process\nclaim.0 r%20/r\nlistening 0\npid 41\nend\n"
+        let process = P.ProcessRecord(pid: 41, listening: false, claims: [.init(isWrite: false, path: FilePath("/r"))], pidNamespace: 4026531836)
+        let processText = "filecoord 1\nkind process\nclaim.0 r%20/r\nlistening 0\npid 41\npid-ns 4026531836\nend\n"
         #expect(String(decoding: process.encoded().encoded(), as: UTF8.self) == processText)
         #expect(try P.ProcessRecord(decoding: SpaceMessage.decode(Array(processText.utf8)).get()) == process)
+        // A record of an earlier build has no namespace: it is taken as the reader's.
+        let earlier = "filecoord 1\nkind process\nlistening 1\npid 41\nend\n"
+        #expect(try P.ProcessRecord(decoding: SpaceMessage.decode(Array(earlier.utf8)).get()).pidNamespace == nil)
     }
 
     @Test("every kind in the protocol document's table has a row here, and no other kind")

@@ -16,6 +16,10 @@ struct ProcessResult: Sendable {
     var stderr: Data
     var errorText: String { String(decoding: stderr, as: UTF8.self) }
     var outputText: String { String(decoding: stdout, as: UTF8.self) }
+    /// Each line of stdout as a JSON object (`read --json`: one per file, then the summary).
+    var jsonLines: [[String: Any]] {
+        stdout.split(separator: UInt8(ascii: "\n")).compactMap { try? JSONSerialization.jsonObject(with: Data($0)) as? [String: Any] }
+    }
 }
 
 /// Runs a program to completion on a thread of its own (waiting for a child process

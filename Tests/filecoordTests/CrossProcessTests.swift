@@ -427,7 +427,7 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(mixed.errorText.contains("\(file): claim failed"), "\(mixed.errorText)")
         let summary = try await filecoord("read", before, file, after, "--json", "--space", space, "--timeout", "0.3")
         #expect(summary.status == 3, "\(summary.errorText)")
-        let object = try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any]
+        let object = summary.jsonLines.last
         #expect(object?["files"] as? Int == 2 && object?["failed"] as? Int == 1, "\(summary.outputText)")
         holder.signal(SIGKILL)
         _ = try await shell("pkill -f 'sleep 63' || true")

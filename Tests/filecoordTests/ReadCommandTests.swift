@@ -35,7 +35,7 @@ struct ReadCommandTests {
         #expect(cat.stdout == Data("before\n".utf8) + pattern + Data("after\n".utf8) + pattern)
         let summary = try await run(filecoordBinary, ["read", "--json"] + mode + [large, small, "\(scratch.path)/missing", large])
         #expect(summary.status == 1)
-        let object = try #require(try JSONSerialization.jsonObject(with: summary.stdout) as? [String: Any])
+        let object = try #require(summary.jsonLines.last)
         #expect(object["files"] as? Int == 3)
         #expect(object["bytes"] as? Int == 2 * pattern.count + 7)
         #expect(object["failed"] as? Int == 1)
@@ -83,8 +83,12 @@ struct ReadCommandTests {
         let list = scratch.write("list", paths.joined(separator: "\n") + "\n")
         let result = try await filecoord("read", "--no-coordination", "--json", "--from-list", list, "--concurrency", "3")
         #expect(result.status == 0)
-        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        let lines = result.jsonLines
+        let object = try #require(lines.last)
         #expect(object["files"] as? Int == 20)
+        // A line per file first, in the order given, with its size.
+        #expect(lines.dropLast().map { $0["path"] as? String ?? "" } == paths)
+        #expect(lines.dropLast().map { $0["bytes"] as? Int ?? -1 } == Array(0 ..< 20))
         #expect(object["bytes"] as? Int == (0 ..< 20).reduce(0, +))
         #expect(object["failed"] as? Int == 0)
         for key in ["seconds", "filesPerSecond", "mibPerSecond"] { #expect(object[key] is Double || object[key] is Int, "\(key)") }
@@ -97,12 +101,16 @@ struct ReadCommandTests {
         let missing = "\(scratch.path)/missing"
         let result = try await filecoord("read", "--no-coordination", "--json", good, missing, scratch.path, good)
         #expect(result.status == 1)
-        let lines = result.errorText.split(separator: "\n").map(String.init)
-        #expect(lines.contains("filecoord: \(missing): open failed: No such file or directory (ENOENT)"))
-        #expect(lines.contains("filecoord: \(scratch.path): open failed: is a directory, not a file (EISDIR)"))
-        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        let errors = result.errorText.split(separator: "\n").map(String.init)
+        #expect(errors.contains("filecoord: \(missing): open failed: No such file or directory (ENOENT)"))
+        #expect(errors.contains("filecoord: \(scratch.path): open failed: is a directory, not a file (EISDIR)"))
+        let lines = result.jsonLines
+        let object = try #require(lines.last)
         #expect(object["files"] as? Int == 2)
         #expect(object["failed"] as? Int == 2)
+        // Each failing file's line names its error and errno.
+        #expect(lines.count == 5 && lines[1]["path"] as? String == missing && lines[1]["errno"] as? String == "ENOENT"
+                    && lines[1]["code"] as? String == "notFound" && lines[2]["errno"] as? String == "EISDIR", "\(result.outputText)")
         // A name with a newline, a backslash or a byte that is not UTF-8 still makes one
         // line, escaped as `ls -b` escapes it.
         let awkward = try await shell(#"cd '\#(scratch.path)' && "$FILECOORD" read --no-coordination "$(printf 'a\nb\\c\377')""#)
@@ -141,7 +149,7 @@ struct ReadCommandTests {
             """
         let result = try await shell(script)
         #expect(result.status == 0, "\(result.errorText)")
-        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        let object = try #require(result.jsonLines.last)
         #expect(object["files"] as? Int == 10_000)
         #expect(object["failed"] as? Int == 0)
     }
@@ -157,7 +165,7 @@ struct ReadCommandTests {
             """
         let result = try await shell(script)
         #expect(result.status == 0, "\(result.errorText)")
-        let object = try #require(try JSONSerialization.jsonObject(with: result.stdout) as? [String: Any])
+        let object = try #require(result.jsonLines.last)
         #expect(object["files"] as? Int == 500)
         #expect(object["failed"] as? Int == 0)
     }
@@ -214,13 +222,14 @@ struct ReadCommandTests {
             """
         let result = try await shell(script)
         #expect(result.status == 0, "\(result.errorText)")
-        let lines = String(decoding: result.stdout, as: UTF8.self).split(whereSeparator: \.isNewline)
-        try #require(lines.count == 2, "\(result.errorText)")
-        for (line, files) in zip(lines, [3_000, 300]) {
-            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        // Each read's summary follows its lines per file.
+        let summaries = result.jsonLines.filter { $0["files"] != nil }
+        try #require(summaries.count == 2, "\(result.errorText)")
+        for (object, files) in zip(summaries, [3_000, 300]) {
             #expect(object["files"] as? Int == files)
             #expect(object["failed"] as? Int == 0)
         }
+        #expect(result.jsonLines.count == 3_302)
     }
 
     @Test("an unreadable file is EACCES for an unprivileged user",
