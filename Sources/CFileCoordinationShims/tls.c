@@ -129,7 +129,7 @@ void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key
     return context;
 }
 
-void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_t size) {
+void *fc_tls_session(void *context, int fd, const char *host, char *error, size_t size) {
     void *session = ssl.ssl_new(context);
     if (!session) {
         describe("TLS session", "cannot be made", error, size);
@@ -146,21 +146,28 @@ void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_
     // The calls above may leave errors on the queue (an IP address check on a name):
     // the handshake's own are the ones to report.
     ssl.err_clear();
+    return session;
+}
+
+int fc_tls_handshake(void *session, char *error, size_t size) {
     sigset_t pipe_signal, previous;
     sigemptyset(&pipe_signal);
     sigaddset(&pipe_signal, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_signal, &previous);
+    errno = 0;
+    ssl.err_clear();
     int connected = ssl.do_connect(session);
+    int reason = connected == 1 ? 0 : ssl.get_error(session, connected);
+    int saved = errno;
     consume_sigpipe(&pipe_signal);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
-    if (connected != 1) {
-        long verified = ssl.verify_result(session);
-        if (verified != 0) snprintf(error, size, "TLS handshake: the server's certificate: %s", ssl.verify_string(verified));
-        else describe("TLS handshake", errno ? strerror(errno) : "refused", error, size);
-        ssl.ssl_free(session);
-        return NULL;
-    }
-    return session;
+    if (connected == 1) return 1;
+    if (reason == FC_SSL_ERROR_WANT_READ) return FC_TLS_WANT_READ;
+    if (reason == FC_SSL_ERROR_WANT_WRITE) return FC_TLS_WANT_WRITE;
+    long verified = ssl.verify_result(session);
+    if (verified != 0) snprintf(error, size, "TLS handshake: the server's certificate: %s", ssl.verify_string(verified));
+    else describe("TLS handshake", saved ? strerror(saved) : "refused", error, size);
+    return -1;
 }
 
 /// A SIGPIPE the call raised on this thread (blocked meanwhile), whatever the call ended
@@ -177,8 +184,8 @@ static long finish(void *session, int result) {
     if (result > 0) return result;
     switch (ssl.get_error(session, result)) {
     case FC_SSL_ERROR_ZERO_RETURN: return 0;
-    case FC_SSL_ERROR_WANT_READ:
-    case FC_SSL_ERROR_WANT_WRITE: errno = EAGAIN; return -1;
+    case FC_SSL_ERROR_WANT_READ: return FC_TLS_WANT_READ;
+    case FC_SSL_ERROR_WANT_WRITE: return FC_TLS_WANT_WRITE;
     case FC_SSL_ERROR_SYSCALL: if (errno == 0) return 0; return -1;
     default: errno = EPROTO; return -1;
     }

@@ -82,11 +82,19 @@ void fc_tsan_release(void *address);
 /// A context: the CA bundle to trust (NULL: the system's), and a client certificate and
 /// key (both NULL: none).
 void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key_file, char *error, size_t size);
-/// A TLS session over the connected socket `fd`, the handshake done, the peer's
-/// certificate verified against `host` (a name or an IP address).
-void *fc_tls_connect(void *context, int fd, const char *host, char *error, size_t size);
-/// As read(2) and write(2): bytes moved, 0 at the end, -1 on failure (errno EAGAIN when
-/// the socket's timeout expired).
+/// Returned by the calls below when they wait for the socket (it is non-blocking): poll
+/// it for reading, or for writing, then call again with the same arguments.
+#define FC_TLS_WANT_READ (-2)
+#define FC_TLS_WANT_WRITE (-3)
+/// A TLS session over the connected, non-blocking socket `fd`, its peer to be verified
+/// against `host` (a name or an IP address; a name is also sent as SNI). The handshake
+/// is made by ``fc_tls_handshake``.
+void *fc_tls_session(void *context, int fd, const char *host, char *error, size_t size);
+/// Advances the handshake: 1 once done, FC_TLS_WANT_READ or FC_TLS_WANT_WRITE while it
+/// waits for the socket, -1 on failure.
+int fc_tls_handshake(void *session, char *error, size_t size);
+/// As read(2) and write(2) on the non-blocking socket: bytes moved, 0 at the end,
+/// FC_TLS_WANT_READ or FC_TLS_WANT_WRITE while waiting, -1 on failure (errno set).
 long fc_tls_read(void *session, void *buffer, size_t count);
 long fc_tls_write(void *session, const void *buffer, size_t count);
 /// Frees a session (the socket stays open) or a context.

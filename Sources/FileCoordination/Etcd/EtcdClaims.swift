@@ -337,7 +337,6 @@ extension EtcdCoordinationSpace {
         keeper.stop()
         var connection: EtcdConnection?
         guard let body = try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(leaseID))) else { return }
-        _ = try? EtcdClient.perform("/v3/lease/revoke", body, on: &connection, endpoints: client.endpoints,
-                                    connectTimeout: .seconds(1), retryLimit: .seconds(1), auth: client.auth, tls: client.tls)
+        _ = try? client.perform("/v3/lease/revoke", body, on: &connection, tryTimeout: .seconds(1), retryLimit: .seconds(1))
     }
 }

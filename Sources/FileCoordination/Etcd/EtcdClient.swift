@@ -10,6 +10,7 @@ import Foundation
 /// reaches etcd before it.
 final class EtcdClient: Sendable {
     let endpoints: [EtcdEndpoint]
+    /// How long one try of a call (connecting, sending, the whole answer) may take on one member.
     let connectTimeout: Duration
     /// How long a call keeps trying members (through a leader election, say) before it fails.
     let retryLimit: Duration
@@ -17,14 +18,18 @@ final class EtcdClient: Sendable {
     let auth: EtcdAuth?
     /// TLS for every connection, when the space uses it.
     let tls: EtcdTLS?
+    /// What the client accepts from the network, at most.
+    let limits: EtcdLimits
     private let worker: EtcdWorker
 
-    init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, auth: EtcdAuth? = nil, tls: EtcdTLS? = nil) {
+    init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, auth: EtcdAuth? = nil, tls: EtcdTLS? = nil,
+         limits: EtcdLimits = EtcdLimits()) {
         self.endpoints = endpoints
         self.connectTimeout = connectTimeout
         self.retryLimit = retryLimit
         self.auth = auth
         self.tls = tls
+        self.limits = limits
         worker = EtcdWorker(name: "filecoord-etcd")
     }
 
@@ -74,32 +79,42 @@ final class EtcdClient: Sendable {
     /// On the worker thread: the call on the current member, then on the others, until
     /// one answers or ``retryLimit`` passes.
     private func perform(_ path: String, _ body: [UInt8]) throws(EtcdFailure) -> [UInt8] {
-        try Self.perform(path, body, on: &worker.connection, endpoints: endpoints, connectTimeout: connectTimeout,
-                         retryLimit: retryLimit, auth: auth, tls: tls)
+        try perform(path, body, on: &worker.connection)
     }
 
-    /// A call on `connection` (made when nil), failing over among `endpoints`. Blocking.
-    /// `readTimeout`: how long one member may take to answer (default: `retryLimit`).
-    static func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, endpoints: [EtcdEndpoint],
-                        connectTimeout: Duration, retryLimit: Duration, readTimeout: Duration? = nil,
-                        auth: EtcdAuth?, tls: EtcdTLS?) throws(EtcdFailure) -> [UInt8] {
-        let deadline = ContinuousClock.now + retryLimit
+    /// A call on `connection` (made when nil, or when the last answer left it unfit for
+    /// another), failing over among the members. Blocking. Each try, on one member, has
+    /// `tryTimeout` (default: ``connectTimeout``) for all of it: connecting, sending, and
+    /// the whole answer. A member whose answer is not one the client accepts is not
+    /// asked again in this call.
+    func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, tryTimeout: Duration? = nil,
+                 retryLimit: Duration? = nil) throws(EtcdFailure) -> [UInt8] {
+        let deadline = ContinuousClock.now + (retryLimit ?? self.retryLimit)
         var next = connection.flatMap { endpoints.firstIndex(of: $0.endpoint) } ?? 0
+        var refused: Set<EtcdEndpoint> = []
         var lastFailure: EtcdFailure?
         var tries = 0
         while true {
             do {
+                if let open = connection, !open.isReusable { connection = nil }
+                while refused.contains(endpoints[next % endpoints.count]) { next += 1 }
+                let attempt = EtcdDeadline(tryTimeout ?? connectTimeout)
                 if connection == nil {
-                    connection = try EtcdConnection(endpoints[next % endpoints.count], timeout: connectTimeout,
-                                                    readTimeout: readTimeout ?? retryLimit, tls: tls)
+                    connection = try EtcdConnection(endpoints[next % endpoints.count], deadline: attempt, tls: tls, limits: limits)
                 }
-                return try connection!.post(path, body, token: auth?.token(on: connection!))
+                let token = try auth?.token(on: connection!, deadline: attempt)
+                return try connection!.post(path, body, token: token, deadline: attempt)
             } catch {
                 tries += 1
                 switch error {
                 case .connection:
                     connection = nil
                     next += 1
+                case .invalid(let endpoint, _):
+                    connection = nil
+                    refused.insert(endpoint)
+                    next += 1
+                    if refused.count == Set(endpoints).count { throw error }
                 case .answer(_, let message) where auth != nil && EtcdAuth.isExpired(message):
                     // Tokens expire (5 min by default): a new one, and the call again.
                     auth?.invalidate()
@@ -131,12 +146,12 @@ final class EtcdAuth: Sendable {
     }
 
     /// The token, authenticating on `connection` first when there is none.
-    func token(on connection: EtcdConnection) throws(EtcdFailure) -> String {
+    func token(on connection: EtcdConnection, deadline: EtcdDeadline) throws(EtcdFailure) -> String {
         if let token = current.withLock({ $0 }) { return token }
         struct Authenticate: Encodable { var name: String; var password: String }
         struct Answer: Decodable { var token: String? }
         let body = (try? EtcdJSON.encode(Authenticate(name: user, password: password))) ?? []
-        let answer = try connection.post("/v3/auth/authenticate", body, token: nil)
+        let answer = try connection.post("/v3/auth/authenticate", body, token: nil, deadline: deadline)
         guard let token = (try? EtcdJSON.decode(Answer.self, answer))?.token else {
             throw .answer(401, "etcd gave no token to user \(user)")
         }
@@ -198,151 +213,5 @@ final class EtcdWorker: @unchecked Sendable {
             condition.unlock()
             for job in batch { job() }
         }
-    }
-}
-
-/// The gateway's JSON: base64 bytes, 64-bit numbers as strings, zero values left out.
-enum EtcdJSON {
-    static func encode(_ value: some Encodable) throws -> [UInt8] {
-        Array(try JSONEncoder().encode(value))
-    }
-
-    static func decode<T: Decodable>(_ type: T.Type, _ bytes: [UInt8]) throws -> T {
-        try JSONDecoder().decode(type, from: Data(bytes))
-    }
-
-    static func base64(_ bytes: some Collection<UInt8>) -> String { Data(bytes).base64EncodedString() }
-    static func bytes(_ base64: String?) -> [UInt8] { base64.flatMap { Data(base64Encoded: $0) }.map { Array($0) } ?? [] }
-
-    /// The key just past every key that starts with `prefix` (etcd's `range_end` for a prefix).
-    static func prefixEnd(_ prefix: [UInt8]) -> [UInt8] {
-        var end = prefix
-        while let last = end.last {
-            if last < 0xff {
-                end[end.count - 1] = last + 1
-                return end
-            }
-            end.removeLast()
-        }
-        return [0]
-    }
-
-    // MARK: Messages (the fields the space uses)
-
-    struct Header: Decodable, Sendable { var revision: String? }
-
-    struct KeyValue: Decodable, Sendable {
-        var key: String?
-        var value: String?
-        var create_revision: String?
-        var mod_revision: String?
-        var lease: String?
-        var keyBytes: [UInt8] { EtcdJSON.bytes(key) }
-        var valueBytes: [UInt8] { EtcdJSON.bytes(value) }
-        var createRevision: Int64 { Int64(create_revision ?? "") ?? 0 }
-    }
-
-    struct RangeRequest: Encodable, Sendable {
-        var key: String
-        var range_end: String?
-        var max_create_revision: String?
-        var revision: String?
-        init(key: [UInt8], prefix: Bool = false) {
-            self.key = EtcdJSON.base64(key)
-            range_end = prefix ? EtcdJSON.base64(EtcdJSON.prefixEnd(key)) : nil
-        }
-    }
-
-    struct RangeResponse: Decodable, Sendable {
-        var header: Header?
-        var kvs: [KeyValue]?
-    }
-
-    struct PutRequest: Encodable, Sendable {
-        var key: String
-        var value: String
-        var lease: String?
-        init(key: [UInt8], value: [UInt8], lease: Int64?) {
-            self.key = EtcdJSON.base64(key)
-            self.value = EtcdJSON.base64(value)
-            self.lease = lease.map(String.init)
-        }
-    }
-
-    struct DeleteRangeRequest: Encodable, Sendable {
-        var key: String
-        var range_end: String?
-        init(key: [UInt8], prefix: Bool = false) {
-            self.key = EtcdJSON.base64(key)
-            range_end = prefix ? EtcdJSON.base64(EtcdJSON.prefixEnd(key)) : nil
-        }
-    }
-
-    struct RequestOp: Encodable, Sendable {
-        var request_range: RangeRequest?
-        var request_put: PutRequest?
-        var request_delete_range: DeleteRangeRequest?
-    }
-
-    struct ResponseOp: Decodable, Sendable {
-        var response_range: RangeResponse?
-    }
-
-    struct Compare: Encodable, Sendable {
-        var result: String
-        var target: String
-        var key: String
-        var create_revision: String?
-        var version: String?
-    }
-
-    struct TxnRequest: Encodable, Sendable {
-        var compare: [Compare] = []
-        var success: [RequestOp] = []
-        var failure: [RequestOp] = []
-    }
-
-    struct TxnResponse: Decodable, Sendable {
-        var header: Header?
-        var succeeded: Bool?
-        var responses: [ResponseOp]?
-    }
-
-    struct LeaseGrantRequest: Encodable, Sendable { var TTL: String }
-    struct LeaseGrantResponse: Decodable, Sendable { var header: Header?; var ID: String?; var TTL: String?; var error: String? }
-    struct LeaseRequest: Encodable, Sendable { var ID: String }
-    struct LeaseKeepAliveResponse: Decodable, Sendable {
-        struct Result: Decodable, Sendable { var ID: String?; var TTL: String? }
-        struct Failure: Decodable, Sendable { var message: String? }
-        var result: Result?
-        var error: Failure?
-    }
-    struct Empty: Decodable, Sendable {}
-
-    struct WatchCreate: Encodable, Sendable {
-        struct Create: Encodable, Sendable {
-            var key: String
-            var range_end: String?
-            var start_revision: String?
-            var filters: [String]?
-        }
-        var create_request: Create
-    }
-
-    struct WatchResponse: Decodable, Sendable {
-        struct Result: Decodable, Sendable {
-            var header: Header?
-            var created: Bool?
-            var canceled: Bool?
-            var compact_revision: String?
-            var cancel_reason: String?
-            var events: [Event]?
-        }
-        struct Event: Decodable, Sendable {
-            var type: String?
-            var kv: KeyValue?
-        }
-        var result: Result?
-        var error: Result?
     }
 }

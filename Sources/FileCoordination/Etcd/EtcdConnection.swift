@@ -40,37 +40,70 @@ struct EtcdEndpoint: Sendable, Hashable, CustomStringConvertible {
 
 /// Why a call to etcd failed: the connection (try another member), or etcd's answer.
 enum EtcdFailure: Error, Sendable, CustomStringConvertible {
-    /// No connection, or it broke: the member may be down; another may answer.
+    /// No connection, or it broke, or no whole answer came in time: the member may be
+    /// down; another may answer.
     case connection(EtcdEndpoint, String)
+    /// The member's answer was not one the client accepts (malformed, or past a bound of
+    /// ``EtcdLimits``): another member may answer, this one is not asked again.
+    case invalid(EtcdEndpoint, String)
     /// etcd answered with an error (HTTP status, its message).
     case answer(Int, String)
 
     var description: String {
         switch self {
-        case .connection(let endpoint, let why): "\(endpoint): \(why)"
+        case .connection(let endpoint, let why), .invalid(let endpoint, let why): "\(endpoint): \(why)"
         case .answer(let status, let message): "etcd answered \(status): \(message)"
         }
     }
 }
 
+/// When a call must be done by, and the time it was given (for the message when it is not).
+struct EtcdDeadline: Sendable {
+    let end: ContinuousClock.Instant
+    let allowed: Duration
+
+    init(_ allowed: Duration) {
+        self.allowed = allowed
+        end = .now + allowed
+    }
+
+    /// What is left, in milliseconds for poll(2) (at least 0).
+    var milliseconds: Int32 {
+        let left = end - .now
+        guard left > .zero else { return 0 }
+        let (seconds, attoseconds) = left.components
+        return Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
+    }
+}
+
 /// One HTTP/1.1 connection to an etcd member's JSON gateway (`/v3/...`). Blocking: it
 /// runs on a thread of the etcd client's own, never on the cooperative pool. Kept open
-/// between calls (one TCP handshake per member, not per call).
+/// between calls (one TCP handshake per member, not per call) while its answers leave
+/// it clean. The socket is non-blocking: every wait is a poll(2) bounded by the call's
+/// deadline, so no trickle of bytes makes a call outlast it. Bytes are parsed by the pure
+/// parsers of `EtcdWire.swift`, within ``EtcdLimits``.
 ///
 /// Used by one thread, except ``shutdown()``, which another thread may call to end a
 /// watch (`shutdown(2)` on a descriptor kept open by the caller's reference).
 final class EtcdConnection: @unchecked Sendable {
     let endpoint: EtcdEndpoint
+    let limits: EtcdLimits
     private let fd: Int32
     /// The TLS session over `fd`, when the space uses TLS.
     private var session: UnsafeMutableRawPointer?
-    private var buffer: [UInt8] = []
-    private var start = 0
+    /// Received and not yet used: `inbox[inboxStart...]`.
+    private var inbox: [UInt8] = []
+    private var inboxStart = 0
+    private var receiveBuffer = [UInt8](repeating: 0, count: 16_384)
+    /// Whether the last answer left the connection fit for another call.
+    private var clean = true
+    /// A stream's decoding, once ``startStream(_:_:token:deadline:)`` succeeded.
+    private var stream: (decoder: EtcdChunkDecoder, splitter: EtcdMessageSplitter)?
 
-    /// Connects within `timeout` (and, with `tls`, does the handshake); reads then wait
-    /// at most `readTimeout` (nil: for ever, for a watch, which ``shutdown()`` ends).
-    init(_ endpoint: EtcdEndpoint, timeout: Duration, readTimeout: Duration?, tls: EtcdTLS? = nil) throws(EtcdFailure) {
+    /// Connects (and, with `tls`, makes the handshake) by `deadline`.
+    init(_ endpoint: EtcdEndpoint, deadline: EtcdDeadline, tls: EtcdTLS? = nil, limits: EtcdLimits) throws(EtcdFailure) {
         self.endpoint = endpoint
+        self.limits = limits
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
@@ -84,36 +117,33 @@ final class EtcdConnection: @unchecked Sendable {
         var address: UnsafeMutablePointer<addrinfo>? = first
         while let candidate = address {
             address = candidate.pointee.ai_next
-            let socket = Glibc.socket(candidate.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            let socket = Glibc.socket(candidate.pointee.ai_family,
+                                      Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
             guard socket >= 0 else { lastError = String(cString: strerror(errno)); continue }
-            if let why = Self.connect(socket, candidate.pointee.ai_addr, candidate.pointee.ai_addrlen, timeout: timeout) {
+            if let why = Self.connect(socket, candidate.pointee.ai_addr, candidate.pointee.ai_addrlen, deadline: deadline) {
                 lastError = why
                 close(socket)
                 continue
             }
             var one: Int32 = 1
             setsockopt(socket, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-            if let readTimeout {
-                var limit = Self.timeval(readTimeout)
-                setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-                setsockopt(socket, SOL_SOCKET, SO_SNDTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
-            }
+            fd = socket
             if let tls {
-                // The handshake within the connect timeout too.
-                var limit = Self.timeval(timeout)
-                setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
                 var error = [CChar](repeating: 0, count: 256)
-                guard let session = fc_tls_connect(tls.context, socket, endpoint.host, &error, error.count) else {
-                    close(socket)
+                // From here on a failure closes the socket through deinit.
+                guard let session = fc_tls_session(tls.context, socket, endpoint.host, &error, error.count) else {
                     throw .connection(endpoint, Self.text(error))
                 }
                 self.session = session
-                if readTimeout == nil {
-                    var none = Glibc.timeval()
-                    setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &none, socklen_t(MemoryLayout<timeval>.size))
+                while true {
+                    let step = fc_tls_handshake(session, &error, error.count)
+                    if step == 1 { break }
+                    guard step == FC_TLS_WANT_READ || step == FC_TLS_WANT_WRITE else {
+                        throw .connection(endpoint, Self.text(error))
+                    }
+                    try wait(step == FC_TLS_WANT_READ ? POLLIN : POLLOUT, until: deadline, doing: "the TLS handshake")
                 }
             }
-            fd = socket
             return
         }
         throw .connection(endpoint, lastError)
@@ -127,39 +157,65 @@ final class EtcdConnection: @unchecked Sendable {
     /// Ends any read in progress on another thread (a watch's).
     func shutdown() { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
 
-    /// One request and its whole answer; etcd's errors are thrown as ``EtcdFailure/answer(_:_:)``.
-    func post(_ path: String, _ body: [UInt8], token: String?) throws(EtcdFailure) -> [UInt8] {
-        try send(path, body, token: token)
-        let head = try readHead()
-        let answer: [UInt8]
-        if head.chunked {
-            var whole: [UInt8] = []
-            while let chunk = try readChunk() { whole += chunk }
-            answer = whole
-        } else {
-            answer = try read(count: head.length ?? 0)
-        }
+    /// Whether another call may be made on this connection: its last answer was whole,
+    /// nothing came after it, the server did not close it, and nothing arrived since.
+    var isReusable: Bool {
+        guard clean, stream == nil, inboxStart == inbox.count else { return false }
+        // Non-blocking: a connection with nothing to read says so at once.
+        var byte: UInt8 = 0
+        let count = session.map { fc_tls_read($0, &byte, 1) } ?? recv(fd, &byte, 1, Int32(MSG_PEEK))
+        if session != nil { return count == Int(FC_TLS_WANT_READ) }
+        return count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+    }
+
+    /// One request and its whole answer by `deadline`; etcd's errors are thrown as
+    /// ``EtcdFailure/answer(_:_:)``.
+    func post(_ path: String, _ body: [UInt8], token: String?, deadline: EtcdDeadline) throws(EtcdFailure) -> [UInt8] {
+        try send(path, body, token: token, deadline: deadline)
+        let head = try readHead(deadline: deadline)
+        let answer = try readBody(head, deadline: deadline)
         guard head.status == 200 else { throw .answer(head.status, Self.message(answer)) }
         return answer
     }
 
-    /// Starts a streamed call (a watch): the chunks follow through ``nextChunk()``.
-    func startStream(_ path: String, _ body: [UInt8], token: String?) throws(EtcdFailure) {
-        try send(path, body, token: token)
-        let head = try readHead()
+    /// Starts a streamed call (a watch): its head by `deadline`, then its messages
+    /// through ``nextMessages(by:)``.
+    func startStream(_ path: String, _ body: [UInt8], token: String?, deadline: EtcdDeadline) throws(EtcdFailure) {
+        try send(path, body, token: token, deadline: deadline)
+        let head = try readHead(deadline: deadline)
         guard head.status == 200 else {
-            let answer = head.chunked ? ((try? readChunk()) ?? nil) ?? [] : ((try? read(count: head.length ?? 0)) ?? [])
+            let answer = (try? readBody(head, deadline: deadline)) ?? []
             throw .answer(head.status, Self.message(answer))
         }
-        guard head.chunked else { throw .connection(endpoint, "the gateway did not stream its answer") }
+        guard head.framing == .chunked else { throw .invalid(endpoint, "the gateway did not stream its answer") }
+        clean = false
+        stream = (EtcdChunkDecoder(limits: limits, bodyLimit: nil), EtcdMessageSplitter(limit: limits.answerBytes))
     }
 
-    /// The next message of a stream; nil when the stream ended.
-    func nextChunk() throws(EtcdFailure) -> [UInt8]? { try readChunk() }
+    /// The next messages of the stream (one or more); nil when the stream ended. Throws
+    /// when none is whole by `deadline`.
+    func nextMessages(by deadline: EtcdDeadline) throws(EtcdFailure) -> [[UInt8]]? {
+        guard var (decoder, splitter) = stream else { return nil }
+        defer { stream = (decoder, splitter) }
+        var decoded: [UInt8] = []
+        while true {
+            do {
+                decoded.removeAll(keepingCapacity: true)
+                let used = try decoder.decode(inbox[inboxStart...], into: &decoded)
+                inboxStart += used
+                let messages = try splitter.messages(decoded[...])
+                if !messages.isEmpty { return messages }
+                if decoder.isDone { return splitter.finish().map { [$0] } }
+            } catch {
+                throw .invalid(endpoint, error.description)
+            }
+            try receive(until: deadline, doing: "a watch message")
+        }
+    }
 
     // MARK: The wire
 
-    private func send(_ path: String, _ body: [UInt8], token: String?) throws(EtcdFailure) {
+    private func send(_ path: String, _ body: [UInt8], token: String?, deadline: EtcdDeadline) throws(EtcdFailure) {
         var request = "POST \(path) HTTP/1.1\r\nHost: \(endpoint)\r\nContent-Type: application/json\r\nContent-Length: \(body.count)\r\n"
         if let token { request += "Authorization: \(token)\r\n" }
         request += "\r\n"
@@ -170,97 +226,124 @@ final class EtcdConnection: @unchecked Sendable {
                 session.map { fc_tls_write($0, raw.baseAddress! + sent, raw.count - sent) }
                     ?? Glibc.send(fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
             }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw .connection(endpoint, "send failed: \(String(cString: strerror(errno)))")
+            if count > 0 {
+                sent += count
+                continue
             }
-            sent += count
-        }
-    }
-
-    private struct Head { var status: Int; var length: Int?; var chunked: Bool }
-
-    private func readHead() throws(EtcdFailure) -> Head {
-        let lines = try readLinesUntilBlank()
-        guard let statusLine = lines.first, statusLine.hasPrefix("HTTP/1."),
-              let status = Int(statusLine.split(separator: " ").dropFirst().first ?? "")
-        else { throw .connection(endpoint, "not an HTTP answer: \(lines.first ?? "")") }
-        var head = Head(status: status, length: nil, chunked: false)
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            let name = line[..<colon].lowercased()
-            let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-            if name == "content-length" { head.length = Int(value) }
-            if name == "transfer-encoding", value.lowercased().contains("chunked") { head.chunked = true }
-        }
-        return head
-    }
-
-    private func readLinesUntilBlank() throws(EtcdFailure) -> [String] {
-        var lines: [String] = []
-        while true {
-            let line = try readLine()
-            if line.isEmpty { return lines }
-            lines.append(line)
-        }
-    }
-
-    private func readLine() throws(EtcdFailure) -> String {
-        while true {
-            if let newline = buffer[start...].firstIndex(of: UInt8(ascii: "\n")) {
-                var end = newline
-                if end > start, buffer[end - 1] == UInt8(ascii: "\r") { end -= 1 }
-                let line = String(decoding: buffer[start..<end], as: UTF8.self)
-                start = newline + 1
-                return line
+            if session != nil, count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
+                try wait(count == Int(FC_TLS_WANT_READ) ? POLLIN : POLLOUT, until: deadline, doing: "sending the request")
+                continue
             }
-            try fill()
+            if session == nil, count < 0, errno == EAGAIN || errno == EWOULDBLOCK {
+                try wait(POLLOUT, until: deadline, doing: "sending the request")
+                continue
+            }
+            if count < 0, errno == EINTR { continue }
+            throw .connection(endpoint, "send failed: \(String(cString: strerror(errno)))")
         }
     }
 
-    private func readChunk() throws(EtcdFailure) -> [UInt8]? {
-        let sizeLine = try readLine()
-        guard let size = Int(sizeLine.split(separator: ";").first ?? "", radix: 16) else {
-            throw .connection(endpoint, "a malformed chunk size: \(sizeLine)")
-        }
-        if size == 0 {
-            _ = try readLinesUntilBlank()
-            return nil
-        }
-        let chunk = try read(count: size)
-        _ = try readLine()
-        return chunk
-    }
-
-    private func read(count: Int) throws(EtcdFailure) -> [UInt8] {
-        while buffer.count - start < count { try fill() }
-        let bytes = Array(buffer[start..<start + count])
-        start += count
-        return bytes
-    }
-
-    private func fill() throws(EtcdFailure) {
-        if start > 0 {
-            buffer.removeFirst(start)
-            start = 0
-        }
-        var chunk = [UInt8](repeating: 0, count: 16_384)
+    /// The answer's head (after any 1xx interim answers).
+    private func readHead(deadline: EtcdDeadline) throws(EtcdFailure) -> EtcdHTTPHead {
         while true {
-            let count = chunk.withUnsafeMutableBytes { raw in
+            let parsed: (head: EtcdHTTPHead, size: Int)?
+            do {
+                parsed = try EtcdHTTPHead.parse(inbox[inboxStart...], limits: limits)
+            } catch {
+                throw .invalid(endpoint, error.description)
+            }
+            if let parsed {
+                inboxStart += parsed.size
+                if parsed.head.status >= 200 { return parsed.head }
+                continue
+            }
+            try receive(until: deadline, doing: "the answer's head")
+        }
+    }
+
+    /// The body `head` announces, whole, within the answer limit.
+    private func readBody(_ head: EtcdHTTPHead, deadline: EtcdDeadline) throws(EtcdFailure) -> [UInt8] {
+        clean = false
+        var body: [UInt8] = []
+        switch head.framing {
+        case .length(let count):
+            while inbox.count - inboxStart < count { try receive(until: deadline, doing: "the answer") }
+            body = Array(inbox[inboxStart..<inboxStart + count])
+            inboxStart += count
+        case .chunked:
+            var decoder = EtcdChunkDecoder(limits: limits, bodyLimit: limits.answerBytes)
+            while true {
+                do {
+                    inboxStart += try decoder.decode(inbox[inboxStart...], into: &body)
+                } catch {
+                    throw .invalid(endpoint, error.description)
+                }
+                if decoder.isDone { break }
+                try receive(until: deadline, doing: "the answer")
+            }
+        case .untilClose:
+            while true {
+                do {
+                    try receive(until: deadline, doing: "the answer")
+                } catch .connection(_, let why) where why == Self.closed {
+                    break
+                }
+                guard inbox.count - inboxStart <= limits.answerBytes else {
+                    throw .invalid(endpoint, EtcdWireError.tooLarge("the answer", limit: limits.answerBytes).description)
+                }
+            }
+            body = Array(inbox[inboxStart...])
+            inboxStart = inbox.count
+            return body
+        }
+        // Bytes past the answer were not asked for: the connection is not used again.
+        clean = head.keepsConnection && inboxStart == inbox.count
+        return body
+    }
+
+    private static let closed = "the connection was closed"
+
+    /// Receives what has arrived (waiting for it until `deadline`) into the inbox.
+    private func receive(until deadline: EtcdDeadline, doing what: String) throws(EtcdFailure) {
+        if inboxStart > 0, inboxStart == inbox.count || inboxStart > 65_536 {
+            inbox.removeFirst(inboxStart)
+            inboxStart = 0
+        }
+        while true {
+            let count = receiveBuffer.withUnsafeMutableBytes { raw in
                 session.map { fc_tls_read($0, raw.baseAddress, raw.count) } ?? recv(fd, raw.baseAddress, raw.count, 0)
             }
             if count > 0 {
-                buffer += chunk[..<count]
+                inbox += receiveBuffer[..<count]
                 return
             }
-            if count == 0 { throw .connection(endpoint, "the connection was closed") }
+            if count == 0 { throw .connection(endpoint, Self.closed) }
+            if session != nil, count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
+                try wait(count == Int(FC_TLS_WANT_READ) ? POLLIN : POLLOUT, until: deadline, doing: what)
+                continue
+            }
             if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { throw .connection(endpoint, "no answer in time") }
+            if session == nil, errno == EAGAIN || errno == EWOULDBLOCK {
+                try wait(POLLIN, until: deadline, doing: what)
+                continue
+            }
             if session != nil, errno == EPROTO {
                 // With TLS 1.3 a server that refuses the client learns it only now.
                 throw .connection(endpoint, "the server ended the TLS session (does it require a client certificate?)")
             }
             throw .connection(endpoint, "receive failed: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// Waits until the socket is ready for `events`, or throws when `deadline` passes.
+    private func wait(_ events: Int32, until deadline: EtcdDeadline, doing what: String) throws(EtcdFailure) {
+        var target = pollfd(fd: fd, events: Int16(events), revents: 0)
+        while true {
+            let ready = poll(&target, 1, deadline.milliseconds)
+            if ready > 0 { return }
+            if ready < 0, errno == EINTR { continue }
+            if ready < 0 { throw .connection(endpoint, "poll failed: \(String(cString: strerror(errno)))") }
+            throw .connection(endpoint, "\(what) did not come within \(deadline.allowed)")
         }
     }
 
@@ -278,47 +361,18 @@ final class EtcdConnection: @unchecked Sendable {
         return String(decoding: body.prefix(200), as: UTF8.self)
     }
 
-    private static func timeval(_ duration: Duration) -> Glibc.timeval {
-        let (seconds, attoseconds) = duration.components
-        return Glibc.timeval(tv_sec: Int(seconds), tv_usec: Int(attoseconds / 1_000_000_000_000))
-    }
-
-    /// A non-blocking connect bounded by `timeout`; the reason on failure.
+    /// A non-blocking connect bounded by `deadline`; the reason on failure.
     private static func connect(_ socket: Int32, _ address: UnsafeMutablePointer<sockaddr>?, _ length: socklen_t,
-                                timeout: Duration) -> String? {
-        let flags = fcntl(socket, F_GETFL)
-        _ = fcntl(socket, F_SETFL, flags | O_NONBLOCK)
-        defer { _ = fcntl(socket, F_SETFL, flags) }
+                                deadline: EtcdDeadline) -> String? {
         if Glibc.connect(socket, address, length) == 0 { return nil }
         guard errno == EINPROGRESS else { return String(cString: strerror(errno)) }
         var target = pollfd(fd: socket, events: Int16(POLLOUT), revents: 0)
-        let milliseconds = Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
         var ready: Int32
-        repeat { ready = poll(&target, 1, milliseconds) } while ready < 0 && errno == EINTR
-        if ready == 0 { return "no connection within \(timeout)" }
+        repeat { ready = poll(&target, 1, deadline.milliseconds) } while ready < 0 && errno == EINTR
+        if ready == 0 { return "no connection within \(deadline.allowed)" }
         var failure: Int32 = 0
         var size = socklen_t(MemoryLayout<Int32>.size)
         getsockopt(socket, SOL_SOCKET, SO_ERROR, &failure, &size)
         return failure == 0 ? nil : String(cString: strerror(failure))
     }
-}
-
-/// A TLS context for the etcd space's connections: the CA to trust, and the client's
-/// certificate and key when etcd asks for one. OpenSSL is loaded when the first is made.
-final class EtcdTLS: @unchecked Sendable {
-    /// The OpenSSL context; used from several threads, which OpenSSL allows once it is set up.
-    let context: UnsafeMutableRawPointer
-
-    /// Why TLS cannot be set up (OpenSSL missing, a file that is not what it should be).
-    struct Failure: Error { let message: String }
-
-    init(caFile: String?, certificateFile: String?, keyFile: String?) throws(Failure) {
-        var error = [CChar](repeating: 0, count: 256)
-        guard let context = fc_tls_context(caFile, certificateFile, keyFile, &error, error.count) else {
-            throw Failure(message: EtcdConnection.text(error))
-        }
-        self.context = context
-    }
-
-    deinit { fc_tls_free_context(context) }
 }

@@ -45,6 +45,10 @@ public final class EtcdCoordinationSpace: Sendable {
         public var password: String?
         /// TLS to etcd, when its client port serves TLS; nil for plain HTTP.
         public var tls: TLS?
+        /// The largest answer, and the largest watch message, accepted from etcd (bytes;
+        /// at least 64 KiB). A range over a space with tens of thousands of claims or
+        /// presenters can need more than the default 16 MiB.
+        public var maxAnswerBytes: Int
 
         /// TLS settings: the CA that signed the members' certificates (nil: the system's
         /// CAs), and this client's certificate and key when etcd checks clients
@@ -69,7 +73,7 @@ public final class EtcdCoordinationSpace: Sendable {
         /// A configuration; `leaseTTL` is rounded up to whole seconds (etcd's unit).
         public init(endpoints: [String], prefix: String = "filecoord", root: FilePath = "/",
                     leaseTTL: Duration = .seconds(5), connectTimeout: Duration = .seconds(5),
-                    user: String? = nil, password: String? = nil, tls: TLS? = nil) {
+                    user: String? = nil, password: String? = nil, tls: TLS? = nil, maxAnswerBytes: Int = 16 << 20) {
             self.endpoints = endpoints
             self.prefix = prefix
             self.root = root
@@ -78,6 +82,7 @@ public final class EtcdCoordinationSpace: Sendable {
             self.user = user
             self.password = password
             self.tls = tls
+            self.maxAnswerBytes = maxAnswerBytes
         }
 
         /// Parses a space address `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`; `etcds://` is
@@ -221,8 +226,10 @@ public final class EtcdCoordinationSpace: Sendable {
                                         message: "TLS to etcd cannot be set up: \(error.message)")
         }
         let auth = configuration.user.map { EtcdAuth(user: $0, password: configuration.password ?? "") }
+        var limits = EtcdLimits()
+        limits.answerBytes = max(64 << 10, configuration.maxAnswerBytes)
         let client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
-                                retryLimit: configuration.connectTimeout, auth: auth, tls: tls)
+                                retryLimit: configuration.connectTimeout, auth: auth, tls: tls, limits: limits)
         do {
             let grantSentAt = ContinuousClock.now
             let lease = try await client.call("/v3/lease/grant", EtcdJSON.LeaseGrantRequest(TTL: String(ttlSeconds)),
@@ -259,6 +266,9 @@ public final class EtcdCoordinationSpace: Sendable {
         case .connection:
             FileCoordinationError(code: .unreachable, path: nil, operation: operation,
                                   message: "no etcd member answered at \(endpoints.joined(separator: ",")) (\(failure))")
+        case .invalid:
+            FileCoordinationError(code: .io, path: nil, operation: operation,
+                                  message: "no etcd member at \(endpoints.joined(separator: ",")) gave an answer this client accepts (\(failure))")
         case .answer(_, let message) where message.contains("user name is empty"):
             FileCoordinationError(code: .permissionDenied, path: nil, operation: operation,
                                   message: "\(failure) (etcd's authentication is on: name a user, in the CLI with FILECOORD_ETCD_USER and FILECOORD_ETCD_PASSWORD)")

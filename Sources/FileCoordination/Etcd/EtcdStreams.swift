@@ -47,7 +47,7 @@ final class EtcdWatch: Sendable {
         while !state.withLock({ $0.cancelled }) {
             do {
                 let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count],
-                                                    timeout: client.connectTimeout, readTimeout: nil, tls: client.tls)
+                                                    deadline: EtcdDeadline(client.connectTimeout), tls: client.tls, limits: client.limits)
                 guard state.withLock({ state in
                     state.connection = connection
                     return !state.cancelled
@@ -55,10 +55,13 @@ final class EtcdWatch: Sendable {
                 let request = EtcdJSON.WatchCreate(create_request: .init(
                     key: EtcdJSON.base64(prefix), range_end: EtcdJSON.base64(EtcdJSON.prefixEnd(prefix)),
                     start_revision: String(next), filters: events == .deletions ? ["NOPUT"] : events == .puts ? ["NODELETE"] : nil))
-                try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.auth?.token(on: connection))
-                while let chunk = try connection.nextChunk() {
+                let started = EtcdDeadline(client.connectTimeout)
+                try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.auth?.token(on: connection, deadline: started),
+                                           deadline: started)
+                while let messages = try connection.nextMessages(by: EtcdDeadline(.seconds(86_400 * 365))) {
+                  for message in messages {
                     failingSince = nil
-                    guard let answer = try? EtcdJSON.decode(EtcdJSON.WatchResponse.self, chunk) else { continue }
+                    guard let answer = try? EtcdJSON.decode(EtcdJSON.WatchResponse.self, message) else { continue }
                     if let error = answer.error {
                         throw EtcdFailure.answer(500, error.cancel_reason ?? "the watch failed")
                     }
@@ -73,6 +76,7 @@ final class EtcdWatch: Sendable {
                         if state.withLock({ $0.cancelled }) { return }
                         handle(events)
                     }
+                  }
                 }
                 throw EtcdFailure.connection(connection.endpoint, "the watch ended")
             } catch {
@@ -181,9 +185,7 @@ final class EtcdLeaseKeeper: Sendable {
                 // Each keep-alive is its own streamed call: one request, one answer. A member
                 // that holds it (a follower whose leader just died) is given a third of the
                 // TTL, then the next one is tried.
-                let answer = try EtcdClient.perform("/v3/lease/keepalive", body, on: &connection, endpoints: client.endpoints,
-                                                    connectTimeout: attempt, retryLimit: attempt, readTimeout: attempt,
-                                                    auth: client.auth, tls: client.tls)
+                let answer = try client.perform("/v3/lease/keepalive", body, on: &connection, tryTimeout: attempt, retryLimit: attempt)
                 let message = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer))
                 // An error (no leader during an election, say) is not an answer about the
                 // lease: tried again until the TTL runs out.
