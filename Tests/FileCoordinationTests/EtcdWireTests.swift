@@ -100,4 +100,22 @@ struct EtcdWireTests {
         var splitter = EtcdMessageSplitter(limit: 4)
         #expect(throws: EtcdWireError.tooLarge("a watch message", limit: 4)) { try splitter.messages(Array("abc".utf8)[...] + Array("de".utf8)) }
     }
+
+    @Test("a watch message is events (with the last revision), progress, created, cancelled or a failure; anything else is refused")
+    func watchMessages() throws {
+        func decode(_ text: String) throws(EtcdWireError) -> EtcdWatchMessage { try EtcdWatchMessage.decode(Array(text.utf8)) }
+        guard case .created = try decode(#"{"result":{"header":{"revision":"3"},"created":true}}"#) else { Issue.record("not created"); return }
+        guard case .events(let events, let last) = try decode(
+            #"{"result":{"header":{"revision":"9"},"events":[{"type":"DELETE","kv":{"key":"YQ==","mod_revision":"8"}},{"kv":{"mod_revision":"7"}}]}}"#)
+        else { Issue.record("not events"); return }
+        #expect(events.count == 2 && last == 8)
+        guard case .progress(12) = try decode(#"{"result":{"header":{"revision":"12"}}}"#) else { Issue.record("not progress"); return }
+        guard case .canceled = try decode(#"{"result":{"canceled":true,"compact_revision":"5"}}"#) else { Issue.record("not cancelled"); return }
+        guard case .failure(14, "etcdserver: no leader") = try decode(
+            #"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader","http_status":"Service Unavailable"}}"#)
+        else { Issue.record("not a failure"); return }
+        for bad in ["", "{", "[]", #"{"result":{}}"#, #"{"result":{"header":{"revision":"x"}}}"#, "{\"result\":\u{1}}"] {
+            #expect(throws: EtcdWireError.self, "\(bad.debugDescription)") { try decode(bad) }
+        }
+    }
 }

@@ -10,7 +10,9 @@ final class EtcdServer: Sendable {
     let process: LineProcess
     let scratch: Scratch
 
-    var endpoint: String { "127.0.0.1:\(clientPort)" }
+    /// The address it serves clients at, and the one its peers reach it at.
+    let clientHost: String
+    var endpoint: String { "\(clientHost):\(clientPort)" }
     /// A space address on this server, under `prefix`.
     func address(_ prefix: String) -> String { "etcd://\(endpoint)/\(prefix)" }
 
@@ -18,9 +20,14 @@ final class EtcdServer: Sendable {
     /// and returns once it serves clients (its log says so). Ports chosen here are chosen
     /// again when another process took one first (a port is free when chosen, and the
     /// suites start servers in parallel).
+    ///
+    /// `clientHost` and `peerHost` are the addresses it listens at (loopback unless given);
+    /// `network`, a network namespace it runs in.
     init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil,
-         alsoListeningOn extra: String? = nil, tls: TestCertificates? = nil) async throws {
+         alsoListeningOn extra: String? = nil, tls: TestCertificates? = nil,
+         clientHost: String = "127.0.0.1", peerHost: String = "127.0.0.1", network: NetworkHost? = nil) async throws {
         self.name = name
+        self.clientHost = clientHost
         var attempt = 0
         while true {
             attempt += 1
@@ -33,7 +40,8 @@ final class EtcdServer: Sendable {
             // thousands of writes while other suites use the same disk. What it keeps is thrown
             // away after the test in any case.
             let scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
-            let process = try Self.start(name: name, ports: ports, cluster: cluster, extra: extra, tls: tls, dataDirectory: scratch.path + "/data")
+            let process = try Self.start(name: name, ports: ports, hosts: (clientHost, peerHost), cluster: cluster, extra: extra, tls: tls,
+                                         network: network, dataDirectory: scratch.path + "/data")
             var log: [String] = []
             var portTaken = false
             for await line in process.lines {
@@ -51,16 +59,16 @@ final class EtcdServer: Sendable {
         }
     }
 
-    private static func start(name: String, ports: (client: Int, peer: Int), cluster: String?, extra: String?,
-                              tls: TestCertificates?, dataDirectory: String) throws -> LineProcess {
+    private static func start(name: String, ports: (client: Int, peer: Int), hosts: (client: String, peer: String), cluster: String?,
+                              extra: String?, tls: TestCertificates?, network: NetworkHost?, dataDirectory: String) throws -> LineProcess {
         let scheme = tls == nil ? "http" : "https"
         var arguments = [
             "--name", name, "--data-dir", dataDirectory,
-            "--listen-client-urls", "\(scheme)://127.0.0.1:\(ports.client)" + (extra.map { ",\(scheme)://\($0):\(ports.client)" } ?? ""),
-            "--advertise-client-urls", "\(scheme)://127.0.0.1:\(ports.client)",
-            "--listen-peer-urls", "http://127.0.0.1:\(ports.peer)",
-            "--initial-advertise-peer-urls", "http://127.0.0.1:\(ports.peer)",
-            "--initial-cluster", cluster ?? "\(name)=http://127.0.0.1:\(ports.peer)",
+            "--listen-client-urls", "\(scheme)://\(hosts.client):\(ports.client)" + (extra.map { ",\(scheme)://\($0):\(ports.client)" } ?? ""),
+            "--advertise-client-urls", "\(scheme)://\(hosts.client):\(ports.client)",
+            "--listen-peer-urls", "http://\(hosts.peer):\(ports.peer)",
+            "--initial-advertise-peer-urls", "http://\(hosts.peer):\(ports.peer)",
+            "--initial-cluster", cluster ?? "\(name)=http://\(hosts.peer):\(ports.peer)",
             "--initial-cluster-state", "new", "--initial-cluster-token", "filecoord-test",
             "--logger", "zap", "--log-outputs", "stdout",
             // The least bcrypt cost: the authentication test adds a user and checks its
@@ -71,6 +79,7 @@ final class EtcdServer: Sendable {
             arguments += ["--cert-file", tls.serverCertificate, "--key-file", tls.serverKey,
                           "--trusted-ca-file", tls.ca, "--client-cert-auth"]
         }
+        if let network { return try LineProcess(network.command([binary] + arguments), executable: "/usr/sbin/ip") }
         return try LineProcess(arguments, executable: binary)
     }
 
@@ -147,37 +156,48 @@ final class SharedVolume: Sendable {
     }
 }
 
-/// A host with a network of its own: a network namespace joined to this one by a veth
-/// link (`ip`, from iproute2), with addresses on a /30 of its own. Made and removed by the
-/// test; ``cut()`` takes the link down, a partition.
+/// A host with a network of its own: a network namespace joined to this one by veth
+/// links (`ip`, from iproute2), each with addresses on a /30 of its own. Made and removed
+/// by the test; ``cut(_:)`` takes a link down, a partition.
 final class NetworkHost: Sendable {
     let name: String
-    /// This side's address (where a server for the host listens), and the host's.
-    let outside: String
-    let inside: String
-    private let link: String
+    /// Each link's address on this side (where a server for the host listens), and the host's.
+    let outsides: [String]
+    let insides: [String]
+    private let links: [String]
+    /// The first link's addresses.
+    var outside: String { outsides[0] }
+    var inside: String { insides[0] }
 
-    init() async throws {
+    init(links count: Int = 1) async throws {
         let tag = String(UInt32.random(in: 0 ..< .max), radix: 16)
         name = "fc-\(tag)"
-        link = "fch\(tag.prefix(8))"
-        let subnet = Int.random(in: 1 ..< 250)
-        outside = "10.213.\(subnet).1"
-        inside = "10.213.\(subnet).2"
-        let peer = "fcn\(tag.prefix(8))"
-        let script = """
-            set -e
-            ip netns add \(name)
-            ip link add \(link) type veth peer name \(peer)
-            ip link set \(peer) netns \(name)
-            ip addr add \(outside)/30 dev \(link)
-            ip link set \(link) up
-            ip netns exec \(name) ip addr add \(inside)/30 dev \(peer)
-            ip netns exec \(name) ip link set \(peer) up
-            ip netns exec \(name) ip link set lo up
-            """
+        let first = Int.random(in: 1 ..< 250 - count)
+        var script = "set -e\nip netns add \(name)\nip netns exec \(name) ip link set lo up\n"
+        var (outsides, insides, links) = ([String](), [String](), [String]())
+        for index in 0..<count {
+            let link = "fch\(tag.prefix(7))\(index)"
+            let peer = "fcn\(tag.prefix(7))\(index)"
+            let (outside, inside) = ("10.213.\(first + index).1", "10.213.\(first + index).2")
+            script += """
+                ip link add \(link) type veth peer name \(peer)
+                ip link set \(peer) netns \(name)
+                ip addr add \(outside)/30 dev \(link)
+                ip link set \(link) up
+                ip netns exec \(name) ip addr add \(inside)/30 dev \(peer)
+                ip netns exec \(name) ip link set \(peer) up
+
+                """
+            outsides.append(outside)
+            insides.append(inside)
+            links.append(link)
+        }
+        (self.outsides, self.insides, self.links) = (outsides, insides, links)
         let made = try await run("/bin/sh", ["-c", script])
-        guard made.status == 0 else { throw NetworkHostFailed(description: "cannot make a network namespace: \(made.errorText)") }
+        guard made.status == 0 else {
+            await remove()
+            throw NetworkHostFailed(description: "cannot make a network namespace: \(made.errorText)")
+        }
     }
 
     struct NetworkHostFailed: Error, CustomStringConvertible { var description: String }
@@ -185,15 +205,15 @@ final class NetworkHost: Sendable {
     /// `arguments` as a command run in the host's network.
     func command(_ arguments: [String]) -> [String] { ["netns", "exec", name] + arguments }
 
-    /// Takes the link down: the host can no longer reach this side.
-    func cut() async throws {
-        _ = try await run("/usr/sbin/ip", ["link", "set", link, "down"])
+    /// Takes link `index` down: the host can no longer reach this side through it.
+    func cut(_ index: Int = 0) async throws {
+        _ = try await run("/usr/sbin/ip", ["link", "set", links[index], "down"])
     }
 
-    /// Removes the namespace (and with it the link).
+    /// Removes the namespace (and with it the links).
     func remove() async {
         _ = try? await run("/usr/sbin/ip", ["netns", "del", name])
-        _ = try? await run("/usr/sbin/ip", ["link", "del", link])
+        for link in links { _ = try? await run("/usr/sbin/ip", ["link", "del", link]) }
     }
 }
 

@@ -127,6 +127,7 @@ final class EtcdConnection: @unchecked Sendable {
             }
             var one: Int32 = 1
             setsockopt(socket, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+            Self.keepAlive(socket)
             fd = socket
             if let tls {
                 var error = [CChar](repeating: 0, count: 256)
@@ -216,7 +217,10 @@ final class EtcdConnection: @unchecked Sendable {
     // MARK: The wire
 
     private func send(_ path: String, _ body: [UInt8], token: String?, deadline: EtcdDeadline) throws(EtcdFailure) {
+        // `hasleader`: a member that has lost its leader refuses the call at once, and ends
+        // a watch, rather than hold it (etcd's gRPC metadata, through the gateway).
         var request = "POST \(path) HTTP/1.1\r\nHost: \(endpoint)\r\nContent-Type: application/json\r\nContent-Length: \(body.count)\r\n"
+        request += "Grpc-Metadata-Hasleader: true\r\n"
         if let token { request += "Authorization: \(token)\r\n" }
         request += "\r\n"
         let bytes = Array(request.utf8) + body
@@ -359,6 +363,17 @@ final class EtcdConnection: @unchecked Sendable {
         struct Answer: Decodable { var message: String?; var error: String? }
         if let answer = try? EtcdJSON.decode(Answer.self, body), let text = answer.message ?? answer.error { return text }
         return String(decoding: body.prefix(200), as: UTF8.self)
+    }
+
+    /// TCP keep-alives on a quiet connection: the first probe after 5 s of silence, then
+    /// every 2 s; after 3 unanswered the kernel ends the connection (a peer gone without a
+    /// word, as behind a partition, is noticed within some 11 s).
+    private static func keepAlive(_ socket: Int32) {
+        for (level, option, value) in [(SOL_SOCKET, SO_KEEPALIVE, 1), (Int32(IPPROTO_TCP), TCP_KEEPIDLE, 5),
+                                       (Int32(IPPROTO_TCP), TCP_KEEPINTVL, 2), (Int32(IPPROTO_TCP), TCP_KEEPCNT, 3)] {
+            var setting = Int32(value)
+            setsockopt(socket, level, option, &setting, socklen_t(MemoryLayout<Int32>.size))
+        }
     }
 
     /// A non-blocking connect bounded by `deadline`; the reason on failure.

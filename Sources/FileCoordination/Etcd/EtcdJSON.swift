@@ -124,6 +124,10 @@ enum EtcdJSON {
             var range_end: String?
             var start_revision: String?
             var filters: [String]?
+            /// etcd then says, every so often on a quiet watch, the revision it has sent
+            /// every event up to (`--experimental-watch-progress-notify-interval`, 10 min by
+            /// default in etcd 3.4).
+            var progress_notify: Bool?
         }
         var create_request: Create
     }
@@ -141,7 +145,13 @@ enum EtcdJSON {
             var type: String?
             var kv: KeyValue?
         }
+        /// How the gateway ends a stream that failed (`{"error":{"grpc_code":14,...}}`).
+        struct StreamError: Decodable, Sendable {
+            var grpc_code: Int?
+            var http_code: Int?
+            var message: String?
+        }
         var result: Result?
-        var error: Result?
+        var error: StreamError?
     }
 }

@@ -5,7 +5,13 @@ import Synchronization
 /// A watch on the keys under a prefix, from a revision on, on a thread and a connection
 /// of its own (the gateway streams one watch per HTTP request). When a member goes away
 /// the watch resumes on another from the revision after the last one it delivered, so no
-/// event is lost to a failover.
+/// event is lost to a failover; so it does after a message it cannot decode.
+///
+/// A dead connection or a member cut off from the majority is noticed: the watch asks
+/// for a leader (a member without one ends the stream after three election timeouts,
+/// and refuses new ones), TCP keep-alives probe a quiet connection, and a stream that
+/// brings nothing (no event, no progress notification) for ``idleLimit`` is started
+/// again from its last revision, which a member that no longer answers fails.
 final class EtcdWatch: Sendable {
     private struct State {
         var connection: EtcdConnection?
@@ -15,6 +21,10 @@ final class EtcdWatch: Sendable {
 
     /// Which events a watch delivers.
     enum Events: Sendable { case all, deletions, puts }
+
+    /// How long a stream may bring nothing before it is started again: four times the
+    /// client's connect timeout.
+    static func idleLimit(_ client: EtcdClient) -> Duration { client.connectTimeout * 4 }
 
     /// Watches the keys under `prefix` from `revision`; `handle` gets each batch of events
     /// on the watch's thread. `failed` is called once if the watch cannot go on (no member
@@ -44,39 +54,50 @@ final class EtcdWatch: Sendable {
         var next = revision
         var member = 0
         var failingSince: ContinuousClock.Instant?
+        let idle = Self.idleLimit(client)
         while !state.withLock({ $0.cancelled }) {
             do {
-                let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count],
-                                                    deadline: EtcdDeadline(client.connectTimeout), tls: client.tls, limits: client.limits)
+                let started = EtcdDeadline(client.connectTimeout)
+                let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count], deadline: started,
+                                                    tls: client.tls, limits: client.limits)
                 guard state.withLock({ state in
                     state.connection = connection
                     return !state.cancelled
                 }) else { return }
                 let request = EtcdJSON.WatchCreate(create_request: .init(
                     key: EtcdJSON.base64(prefix), range_end: EtcdJSON.base64(EtcdJSON.prefixEnd(prefix)),
-                    start_revision: String(next), filters: events == .deletions ? ["NOPUT"] : events == .puts ? ["NODELETE"] : nil))
-                let started = EtcdDeadline(client.connectTimeout)
+                    start_revision: String(next), filters: events == .deletions ? ["NOPUT"] : events == .puts ? ["NODELETE"] : nil,
+                    progress_notify: true))
                 try connection.startStream("/v3/watch", try EtcdJSON.encode(request), token: client.auth?.token(on: connection, deadline: started),
                                            deadline: started)
-                while let messages = try connection.nextMessages(by: EtcdDeadline(.seconds(86_400 * 365))) {
-                  for message in messages {
-                    failingSince = nil
-                    guard let answer = try? EtcdJSON.decode(EtcdJSON.WatchResponse.self, message) else { continue }
-                    if let error = answer.error {
-                        throw EtcdFailure.answer(500, error.cancel_reason ?? "the watch failed")
+                while let messages = try connection.nextMessages(by: EtcdDeadline(idle)) {
+                    for bytes in messages {
+                        let message: EtcdWatchMessage
+                        do {
+                            message = try EtcdWatchMessage.decode(bytes)
+                        } catch {
+                            // Its events, if it had any, come again from `next`.
+                            throw EtcdFailure.invalid(connection.endpoint, error.description)
+                        }
+                        switch message {
+                        case .created:
+                            failingSince = nil
+                        case .progress(let revision):
+                            failingSince = nil
+                            next = max(next, revision + 1)
+                        case .events(let batch, let last):
+                            failingSince = nil
+                            if let last { next = max(next, last + 1) }
+                            if state.withLock({ $0.cancelled }) { return }
+                            handle(batch)
+                        case .canceled(let reason):
+                            // Compacted past `next`: what was missed cannot be had.
+                            failed(.answer(410, reason))
+                            return
+                        case .failure(_, let why):
+                            throw EtcdFailure.answer(503, why)
+                        }
                     }
-                    guard let result = answer.result else { continue }
-                    if result.canceled == true {
-                        // Compacted past `next`: what was missed cannot be had.
-                        failed(.answer(410, result.cancel_reason ?? "the watch was cancelled by etcd"))
-                        return
-                    }
-                    if let events = result.events, !events.isEmpty {
-                        if let last = events.last?.kv?.mod_revision.flatMap(Int64.init) { next = last + 1 }
-                        if state.withLock({ $0.cancelled }) { return }
-                        handle(events)
-                    }
-                  }
                 }
                 throw EtcdFailure.connection(connection.endpoint, "the watch ended")
             } catch {
