@@ -118,4 +118,24 @@ struct EtcdWireTests {
             #expect(throws: EtcdWireError.self, "\(bad.debugDescription)") { try decode(bad) }
         }
     }
+
+    @Test("an error answer is classed by its code: Unavailable and DeadlineExceeded go to another member, Unauthenticated renews the token, the rest fail")
+    func answerCodes() {
+        func answer(_ status: Int, _ body: String) -> EtcdAnswer { EtcdAnswer.parse(status: status, body: Array(body.utf8)) }
+        let noLeader = answer(503, #"{"error":"etcdserver: no leader","message":"etcdserver: no leader","code":14}"#)
+        #expect(noLeader.code == 14 && noLeader.message == "etcdserver: no leader" && noLeader.isUnavailable && !noLeader.isRefusal)
+        #expect(answer(504, #"{"message":"context deadline exceeded","code":4}"#).isUnavailable)
+        // Words in the message decide nothing.
+        let notFound = answer(404, #"{"message":"etcdserver: requested lease not found on the leader","code":5}"#)
+        #expect(!notFound.isUnavailable && !notFound.isUnauthenticated && !notFound.isRefusal)
+        let expired = answer(401, #"{"message":"etcdserver: token has expired","code":16}"#)
+        #expect(expired.isUnauthenticated && expired.isRefusal && !expired.isUnavailable)
+        #expect(answer(403, #"{"message":"etcdserver: permission denied","code":7}"#).isRefusal)
+        #expect(answer(400, #"{"message":"etcdserver: user name is empty","code":3}"#).isUserMissing)
+        #expect(!answer(400, #"{"message":"etcdserver: key is not provided","code":3}"#).isUserMissing)
+        // No JSON: the status decides, the body is shown.
+        let proxy = answer(502, "<html>Bad Gateway</html>")
+        #expect(proxy.code == nil && proxy.isUnavailable && proxy.message == "<html>Bad Gateway</html>")
+        #expect(!answer(400, "nonsense").isUnavailable)
+    }
 }

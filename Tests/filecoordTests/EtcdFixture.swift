@@ -22,10 +22,11 @@ final class EtcdServer: Sendable {
     /// suites start servers in parallel).
     ///
     /// `clientHost` and `peerHost` are the addresses it listens at (loopback unless given);
-    /// `network`, a network namespace it runs in.
+    /// `network`, a network namespace it runs in; `options`, more of etcd's options.
     init(name: String = "solo", clientPort: Int? = nil, peerPort: Int? = nil, cluster: String? = nil,
          alsoListeningOn extra: String? = nil, tls: TestCertificates? = nil,
-         clientHost: String = "127.0.0.1", peerHost: String = "127.0.0.1", network: NetworkHost? = nil) async throws {
+         clientHost: String = "127.0.0.1", peerHost: String = "127.0.0.1", network: NetworkHost? = nil,
+         options: [String] = []) async throws {
         self.name = name
         self.clientHost = clientHost
         var attempt = 0
@@ -41,7 +42,7 @@ final class EtcdServer: Sendable {
             // away after the test in any case.
             let scratch = Scratch(in: FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm" : NSTemporaryDirectory())
             let process = try Self.start(name: name, ports: ports, hosts: (clientHost, peerHost), cluster: cluster, extra: extra, tls: tls,
-                                         network: network, dataDirectory: scratch.path + "/data")
+                                         network: network, options: options, dataDirectory: scratch.path + "/data")
             var log: [String] = []
             var portTaken = false
             for await line in process.lines {
@@ -60,7 +61,8 @@ final class EtcdServer: Sendable {
     }
 
     private static func start(name: String, ports: (client: Int, peer: Int), hosts: (client: String, peer: String), cluster: String?,
-                              extra: String?, tls: TestCertificates?, network: NetworkHost?, dataDirectory: String) throws -> LineProcess {
+                              extra: String?, tls: TestCertificates?, network: NetworkHost?, options: [String],
+                              dataDirectory: String) throws -> LineProcess {
         let scheme = tls == nil ? "http" : "https"
         var arguments = [
             "--name", name, "--data-dir", dataDirectory,
@@ -79,6 +81,7 @@ final class EtcdServer: Sendable {
             arguments += ["--cert-file", tls.serverCertificate, "--key-file", tls.serverKey,
                           "--trusted-ca-file", tls.ca, "--client-cert-auth"]
         }
+        arguments += options
         if let network { return try LineProcess(network.command([binary] + arguments), executable: "/usr/sbin/ip") }
         return try LineProcess(arguments, executable: binary)
     }
@@ -91,6 +94,30 @@ final class EtcdServer: Sendable {
     func stop() async {
         process.signal(SIGKILL)
         _ = await process.wait()
+    }
+
+    /// Adds user `root` with password `secret` and turns authentication on; the answers
+    /// that were not as expected, if any.
+    func enableAuthentication() async -> [String] {
+        var unexpected: [String] = []
+        for (path, body) in [("/v3/auth/user/add", #"{"name":"root","password":"secret"}"#),
+                             ("/v3/auth/user/grant", #"{"user":"root","role":"root"}"#),
+                             ("/v3/auth/enable", "{}")] {
+            // On a loaded machine etcd can answer "request timed out" (its limit is 7 s) and
+            // still apply the request later: ask again, and take as done "already exists"
+            // (a user added) and "user name is empty" (authentication enabled, so a request
+            // without a user is refused; granting twice is no error).
+            let done = ["already exists", "user name is empty"]
+            var answer = "", retried = false
+            for attempt in 1...4 {
+                answer = String(decoding: await post(self, path, body), as: UTF8.self)
+                retried = attempt > 1
+                if answer.contains("header") || (retried && done.contains { answer.contains($0) }) { break }
+                guard answer.contains("request timed out") else { break }
+            }
+            if !(answer.contains("header") || (retried && done.contains { answer.contains($0) })) { unexpected.append("\(path): \(answer)") }
+        }
+        return unexpected
     }
 }
 

@@ -115,13 +115,13 @@ final class EtcdClient: Sendable {
                     refused.insert(endpoint)
                     next += 1
                     if refused.count == Set(endpoints).count { throw error }
-                case .answer(_, let message) where auth != nil && EtcdAuth.isExpired(message):
-                    // Tokens expire (5 min by default): a new one, and the call again.
+                case .answer(let answer) where auth != nil && answer.isUnauthenticated:
+                    // Tokens expire (5 min unused, by default): a new one, and the call again.
                     auth?.invalidate()
-                case .answer(let status, let message):
-                    // A member without a leader (an election under way) answers 503 or
-                    // says so; another member, or the same one shortly, will do.
-                    guard status >= 500 || message.contains("leader") else { throw error }
+                case .answer(let answer):
+                    // A member without a leader (an election under way, or cut off from
+                    // the majority) says so; another member, or the same one shortly, will do.
+                    guard answer.isUnavailable else { throw error }
                     connection = nil
                     next += 1
                 }
@@ -151,18 +151,21 @@ final class EtcdAuth: Sendable {
         struct Authenticate: Encodable { var name: String; var password: String }
         struct Answer: Decodable { var token: String? }
         let body = (try? EtcdJSON.encode(Authenticate(name: user, password: password))) ?? []
-        let answer = try connection.post("/v3/auth/authenticate", body, token: nil, deadline: deadline)
+        let answer: [UInt8]
+        do {
+            answer = try connection.post("/v3/auth/authenticate", body, token: nil, deadline: deadline)
+        } catch .answer(var refusal) where !refusal.isUnavailable {
+            refusal.refusesCredentials = true
+            throw .answer(refusal)
+        }
         guard let token = (try? EtcdJSON.decode(Answer.self, answer))?.token else {
-            throw .answer(401, "etcd gave no token to user \(user)")
+            throw .answer(EtcdAnswer(status: 200, code: nil, message: "etcd gave no token to user \(user)", refusesCredentials: true))
         }
         current.withLock { $0 = token }
         return token
     }
 
     func invalidate() { current.withLock { $0 = nil } }
-
-    /// Whether etcd's error says the token is no longer valid.
-    static func isExpired(_ message: String) -> Bool { message.contains("invalid auth token") }
 }
 
 /// A thread that runs the closures given to it one by one, in order, and owns the

@@ -46,13 +46,13 @@ enum EtcdFailure: Error, Sendable, CustomStringConvertible {
     /// The member's answer was not one the client accepts (malformed, or past a bound of
     /// ``EtcdLimits``): another member may answer, this one is not asked again.
     case invalid(EtcdEndpoint, String)
-    /// etcd answered with an error (HTTP status, its message).
-    case answer(Int, String)
+    /// etcd answered with an error.
+    case answer(EtcdAnswer)
 
     var description: String {
         switch self {
         case .connection(let endpoint, let why), .invalid(let endpoint, let why): "\(endpoint): \(why)"
-        case .answer(let status, let message): "etcd answered \(status): \(message)"
+        case .answer(let answer): answer.description
         }
     }
 }
@@ -170,12 +170,12 @@ final class EtcdConnection: @unchecked Sendable {
     }
 
     /// One request and its whole answer by `deadline`; etcd's errors are thrown as
-    /// ``EtcdFailure/answer(_:_:)``.
+    /// ``EtcdFailure/answer(_:)``.
     func post(_ path: String, _ body: [UInt8], token: String?, deadline: EtcdDeadline) throws(EtcdFailure) -> [UInt8] {
         try send(path, body, token: token, deadline: deadline)
         let head = try readHead(deadline: deadline)
         let answer = try readBody(head, deadline: deadline)
-        guard head.status == 200 else { throw .answer(head.status, Self.message(answer)) }
+        guard head.status == 200 else { throw .answer(EtcdAnswer.parse(status: head.status, body: answer)) }
         return answer
     }
 
@@ -186,7 +186,7 @@ final class EtcdConnection: @unchecked Sendable {
         let head = try readHead(deadline: deadline)
         guard head.status == 200 else {
             let answer = (try? readBody(head, deadline: deadline)) ?? []
-            throw .answer(head.status, Self.message(answer))
+            throw .answer(EtcdAnswer.parse(status: head.status, body: answer))
         }
         guard head.framing == .chunked else { throw .invalid(endpoint, "the gateway did not stream its answer") }
         clean = false
@@ -356,13 +356,6 @@ final class EtcdConnection: @unchecked Sendable {
     /// A C string written into `buffer`.
     static func text(_ buffer: [CChar]) -> String {
         String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    /// etcd's `{"error": ..., "message": ...}`, or the body as text.
-    private static func message(_ body: [UInt8]) -> String {
-        struct Answer: Decodable { var message: String?; var error: String? }
-        if let answer = try? EtcdJSON.decode(Answer.self, body), let text = answer.message ?? answer.error { return text }
-        return String(decoding: body.prefix(200), as: UTF8.self)
     }
 
     /// TCP keep-alives on a quiet connection: the first probe after 5 s of silence, then

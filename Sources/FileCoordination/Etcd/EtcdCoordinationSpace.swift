@@ -235,7 +235,7 @@ public final class EtcdCoordinationSpace: Sendable {
             let lease = try await client.call("/v3/lease/grant", EtcdJSON.LeaseGrantRequest(TTL: String(ttlSeconds)),
                                               as: EtcdJSON.LeaseGrantResponse.self)
             guard let id = lease.ID.flatMap(Int64.init) else {
-                throw EtcdFailure.answer(500, lease.error ?? "no lease granted")
+                throw EtcdFailure.answer(EtcdAnswer(status: 200, code: nil, message: lease.error ?? "no lease granted"))
             }
             let space = EtcdCoordinationSpace(configuration: configuration, client: client, leaseID: id, host: host,
                                               grantSentAt: grantSentAt)
@@ -269,10 +269,10 @@ public final class EtcdCoordinationSpace: Sendable {
         case .invalid:
             FileCoordinationError(code: .io, path: nil, operation: operation,
                                   message: "no etcd member at \(endpoints.joined(separator: ",")) gave an answer this client accepts (\(failure))")
-        case .answer(_, let message) where message.contains("user name is empty"):
+        case .answer(let answer) where answer.isUserMissing:
             FileCoordinationError(code: .permissionDenied, path: nil, operation: operation,
                                   message: "\(failure) (etcd's authentication is on: name a user, in the CLI with FILECOORD_ETCD_USER and FILECOORD_ETCD_PASSWORD)")
-        case .answer(_, let message) where message.contains("authentication failed") || message.contains("permission denied"):
+        case .answer(let answer) where answer.isRefusal:
             FileCoordinationError(code: .permissionDenied, path: nil, operation: operation, message: "\(failure)")
         case .answer:
             FileCoordinationError(code: .io, path: nil, operation: operation, message: "\(failure)")

@@ -112,7 +112,7 @@ enum EtcdJSON {
     struct LeaseRequest: Encodable, Sendable { var ID: String }
     struct LeaseKeepAliveResponse: Decodable, Sendable {
         struct Result: Decodable, Sendable { var ID: String?; var TTL: String? }
-        struct Failure: Decodable, Sendable { var message: String? }
+        struct Failure: Decodable, Sendable { var grpc_code: Int?; var message: String? }
         var result: Result?
         var error: Failure?
     }

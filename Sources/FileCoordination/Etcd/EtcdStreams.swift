@@ -90,19 +90,24 @@ final class EtcdWatch: Sendable {
                             if let last { next = max(next, last + 1) }
                             if state.withLock({ $0.cancelled }) { return }
                             handle(batch)
-                        case .canceled(let reason):
+                        case .canceled(let compacted, let reason) where compacted:
                             // Compacted past `next`: what was missed cannot be had.
-                            failed(.answer(410, reason))
+                            failed(.answer(EtcdAnswer(status: 410, code: nil, message: reason)))
                             return
-                        case .failure(_, let why):
-                            throw EtcdFailure.answer(503, why)
+                        case .canceled(_, let reason):
+                            // Refused (a token that expired unused while the watch ran): a
+                            // new token, and the watch again.
+                            client.auth?.invalidate()
+                            throw EtcdFailure.answer(EtcdAnswer(status: 200, code: nil, message: reason))
+                        case .failure(let code, let why):
+                            throw EtcdFailure.answer(EtcdAnswer(status: 200, code: code, message: why))
                         }
                     }
                 }
                 throw EtcdFailure.connection(connection.endpoint, "the watch ended")
             } catch {
                 if state.withLock({ $0.cancelled }) { return }
-                if case .answer(_, let message) = error as? EtcdFailure, EtcdAuth.isExpired(message) { client.auth?.invalidate() }
+                if case .answer(let answer) = error as? EtcdFailure, answer.isUnauthenticated { client.auth?.invalidate() }
                 let now = ContinuousClock.now
                 if let since = failingSince, now - since > client.retryLimit {
                     failed(error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)"))
@@ -211,7 +216,8 @@ final class EtcdLeaseKeeper: Sendable {
                 // An error (no leader during an election, say) is not an answer about the
                 // lease: tried again until the TTL runs out.
                 guard let result = message.result else {
-                    throw EtcdFailure.answer(503, message.error?.message ?? "no answer about the lease")
+                    throw EtcdFailure.answer(EtcdAnswer(status: 200, code: message.error?.grpc_code,
+                                                        message: message.error?.message ?? "no answer about the lease"))
                 }
                 guard let ttlLeft = result.TTL.flatMap(Int64.init), ttlLeft > 0 else {
                     isLost.store(true, ordering: .releasing)

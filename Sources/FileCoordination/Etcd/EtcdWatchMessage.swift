@@ -6,8 +6,9 @@ enum EtcdWatchMessage: Sendable {
     case events([EtcdJSON.WatchResponse.Event], last: Int64?)
     /// etcd has sent every event up to this revision (a progress notification).
     case progress(Int64)
-    /// etcd ended the watch: the revision it was to start from was compacted.
-    case canceled(String)
+    /// etcd ended the watch: the revision it was to start from was compacted (`compacted`),
+    /// or it refused the watch (a token no longer valid).
+    case canceled(compacted: Bool, String)
     /// The stream failed (a member that lost its leader ends it so): its gRPC code, if
     /// any, and message.
     case failure(code: Int?, String)
@@ -29,7 +30,9 @@ enum EtcdWatchMessage: Sendable {
         }
         guard let result = answer.result else { throw .malformed("a watch message with neither a result nor an error") }
         if result.canceled == true {
-            return .canceled(result.cancel_reason ?? "the watch was cancelled by etcd (compacted at \(result.compact_revision ?? "?"))")
+            let compaction = result.compact_revision.flatMap(Int64.init) ?? 0
+            return .canceled(compacted: compaction > 0,
+                             result.cancel_reason ?? "the watch was cancelled by etcd (compacted at revision \(compaction))")
         }
         if let events = result.events, !events.isEmpty {
             return .events(events, last: events.compactMap { $0.kv?.mod_revision.flatMap(Int64.init) }.max())
