@@ -17,6 +17,8 @@
 #define FC_SSL_ERROR_WANT_WRITE 3
 #define FC_SSL_ERROR_SYSCALL 5
 #define FC_SSL_ERROR_ZERO_RETURN 6
+#define FC_SSL_CTRL_SET_MIN_PROTO_VERSION 123
+#define FC_TLS1_2_VERSION 0x0303
 
 static struct {
     const void *(*client_method)(void);
@@ -27,6 +29,8 @@ static struct {
     int (*use_chain)(void *, const char *);
     int (*use_key)(void *, const char *, int);
     void (*set_verify)(void *, int, void *);
+    long (*ctx_ctrl)(void *, int, long, void *);
+    int (*check_key)(const void *);
     void *(*ssl_new)(void *);
     void (*ssl_free)(void *);
     int (*set_fd)(void *, int);
@@ -68,6 +72,8 @@ static void load(void) {
     FIND(use_chain, "SSL_CTX_use_certificate_chain_file")
     FIND(use_key, "SSL_CTX_use_PrivateKey_file")
     FIND(set_verify, "SSL_CTX_set_verify")
+    FIND(ctx_ctrl, "SSL_CTX_ctrl")
+    FIND(check_key, "SSL_CTX_check_private_key")
     FIND(ssl_new, "SSL_new")
     FIND(ssl_free, "SSL_free")
     FIND(set_fd, "SSL_set_fd")
@@ -111,8 +117,20 @@ void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key
         return NULL;
     }
     ssl.set_verify(context, FC_SSL_VERIFY_PEER, NULL);
+    // TLS 1.2 at least, whatever the system's OpenSSL configuration allows.
+    if (ssl.ctx_ctrl(context, FC_SSL_CTRL_SET_MIN_PROTO_VERSION, FC_TLS1_2_VERSION, NULL) != 1) {
+        describe("TLS context", "cannot require TLS 1.2", error, size);
+        ssl.ctx_free(context);
+        return NULL;
+    }
     if (ca_file ? ssl.load_verify(context, ca_file, NULL) != 1 : ssl.default_paths(context) != 1) {
         describe(ca_file ? ca_file : "the system's CA certificates", "cannot be loaded", error, size);
+        ssl.ctx_free(context);
+        return NULL;
+    }
+    if ((cert_file == NULL) != (key_file == NULL)) {
+        snprintf(error, size, "%s: a client certificate and its key go together; %s",
+                 cert_file ? cert_file : key_file, cert_file ? "no key was given" : "no certificate was given");
         ssl.ctx_free(context);
         return NULL;
     }
@@ -122,7 +140,17 @@ void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key
         return NULL;
     }
     if (key_file && ssl.use_key(context, key_file, FC_SSL_FILETYPE_PEM) != 1) {
-        describe(key_file, "not the certificate's key", error, size);
+        char what[512];
+        snprintf(what, sizeof what, "%s: not a private key that matches the certificate %s", key_file, cert_file);
+        describe(what, "unreadable", error, size);
+        ssl.ctx_free(context);
+        return NULL;
+    }
+    // A key of another type than the certificate's is taken without a word: checked here,
+    // rather than found out in a handshake that fails.
+    if (key_file && ssl.check_key(context) != 1) {
+        while (ssl.err_get()) {}
+        snprintf(error, size, "%s: the private key does not match the certificate %s", key_file, cert_file);
         ssl.ctx_free(context);
         return NULL;
     }
@@ -136,15 +164,27 @@ void *fc_tls_session(void *context, int fd, const char *host, char *error, size_
         return NULL;
     }
     ssl.err_clear();
-    ssl.set_fd(session, fd);
-    // An IP address is checked against the certificate's IP entries, a name against its
-    // DNS names (and sent as SNI).
-    if (ssl.param_set1_ip_asc(ssl.get0_param(session), host) != 1) {
-        ssl.ctrl(session, FC_SSL_CTRL_SET_TLSEXT_HOSTNAME, FC_TLSEXT_NAMETYPE_host_name, (void *)host);
-        ssl.set1_host(session, host);
+    if (ssl.set_fd(session, fd) != 1) {
+        describe("TLS session", "cannot use the socket", error, size);
+        ssl.ssl_free(session);
+        return NULL;
     }
-    // The calls above may leave errors on the queue (an IP address check on a name):
-    // the handshake's own are the ones to report.
+    // An IP address is checked against the certificate's IP entries; a name against its
+    // DNS names, and sent as SNI (which carries names only). A check that cannot be set
+    // up fails the session: a session without it would take any certificate the CA signed.
+    if (ssl.param_set1_ip_asc(ssl.get0_param(session), host) != 1) {
+        ssl.err_clear();
+        if (ssl.ctrl(session, FC_SSL_CTRL_SET_TLSEXT_HOSTNAME, FC_TLSEXT_NAMETYPE_host_name, (void *)host) != 1) {
+            describe(host, "cannot be sent as the TLS server name (SNI)", error, size);
+            ssl.ssl_free(session);
+            return NULL;
+        }
+        if (ssl.set1_host(session, host) != 1) {
+            describe(host, "cannot be checked against the server's certificate", error, size);
+            ssl.ssl_free(session);
+            return NULL;
+        }
+    }
     ssl.err_clear();
     return session;
 }
@@ -165,8 +205,11 @@ int fc_tls_handshake(void *session, char *error, size_t size) {
     if (reason == FC_SSL_ERROR_WANT_READ) return FC_TLS_WANT_READ;
     if (reason == FC_SSL_ERROR_WANT_WRITE) return FC_TLS_WANT_WRITE;
     long verified = ssl.verify_result(session);
-    if (verified != 0) snprintf(error, size, "TLS handshake: the server's certificate: %s", ssl.verify_string(verified));
-    else describe("TLS handshake", saved ? strerror(saved) : "refused", error, size);
+    if (verified != 0) {
+        snprintf(error, size, "TLS handshake: the server's certificate: %s", ssl.verify_string(verified));
+        return FC_TLS_REFUSED;
+    }
+    describe("TLS handshake", saved ? strerror(saved) : "refused", error, size);
     return -1;
 }
 

@@ -244,8 +244,9 @@ final class NetworkHost: Sendable {
     }
 }
 
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, made by `openssl`
-/// in a scratch directory for one test.
+/// A CA, a server certificate (for 127.0.0.1 unless `serverNames` says otherwise, valid
+/// for a day, or expired since yesterday when `expired`) and a client certificate, made by
+/// `openssl` in a scratch directory for one test; also an RSA key that matches none of them.
 struct TestCertificates: Sendable {
     let directory: Scratch
     var ca: String { directory.path + "/ca.crt" }
@@ -253,8 +254,9 @@ struct TestCertificates: Sendable {
     var serverKey: String { directory.path + "/server.key" }
     var clientCertificate: String { directory.path + "/client.crt" }
     var clientKey: String { directory.path + "/client.key" }
+    var unrelatedKey: String { directory.path + "/unrelated.key" }
 
-    init() async throws {
+    init(serverNames: String = "IP:127.0.0.1", expired: Bool = false) async throws {
         directory = Scratch()
         let script = """
             set -e
@@ -266,13 +268,13 @@ struct TestCertificates: Sendable {
               key $who.key
               openssl req -new -key $who.key -out $who.csr -subj /CN=$who
             done
+            openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out unrelated.key 2>/dev/null
             # etcd's gateway calls its own gRPC server with the server's certificate, which
             # --client-cert-auth then checks as a client's.
-            printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
+            printf 'subjectAltName=\(serverNames)\nextendedKeyUsage=serverAuth,clientAuth\n' > server.ext
             printf 'extendedKeyUsage=clientAuth\n' > client.ext
-            for who in server client; do
-              openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out $who.crt -days 1 -extfile $who.ext 2>/dev/null
-            done
+            openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days \(expired ? -1 : 1) -extfile server.ext 2>/dev/null
+            openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 1 -extfile client.ext 2>/dev/null
             """
         let made = try await run("/bin/sh", ["-c", script])
         guard made.status == 0 else { throw CertificatesFailed(description: "openssl: \(made.errorText)") }

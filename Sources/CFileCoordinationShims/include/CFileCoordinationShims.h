@@ -80,18 +80,23 @@ void fc_tsan_release(void *address);
 /// returns NULL or -1 and writes one line of explanation into `error`.
 ///
 /// A context: the CA bundle to trust (NULL: the system's), and a client certificate and
-/// key (both NULL: none).
+/// key (both NULL: none; one without the other, or a key that does not match the
+/// certificate, is an error). TLS 1.2 at least.
 void *fc_tls_context(const char *ca_file, const char *cert_file, const char *key_file, char *error, size_t size);
 /// Returned by the calls below when they wait for the socket (it is non-blocking): poll
 /// it for reading, or for writing, then call again with the same arguments.
 #define FC_TLS_WANT_READ (-2)
 #define FC_TLS_WANT_WRITE (-3)
+/// Returned by ``fc_tls_handshake`` when the server's certificate is refused (not signed
+/// by a CA trusted, expired, or for another name or address).
+#define FC_TLS_REFUSED (-4)
 /// A TLS session over the connected, non-blocking socket `fd`, its peer to be verified
-/// against `host` (a name or an IP address; a name is also sent as SNI). The handshake
-/// is made by ``fc_tls_handshake``.
+/// against `host` (a name or an IP address; a name is also sent as SNI); NULL when either
+/// cannot be set up. The handshake is made by ``fc_tls_handshake``.
 void *fc_tls_session(void *context, int fd, const char *host, char *error, size_t size);
 /// Advances the handshake: 1 once done, FC_TLS_WANT_READ or FC_TLS_WANT_WRITE while it
-/// waits for the socket, -1 on failure.
+/// waits for the socket, FC_TLS_REFUSED when the server's certificate is refused, -1 on
+/// another failure.
 int fc_tls_handshake(void *session, char *error, size_t size);
 /// As read(2) and write(2) on the non-blocking socket: bytes moved, 0 at the end,
 /// FC_TLS_WANT_READ or FC_TLS_WANT_WRITE while waiting, -1 on failure (errno set).

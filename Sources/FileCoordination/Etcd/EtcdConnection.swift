@@ -139,6 +139,8 @@ final class EtcdConnection: @unchecked Sendable {
                 while true {
                     let step = fc_tls_handshake(session, &error, error.count)
                     if step == 1 { break }
+                    // A certificate refused is the member's, not the network's: not asked again.
+                    if step == FC_TLS_REFUSED { throw .invalid(endpoint, Self.text(error)) }
                     guard step == FC_TLS_WANT_READ || step == FC_TLS_WANT_WRITE else {
                         throw .connection(endpoint, Self.text(error))
                     }

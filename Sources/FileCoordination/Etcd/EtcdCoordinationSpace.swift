@@ -222,7 +222,8 @@ public final class EtcdCoordinationSpace: Sendable {
         switch loaded {
         case .success(let made): tls = made
         case .failure(let error):
-            throw FileCoordinationError(code: .invalidArgument, path: configuration.tls?.caFile, operation: "join",
+            // The message names the file at fault.
+            throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
                                         message: "TLS to etcd cannot be set up: \(error.message)")
         }
         let auth = configuration.user.map { EtcdAuth(user: $0, password: configuration.password ?? "") }
