@@ -19,7 +19,7 @@ struct Exec: AsyncParsableCommand {
             COMMAND: it inherits the descriptors that hold them, so if filecoord is killed \
             they are released when COMMAND (and whatever it passed them on to) ends, as \
             flock(1)'s lock is; if COMMAND dies, filecoord releases them at once. COMMAND inherits the descriptors and ignored signals \
-            filecoord was started with; SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to \
+            filecoord was started with, and its environment but FILECOORD_ETCD_PASSWORD; SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to \
             filecoord by another process are passed on to it (one sent to the whole process \
             group by a process, as `kill -- -PGID` does, so reaches it twice), and the claims \
             are held until it exits. The exit \
@@ -147,9 +147,19 @@ struct ExecSettings: Sendable {
 /// it, and the claims are held until it exits.
 enum Child {
     /// `kept`: descriptors of this process's own to pass on (the claims'), beside those it
-    /// was started with; `adding`: `NAME=value` entries for its environment; `first`: a
+    /// was started with; `adding`: `NAME=value` entries for its environment, which is this
+    /// process's but for ``withheld``; `first`: a
     /// blocking step to take on the I/O thread before the command starts. If the task
     /// is cancelled while it runs (its claims stopped holding), it gets SIGTERM.
+    /// Variables of this process's environment that its command does not get: the etcd
+    /// password is `filecoord`'s to use, not every program's it starts.
+    static let withheld = ["FILECOORD_ETCD_PASSWORD"]
+
+    /// Whether a `NAME=value` entry of `environ` names a withheld variable.
+    static func isWithheld(_ entry: UnsafeMutablePointer<CChar>) -> Bool {
+        withheld.contains { name in "\(name)=".withCString { strncmp(entry, $0, strlen($0)) == 0 } }
+    }
+
     static func run(_ command: [String], keeping kept: [Int32] = [], adding environment: [String] = [],
                     first: (@Sendable () -> Void)? = nil) async throws -> Int32 {
         let arguments = command.map { RawArguments.bytes($0) }
@@ -170,12 +180,11 @@ enum Child {
             var entries = added
             var inherited = environ
             while let entry = inherited.pointee {
-                entries.append(entry)
+                if !Self.isWithheld(entry) { entries.append(entry) }
                 inherited += 1
             }
-            let envp = environment.isEmpty ? nil : entries + [nil]
-            let result = envp.map { fc_spawn_command(&pid, argv[0]!, argv, $0, kept, Int32(kept.count)) }
-                ?? fc_spawn_command(&pid, argv[0]!, argv, environ, kept, Int32(kept.count))
+            var envp = entries + [nil]
+            let result = fc_spawn_command(&pid, argv[0]!, argv, &envp, kept, Int32(kept.count))
             guard result == 0 else {
                 fc_forward_signals_end()
                 return .failure(Errno(rawValue: result))

@@ -69,3 +69,20 @@ struct EtcdSpaceUnitTests {
                                         among: entries) == [Array("d3".utf8), Array("r4".utf8)])
     }
 }
+
+@Suite("etcd space: a configuration's password is never printed")
+struct EtcdConfigurationPrintingTests {
+    @Test("interpolated, reflected or dumped, a configuration shows its user and not its password")
+    func passwordRedacted() throws {
+        var configuration = try EtcdCoordinationSpace.Configuration(address: "etcd://h:1/p")
+        configuration.user = "root"
+        configuration.password = "s3cret-value"
+        var dumped = ""
+        dump(configuration, to: &dumped)
+        for text in ["\(configuration)", String(reflecting: configuration), String(describing: configuration), dumped] {
+            #expect(!text.contains("s3cret-value"), "\(text)")
+            #expect(text.contains("root"), "\(text)")
+        }
+        #expect(configuration.password == "s3cret-value")
+    }
+}

@@ -75,3 +75,24 @@ struct EtcdAnswerCodeTests {
         await server.stop()
     }
 }
+
+/// The etcd password stays with `filecoord`.
+@Suite("etcd space: credentials")
+struct EtcdCredentialTests {
+    @Test("exec does not pass FILECOORD_ETCD_PASSWORD on to its command (the user, and the rest of the environment, it does)",
+          .timeLimit(.minutes(1)))
+    func passwordNotPassedOn() async throws {
+        let etcd = FakeEtcd()
+        let endpoint = try HostileEndpoint { request, peer in
+            if request.path == "/v3/auth/authenticate" { return peer.write(FakeEtcd.http(#"{"header":{},"token":"t"}"#)) }
+            return etcd.serve(request, peer)
+        }
+        let item = Scratch().write("item", "x")
+        let result = try await run(filecoordBinary, ["exec", "--space", "etcd://\(endpoint.endpoint)/credentials", "--write", item, "--",
+                                                     "sh", "-c", "echo \"[$FILECOORD_ETCD_PASSWORD] [$FILECOORD_ETCD_USER] [$OTHER]\""],
+                                   environment: ["FILECOORD_ETCD_USER": "root", "FILECOORD_ETCD_PASSWORD": "s3cret", "OTHER": "kept"])
+        endpoint.stop()
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(result.outputText == "[] [root] [kept]\n")
+    }
+}
