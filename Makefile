@@ -1,13 +1,14 @@
 # FileCoordination: `make demo` runs the main job, `make test` the tests.
 # Both install what they need on a fresh Debian machine with the Swift toolchain.
 SWIFT ?= swift
+SWIFTC ?= $(dir $(realpath $(shell command -v $(SWIFT))))swiftc
 # pipefail: a failing build must not hide behind `| tee`.
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 INOTIFY_HEADER := /usr/include/inotifytools/inotifytools.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-etcd build test grdb-check test-tsan test-asan watch-check soak simulate limits docs demo bench install man install-files static-archives clean
+.PHONY: all deps deps-etcd build test grdb-check test-tsan test-asan fuzz fuzz-merge watch-check soak simulate limits docs demo bench install man install-files static-archives clean
 
 all: build
 
@@ -91,6 +92,30 @@ test-asan: deps
 	@if ls .build-asan/reports/asan.* >/dev/null 2>&1; then cat .build-asan/reports/asan.* | head -80; \
 		echo "make: AddressSanitizer reports (above)"; exit 1; fi
 	@echo "make: no AddressSanitizer report"
+
+# The etcd client's parsers (an answer's head, a chunked body, a watch's messages) under
+# libFuzzer for FUZZ_SECONDS (10 minutes by default): Fuzz/EtcdParsersFuzzer.swift built
+# with the parsers' sources by swiftc -sanitize=fuzzer,address. New inputs go to the
+# working corpus in .build-fuzz/corpus (seeded from Fuzz/corpus), a finding to
+# .build-fuzz/crash-*. `make test` feeds Fuzz/corpus and Fuzz/regressions to the same
+# check (EtcdFuzzCorpusTests). Fuzz/README.md says more. Swift's own backtracer is off:
+# libFuzzer reports the crash and keeps its input.
+FUZZ_SECONDS ?= 600
+FUZZ_SOURCES := $(addprefix Sources/FileCoordination/Etcd/,EtcdWire.swift EtcdJSON.swift EtcdAnswer.swift EtcdWatchMessage.swift EtcdWireCheck.swift) \
+	Fuzz/EtcdParsersFuzzer.swift
+fuzz: .build-fuzz/etcd-parsers
+	@mkdir -p .build-fuzz/corpus
+	SWIFT_BACKTRACE=enable=no .build-fuzz/etcd-parsers -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=Fuzz/etcd-parsers.dict \
+		-artifact_prefix=.build-fuzz/ -print_final_stats=1 .build-fuzz/corpus Fuzz/corpus Fuzz/regressions
+
+.build-fuzz/etcd-parsers: $(FUZZ_SOURCES)
+	@mkdir -p .build-fuzz
+	$(SWIFTC) -sanitize=fuzzer,address -use-ld=lld -parse-as-library -O $(FUZZ_SOURCES) -o $@
+
+# Merges the working corpus into Fuzz/corpus, keeping a small set of short inputs that
+# cover what it covers.
+fuzz-merge: .build-fuzz/etcd-parsers
+	SWIFT_BACKTRACE=enable=no .build-fuzz/etcd-parsers -set_cover_merge=1 -max_len=512 Fuzz/corpus .build-fuzz/corpus
 
 # The watcher's seeded model check at length: 50 seeds of 3,000 steps (some 4 minutes
 # here); a failing seed is printed, and FILECOORD_WATCH_CHECK_SEED=N replays it.
@@ -223,4 +248,4 @@ install-files:
 	$(INSTALL_FROM)/$(CONFIG)/filecoord --generate-completion-script fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/filecoord.fish
 
 clean:
-	rm -rf .build .build-bench .build-static
+	rm -rf .build .build-bench .build-static .build-fuzz
