@@ -86,3 +86,44 @@ struct EtcdConfigurationPrintingTests {
         #expect(configuration.password == "s3cret-value")
     }
 }
+
+@Suite("etcd space: which waits end on which deletions")
+struct EtcdWaitsTests {
+    let a = Array("a".utf8), b = Array("b".utf8), c = Array("c".utf8)
+
+    @Test("a wait ends when its last blocker is deleted; one key can block several; a forgotten wait is not ended")
+    func waitsEnd() {
+        var waits = EtcdWaits()
+        waits.transactionStarts(1)
+        waits.transactionStarts(2)
+        waits.transactionStarts(3)
+        #expect(waits.transactionDone(1, found: [a, b]) == [a, b])
+        #expect(waits.transactionDone(2, found: [b]) == [b])
+        #expect(waits.transactionDone(3, found: [c]) == [c])
+        #expect(waits.deleted([a]).isEmpty)
+        waits.forget(3)
+        #expect(waits.deleted([b, c]) == [1, 2])
+        #expect(waits.waitingRequests.isEmpty)
+    }
+
+    @Test("deletions seen while a transaction is under way count for it, whatever their order; none before it started")
+    func deletionsDuringTheTransaction() {
+        var waits = EtcdWaits()
+        _ = waits.deleted([a])
+        waits.transactionStarts(1)
+        _ = waits.deleted([b])
+        waits.transactionStarts(2)
+        _ = waits.deleted([c])
+        // 1 saw b and c deleted, 2 only c: a was deleted before either started (and a
+        // transaction that still finds it must wait for it).
+        #expect(waits.transactionDone(1, found: [a, b, c]) == [a])
+        #expect(waits.transactionDone(2, found: [b, c]) == [b])
+        #expect(waits.deleted([a, b]) == [1, 2])
+        // With no transaction under way, deletions are not kept.
+        waits.transactionStarts(3)
+        #expect(waits.transactionDone(3, found: [a]) == [a])
+        waits.transactionStarts(4)
+        waits.transactionFailed(4)
+        #expect(waits.deleted([a]) == [3])
+    }
+}

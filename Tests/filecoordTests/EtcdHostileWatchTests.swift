@@ -9,18 +9,18 @@ import TestSupport
 @Suite("etcd space: a hostile endpoint under a watch")
 struct EtcdHostileWatchTests {
     /// An endpoint that answers as etcd, blocks the first claim behind another process's,
-    /// and streams the watch on `claims/` as `script` says (given the number of that watch,
-    /// from 0). Other watches (the presenters') are created and then stay quiet.
+    /// and streams the process's watch (one, on the whole space) as `script` says, given
+    /// the number of the watch request, from 0.
     func endpoint(_ etcd: FakeEtcd, script: @escaping @Sendable (Int, HostileEndpoint.Peer) -> Void) throws -> HostileEndpoint {
-        let claimWatches = Counter()
+        let watches = Counter()
         return try HostileEndpoint { request, peer in
             guard request.path == "/v3/watch" else { return etcd.serve(request, peer) }
             peer.write(FakeEtcd.streamHead)
-            if FakeEtcd.watchedKey(request).contains("/claims/") {
-                script(claimWatches.next(), peer)
-            } else {
-                peer.chunk(Array((etcd.created() + "\n").utf8))
-            }
+            let number = watches.next()
+            // The stream starts when the process joins; the script is about the claim's wait.
+            peer.chunk(Array((etcd.created() + "\n").utf8))
+            etcd.waitForBlockedClaim()
+            script(number, peer)
             peer.waitForClose(seconds: 60)
             return false
         }
@@ -42,11 +42,11 @@ struct EtcdHostileWatchTests {
     func chunksSplitAndJoined() async throws {
         let etcd = FakeEtcd(blockFirstClaim: true)
         let endpoint = try endpoint(etcd) { _, peer in
-            let created = Array((etcd.created() + "\n").utf8)
+            let progress = Array(#"{"result":{"header":{"revision":"1"}}}"#.utf8) + [10]
             let deleted = Array((etcd.blockerDeleted() + "\n").utf8)
-            // The first message and half of the second in one chunk, the rest a byte a chunk.
+            // A message and half of the next in one chunk, the rest a byte a chunk.
             let half = deleted.count / 2
-            peer.chunk(created + deleted[..<half])
+            peer.chunk(progress + deleted[..<half])
             for byte in deleted[half...] { peer.chunk([byte]) }
         }
         let run = try await exec(against: endpoint)
@@ -60,7 +60,6 @@ struct EtcdHostileWatchTests {
     func undecodableMessageResumes() async throws {
         let etcd = FakeEtcd(blockFirstClaim: true)
         let endpoint = try endpoint(etcd) { number, peer in
-            peer.chunk(Array((etcd.created() + "\n").utf8))
             if number == 0 {
                 // The release, mangled; then messages that carry nothing, so that the
                 // stream never goes quiet.
@@ -85,7 +84,6 @@ struct EtcdHostileWatchTests {
     func silentMemberMidWatch() async throws {
         let etcd = FakeEtcd(blockFirstClaim: true)
         let endpoint = try endpoint(etcd) { number, peer in
-            peer.chunk(Array((etcd.created() + "\n").utf8))
             // The first watch hears nothing more; the next one hears the release.
             if number > 0 { peer.chunk(Array((etcd.blockerDeleted() + "\n").utf8)) }
         }

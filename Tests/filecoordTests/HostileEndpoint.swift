@@ -183,7 +183,15 @@ final class FakeEtcd: @unchecked Sendable {
     /// The blocking claim's key, base64 (set once a claim was made).
     private(set) var blockerKey: String?
 
+    private let blocked = DispatchSemaphore(value: 0)
+
     init(blockFirstClaim: Bool = false) { self.blockFirstClaim = blockFirstClaim }
+
+    /// Waits (up to 30 s) until the first claim was answered with the blocking claim
+    /// before it: a release sent after that comes after the claim's transaction.
+    func waitForBlockedClaim() {
+        if blocked.wait(timeout: .now() + 30) == .success { blocked.signal() }
+    }
 
     private func next() -> Int64 {
         lock.withLock {
@@ -215,18 +223,13 @@ final class FakeEtcd: @unchecked Sendable {
                 let folder = prefix.components(separatedBy: "/claims/")[0] + "/claims/"
                 let blocker = Data((folder + "00000000000000ff/0000000000000001").utf8).base64EncodedString()
                 lock.withLock { blockerKey = blocker }
+                blocked.signal()
                 kvs.insert(#"{"key":"\#(blocker)","value":"\#(value)","create_revision":"1","mod_revision":"1"}"#, at: 0)
             }
             return #"{"header":{"revision":"\#(mine)"},"succeeded":true,"responses":[{"response_put":{}},{"response_range":{"kvs":[\#(kvs.joined(separator: ","))]}}]}"#
         default:
             return nil
         }
-    }
-
-    /// The key a watch request watches (decoded).
-    static func watchedKey(_ request: HostileEndpoint.Request) -> String {
-        let create = request.json?["create_request"] as? [String: Any]
-        return String(decoding: Data(base64Encoded: create?["key"] as? String ?? "") ?? Data(), as: UTF8.self)
     }
 
     /// A watch's first message.

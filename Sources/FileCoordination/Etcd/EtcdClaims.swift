@@ -106,8 +106,8 @@ extension EtcdCoordinationSpace {
         }
     }
 
-    /// Puts the request's key and reads every claim in one transaction, then waits
-    /// (watching deletions from the revision read on) for the earlier conflicting ones to go.
+    /// Puts the request's key and reads every claim in one transaction, then waits for
+    /// the earlier conflicting ones to be deleted (the process's watch stream tells).
     func take(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
         if let why = state.withLock({ $0.lostBecause }) { throw lostError(why, path: claims.first?.path) }
         let named = try shared(claims)
@@ -120,10 +120,13 @@ extension EtcdCoordinationSpace {
             .init(request_put: EtcdJSON.PutRequest(key: key, value: try EtcdJSON.encode(record), lease: leaseID)),
             .init(request_range: EtcdJSON.RangeRequest(key: keys.claims, prefix: true)),
         ]
+        // Deletions the stream brings while the transaction is under way count for it.
+        state.withLock { $0.waits.transactionStarts(id) }
         let answer: EtcdJSON.TxnResponse
         do {
             answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
         } catch {
+            state.withLock { $0.waits.transactionFailed(id) }
             // It may have reached etcd before the connection failed: the key must not stay.
             release(key)
             guard let failure = error as? EtcdFailure else { throw error }
@@ -132,16 +135,30 @@ extension EtcdCoordinationSpace {
         let kvs = answer.responses?.last?.response_range?.kvs ?? []
         let all = entries(kvs)
         guard let mine = all.first(where: { $0.key == key }) else {
+            state.withLock { $0.waits.transactionFailed(id) }
             throw FileCoordinationError(code: .io, path: claims.first?.path, operation: "coordinate",
                                         message: "etcd did not keep this process's claim (its lease may be gone)")
         }
-        let blockers = EtcdClaimOrder.blockers(of: named, revision: mine.revision, member: keys.memberName, among: all)
-        if !blockers.isEmpty {
-            let from = (answer.header?.revision.flatMap(Int64.init) ?? mine.revision) + 1
-            // The claim timeout counts from here (`FileCoordinator.setClaimTimeout`).
-            ClaimWait.noteWaiting()
+        let found = EtcdClaimOrder.blockers(of: named, revision: mine.revision, member: keys.memberName, among: all)
+        let waits = state.withLock { state -> Bool in
+            guard !state.waits.transactionDone(id, found: found).isEmpty else { return false }
+            state.waiting[id] = Waiting()
+            return true
+        }
+        if waits {
             do {
-                try await wait(for: blockers, id: id, from: from)
+                // A wait needs the stream: while it is down, none starts.
+                guard hub.isAvailable else {
+                    state.withLock { state in
+                        state.waits.forget(id)
+                        state.waiting[id] = nil
+                    }
+                    throw Self.error(.connection(client.endpoints[0], "the watch on the space is down"), operation: "coordinate",
+                                     endpoints: configuration.endpoints)
+                }
+                // The claim timeout counts from here (`FileCoordinator.setClaimTimeout`).
+                ClaimWait.noteWaiting()
+                try await wait(id)
             } catch {
                 release(key)
                 throw error
@@ -150,30 +167,28 @@ extension EtcdCoordinationSpace {
         state.withLock { $0.held[id] = (key, mine.revision) }
     }
 
-    private func wait(for blockers: Set<[UInt8]>, id: UInt64, from revision: Int64) async throws {
+    /// Suspends until request `id`'s wait (recorded in `waiting`) ends.
+    private func wait(_ id: UInt64) async throws {
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let early: (any Error)? = state.withLock { state in
-                    if let why = state.lostBecause { return lostError(why) }
-                    if state.cancelled.remove(id) != nil { return FileCoordinationError.coordinatorCancelled() }
+                let ready: Result<Void, any Error>? = state.withLock { state in
+                    func end(_ error: any Error) -> Result<Void, any Error> {
+                        state.waits.forget(id)
+                        state.waiting[id] = nil
+                        return .failure(error)
+                    }
+                    if state.cancelled.remove(id) != nil { return end(FileCoordinationError.coordinatorCancelled()) }
                     // Cancelled before it got here (during the transaction, say).
-                    if state.cancelledTasks.remove(id) != nil || Task.isCancelled { return CancellationError() }
-                    state.waiting[id] = Waiting(continuation: continuation, blockers: blockers)
+                    if state.cancelledTasks.remove(id) != nil || Task.isCancelled { return end(CancellationError()) }
+                    guard let waiting = state.waiting[id] else { return .failure(lostError(state.lostBecause ?? "the wait ended")) }
+                    if let outcome = waiting.outcome {
+                        state.waiting[id] = nil
+                        return outcome
+                    }
+                    state.waiting[id]!.continuation = continuation
                     return nil
                 }
-                if let early { return continuation.resume(throwing: early) }
-                let watch = EtcdWatch(client: client, prefix: keys.claims, from: revision, events: .deletions) { [weak self] events in
-                    self?.deleted(events.compactMap { $0.type == "DELETE" ? $0.kv?.keyBytes : nil }, waiting: id)
-                } failed: { [weak self] failure in
-                    guard let self else { return }
-                    finishWait(id, .failure(Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)))
-                }
-                let stillWaiting = state.withLock { state -> Bool in
-                    guard state.waiting[id] != nil else { return false }
-                    state.waiting[id]!.watch = watch
-                    return true
-                }
-                if !stillWaiting { watch.cancel() }
+                if let ready { continuation.resume(with: ready) }
             }
         } onCancel: {
             let registered = state.withLock { state -> Bool in
@@ -196,21 +211,39 @@ extension EtcdCoordinationSpace {
         }
     }
 
-    /// On a watch's thread: keys deleted; the wait ends when none of its blockers is left.
-    private func deleted(_ keys: [[UInt8]], waiting id: UInt64) {
-        let done = state.withLock { state -> Bool in
-            guard state.waiting[id] != nil else { return false }
-            for key in keys { state.waiting[id]!.blockers.remove(key) }
-            return state.waiting[id]!.blockers.isEmpty
-        }
-        if done { finishWait(id, .success(())) }
+    /// The route of deletions under `claims/` on the process's stream, for every wait.
+    func watchClaims() {
+        _ = hub.add(EtcdWatchHub.Route(prefix: keys.claims, events: .deletions) { [weak self] events in
+            self?.deleted(events.compactMap { $0.kv?.keyBytes })
+        } failed: { [weak self] failure in
+            guard let self else { return }
+            // Deletions may be lost meanwhile: every wait fails, as its own watch would have.
+            let waiting = state.withLock { $0.waiting.keys.sorted() }
+            let error = Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)
+            for id in waiting { finishWait(id, .failure(error)) }
+        })
     }
 
-    /// Ends request `id`'s wait, once, with `outcome`.
+    /// On the stream's thread: keys deleted; each wait whose last blocker went ends.
+    private func deleted(_ keys: [[UInt8]]) {
+        let done = state.withLock { $0.waits.deleted(keys) }
+        for id in done { finishWait(id, .success(())) }
+    }
+
+    /// Ends request `id`'s wait, once, with `outcome`: resumes its task, or keeps the
+    /// outcome for it when it is not suspended yet.
     func finishWait(_ id: UInt64, _ outcome: Result<Void, any Error>) {
-        guard let waiting = state.withLock({ $0.waiting.removeValue(forKey: id) }) else { return }
-        waiting.watch?.cancel()
-        waiting.continuation?.resume(with: outcome)
+        let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+            guard let waiting = state.waiting[id], waiting.outcome == nil else { return nil }
+            state.waits.forget(id)
+            if let continuation = waiting.continuation {
+                state.waiting[id] = nil
+                return continuation
+            }
+            state.waiting[id]!.outcome = outcome
+            return nil
+        }
+        continuation?.resume(with: outcome)
     }
 }
 

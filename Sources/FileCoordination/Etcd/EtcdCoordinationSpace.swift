@@ -20,7 +20,8 @@ import Glibc
 /// ```
 ///
 /// A request is granted when no earlier request (by etcd's create revision) of another
-/// process conflicts with it; it waits through a watch for those to be deleted. The rules
+/// process conflicts with it; it waits for those to be deleted, which the process's one
+/// watch stream (``EtcdWatchHub``) tells it of. The rules
 /// are the local ones (readers share, writers exclude, a subtree claim covers what is
 /// inside, a request's items all together or none), and grants are first come, first
 /// served. `docs/distributed.md` has the key layout, the lease and fencing rules, and what
@@ -39,11 +40,14 @@ public final class EtcdCoordinationSpace: Sendable {
     let names: EtcdNames
     let mail: EtcdMail
     let host: String
+    /// Every watch of this process, on one stream.
+    let hub: EtcdWatchHub
 
+    /// A request that waits: its task's continuation once it is suspended, or how the
+    /// wait ended if that came first.
     struct Waiting {
         var continuation: CheckedContinuation<Void, any Error>?
-        var watch: EtcdWatch?
-        var blockers: Set<[UInt8]> = []
+        var outcome: Result<Void, any Error>?
     }
 
     struct State {
@@ -51,6 +55,8 @@ public final class EtcdCoordinationSpace: Sendable {
         /// fencing token).
         var held: [UInt64: (key: [UInt8], revision: Int64)] = [:]
         var waiting: [UInt64: Waiting] = [:]
+        /// Which waiting requests wait for which keys.
+        var waits = EtcdWaits()
         var cancelled: Set<UInt64> = []
         var lostBecause: String?
         var left = false
@@ -76,7 +82,8 @@ public final class EtcdCoordinationSpace: Sendable {
         self.host = host
         keys = EtcdKeys(prefix: configuration.prefix, member: leaseID)
         names = EtcdNames(root: configuration.root.platformBytes)
-        mail = EtcdMail(client: client, keys: keys, names: names, leaseID: leaseID, host: host)
+        hub = EtcdWatchHub(client: client, prefix: keys.base)
+        mail = EtcdMail(client: client, hub: hub, keys: keys, names: names, leaseID: leaseID, host: host)
         address = (configuration.tls == nil ? "etcd://" : "etcds://") + configuration.endpoints.joined(separator: ",") + "/" + configuration.prefix
         keeper = EtcdLeaseKeeper(client: client, id: leaseID, ttl: configuration.leaseTTL, grantSentAt: grantSentAt)
     }
@@ -137,8 +144,11 @@ public final class EtcdCoordinationSpace: Sendable {
             space.keeper.start { [weak space] why in space?.leaseLost(why) }
             let member = EtcdMember(host: host, pid: getpid(), root: EtcdJSON.base64(configuration.root.platformBytes))
             do {
-                _ = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: space.keys.member, value: try EtcdJSON.encode(member), lease: id),
-                                          as: EtcdJSON.Empty.self)
+                let put = try await client.call("/v3/kv/put", EtcdJSON.PutRequest(key: space.keys.member, value: try EtcdJSON.encode(member), lease: id),
+                                                as: EtcdJSON.RangeResponse.self)
+                // Every watch of the process from here on, on one stream.
+                space.watchClaims()
+                space.hub.start(from: (put.header?.revision.flatMap(Int64.init) ?? 0) + 1)
             } catch {
                 // Not joined: the lease is not kept alive, and goes.
                 space.keeper.stop()
@@ -187,20 +197,15 @@ public final class EtcdCoordinationSpace: Sendable {
     /// From now on no claim of this process holds: running accessors are cancelled, and
     /// waits fail.
     func endClaims(because why: String) {
-        let waits = state.withLock { state -> [Waiting] in
+        let waiting = state.withLock { state -> [UInt64] in
             if state.lostBecause == nil { state.lostBecause = why }
-            let waits = Array(state.waiting.values)
-            state.waiting.removeAll()
-            return waits
+            return state.waiting.keys.sorted()
         }
         running.withLock { running in
             running.lost = true
             for task in running.tasks.values { task.cancel() }
         }
-        for wait in waits {
-            wait.watch?.cancel()
-            wait.continuation?.resume(throwing: lostError(why))
-        }
+        for id in waiting { finishWait(id, .failure(lostError(why))) }
     }
 
     func lostError(_ why: String, path: FilePath? = nil) -> FileCoordinationError {
@@ -219,6 +224,7 @@ public final class EtcdCoordinationSpace: Sendable {
         endClaims(because: "this process left the space")
         keeper.stop()
         mail.stop()
+        hub.stop()
         // A lost lease has nothing left to revoke (and etcd may be out of reach).
         if !lost {
             _ = try? await client.call("/v3/lease/revoke", EtcdJSON.LeaseRequest(ID: String(leaseID)), as: EtcdJSON.Empty.self)

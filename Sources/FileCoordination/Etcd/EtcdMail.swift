@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// Presenters across hosts: each process publishes its presenters under its lease, keeps
-/// the others' current through a watch, and carries the presenter messages of the local
+/// the others' current through the process's watch stream, and carries the presenter messages of the local
 /// space's protocol (``SpaceProtocol``, encoded as in a mailbox file) through keys:
 ///
 /// ```
@@ -14,12 +14,14 @@ import Glibc
 /// <prefix>/mail/<lease>/<sender>-<id>    a message to the process of <lease> (under the sender's lease)
 /// ```
 ///
-/// A process watches its own `mail/` folder: replies resume the tasks that wait for them
-/// at once, on the watch's thread; presenter requests are served one by one, in the
+/// A process follows its own `mail/` folder (a route of its watch stream,
+/// ``EtcdWatchHub``): replies resume the tasks that wait for them at once, on the
+/// stream's thread; presenter requests are served one by one, in the
 /// order etcd committed them. Paths in messages are names in the space, translated from
 /// and to each host's root.
 final class EtcdMail: PresenterMailbox {
     let client: EtcdClient
+    let hub: EtcdWatchHub
     let keys: EtcdKeys
     let names: EtcdNames
     let leaseID: Int64
@@ -38,14 +40,17 @@ final class EtcdMail: PresenterMailbox {
         /// Other processes' presenters, by their key.
         var remote = PresenterRegistry()
         var proxies: [[UInt8]: Proxy] = [:]
-        var presenterWatch: EtcdWatch?
+        /// The route that follows `presenters/`, and the events it brought while the
+        /// first read of them was under way (applied after it).
+        var presenterRoute: UInt64?
+        var presenterEvents: [[EtcdJSON.WatchResponse.Event]]?
         var current = false
         var refreshing = false
-        var startingMail = false
         /// Mail keys already served (a put retried after a lost answer arrives twice).
         var seen: Set<[UInt8]> = []
-        var mailWatch: EtcdWatch?
-        var membersWatch: EtcdWatch?
+        /// The routes that follow this process's `mail/` folder and `members/`.
+        var mailRoute: UInt64?
+        var membersRoute: UInt64?
         var replies: [UInt64: Reply] = [:]
         /// Relinquishes served for an asker that has not yet sent `reacquire`, by asker.
         var kept: [String: [UInt64: SpaceMail.KeptRelinquish]] = [:]
@@ -60,8 +65,9 @@ final class EtcdMail: PresenterMailbox {
 
     let state = Locked(State())
 
-    init(client: EtcdClient, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String) {
+    init(client: EtcdClient, hub: EtcdWatchHub, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String) {
         self.client = client
+        self.hub = hub
         self.keys = keys
         self.names = names
         self.leaseID = leaseID
@@ -123,83 +129,6 @@ final class EtcdMail: PresenterMailbox {
 
     private func presenterKey(_ number: UInt64) -> [UInt8] {
         presentersFolder + Array("\(keys.memberName)/\(EtcdKeys.hex(number))".utf8)
-    }
-
-    // MARK: Other processes' presenters
-
-    var isCurrent: Bool { state.withLock { $0.current } }
-    var remoteCount: Int { state.withLock { $0.remote.count } }
-    func concernsAny(_ key: PathKey) -> Bool { state.withLock { $0.remote.concernsAny(key) } }
-    func presenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
-        state.withLock { $0.remote.concerned(by: path, subtree: subtree, excluding: nil) }
-    }
-    func move(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
-        state.withLock { $0.remote.move(from: source, to: destination) }
-    }
-
-    /// Reads every presenter once, then follows them through a watch: current from then on.
-    func refresh() async {
-        // One refresh at a time; the others find the view current, or stale until it is.
-        guard state.withLock({ state in
-            guard !state.current, !state.refreshing else { return false }
-            state.refreshing = true
-            return true
-        }) else { return }
-        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: presentersFolder, prefix: true),
-                                                  as: EtcdJSON.RangeResponse.self) else {
-            state.withLock { $0.refreshing = false }
-            return
-        }
-        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
-        state.withLock { state in
-            for kv in answer.kvs ?? [] { Self.add(kv, to: &state, mail: self) }
-        }
-        let watch = EtcdWatch(client: client, prefix: presentersFolder, from: revision + 1, events: .all) { [weak self] events in
-            guard let self else { return }
-            state.withLock { state in
-                for event in events {
-                    guard let kv = event.kv else { continue }
-                    if event.type == "DELETE" {
-                        if let proxy = state.proxies.removeValue(forKey: kv.keyBytes) {
-                            state.remote.remove(ObjectIdentifier(proxy.presenter))
-                        }
-                    } else {
-                        Self.add(kv, to: &state, mail: self)
-                    }
-                }
-            }
-        } failed: { [weak self] failure in
-            PresenterMessenger.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
-            // Read whole again by the next coordination.
-            self?.state.withLock { state in
-                state.current = false
-                state.presenterWatch = nil
-                state.remote = PresenterRegistry()
-                state.proxies = [:]
-            }
-        }
-        state.withLock { state in
-            state.presenterWatch = watch
-            state.current = true
-            state.refreshing = false
-        }
-    }
-
-    private static func add(_ kv: EtcdJSON.KeyValue, to state: inout State, mail: EtcdMail) {
-        let key = kv.keyBytes
-        guard let member = mail.keys.memberName(of: key, under: mail.presentersFolder), member != mail.keys.memberName,
-              let number = UInt64(String(decoding: key.split(separator: UInt8(ascii: "/")).last ?? [], as: UTF8.self), radix: 16),
-              let record = try? EtcdJSON.decode(PresenterRecord.self, kv.valueBytes)
-        else { return }
-        let path = mail.names.local(EtcdJSON.bytes(record.path))
-        if let known = state.proxies[key] {
-            // Published again: where its item moved to, or the same.
-            guard known.presenter.path != path else { return }
-            state.remote.remove(ObjectIdentifier(known.presenter))
-        }
-        let proxy = RemotePresenter(mail: mail, process: member, number: number, path: path, pid: record.pid)
-        state.proxies[key] = Proxy(presenter: proxy, member: member)
-        state.remote.add(proxy, at: path, endpoint: proxy)
     }
 
     // MARK: Sending
@@ -299,75 +228,78 @@ final class EtcdMail: PresenterMailbox {
 
     // MARK: Receiving
 
-    /// Watches this process's mail (and the members, for those that go), once.
+    /// Follows this process's mail (and the members, for those that go), once: two routes
+    /// of the watch stream. Whatever is sent after this returns is heard.
     func startMail() async -> Bool {
-        if state.withLock({ $0.mailWatch != nil }) { return true }
-        guard let answer = try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: keys.members, prefix: true),
-                                                  as: EtcdJSON.RangeResponse.self) else { return false }
-        let revision = answer.header?.revision.flatMap(Int64.init) ?? 0
-        // One caller starts the watches; another returns at once: whatever it sends next
-        // is answered after `revision`, which the watches start from.
-        let serving = state.withLock { state -> AsyncStream<SpaceProtocol.Message>? in
-            guard state.mailWatch == nil, !state.startingMail else { return nil }
-            state.startingMail = true
-            guard state.serving == nil else { return AsyncStream { $0.finish() } }
-            let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
-            state.serving = continuation
-            return stream
-        }
-        guard let serving else { return true }
-        // Served one by one, in order, on a task of their own: a presenter's callback may
-        // take long, and replies to this process's own requests must not wait behind it.
-        Task { [weak self] in
-            for await message in serving { await self?.serve(message) }
-        }
+        if state.withLock({ $0.mailRoute != nil }) { return true }
         let mailbox = mailbox(of: keys.memberName)
-        let watch = EtcdWatch(client: client, prefix: mailbox, from: revision + 1, events: .puts) { [weak self] events in
-            guard let self else { return }
-            for event in events {
-                guard let kv = event.kv else { continue }
-                let key = kv.keyBytes
-                let fresh = state.withLock { state -> Bool in
-                    if state.seen.count > 10_000 { state.seen.removeAll() }
-                    return state.seen.insert(key).inserted
-                }
-                if fresh { received(kv.valueBytes) }
-                // Read: the key goes (it would go with the sender's lease in any case).
-                client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key))
-            }
+        guard let mailRoute = hub.add(EtcdWatchHub.Route(prefix: mailbox, events: .puts) { [weak self] events in
+            self?.mailArrived(events)
         } failed: { [weak self] failure in
             PresenterMessenger.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
             self?.mailWatchFailed()
-        }
-        let members = EtcdWatch(client: client, prefix: keys.members, from: revision + 1, events: .deletions) { [weak self] events in
+        }) else { return false }
+        guard let membersRoute = hub.add(EtcdWatchHub.Route(prefix: keys.members, events: .deletions) { [weak self] events in
             guard let self else { return }
             for event in events {
                 if let key = event.kv?.keyBytes, let member = keys.memberName(of: key, under: keys.members) { memberGone(member) }
             }
-        } failed: { [weak self] failure in
-            PresenterMessenger.logger.error("the watch on the etcd space's members failed", metadata: ["error": "\(failure)"])
+        } failed: { [weak self] _ in
             self?.mailWatchFailed()
+        }) else {
+            hub.remove(mailRoute)
+            return false
         }
-        state.withLock { state in
-            state.mailWatch = watch
-            state.membersWatch = members
-            state.startingMail = false
+        let (installed, serving) = state.withLock { state -> (Bool, AsyncStream<SpaceProtocol.Message>?) in
+            // Another caller may have been first.
+            guard state.mailRoute == nil else { return (false, nil) }
+            (state.mailRoute, state.membersRoute) = (mailRoute, membersRoute)
+            guard state.serving == nil else { return (true, nil) }
+            let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
+            state.serving = continuation
+            return (true, stream)
+        }
+        if !installed {
+            hub.remove(mailRoute)
+            hub.remove(membersRoute)
+        }
+        if let serving {
+            // Served one by one, in order, on a task of their own: a presenter's callback
+            // may take long, and replies to this process's own requests must not wait behind it.
+            Task { [weak self] in
+                for await message in serving { await self?.serve(message) }
+            }
         }
         return true
     }
 
-    /// A watch of the mail gave up (etcd out of reach longer than the connect timeout):
-    /// both go, and the next request or registration starts them again. Requests waiting
-    /// for a reply meanwhile end by their deadline.
-    private func mailWatchFailed() {
-        let watches = state.withLock { state in
-            defer { (state.mailWatch, state.membersWatch) = (nil, nil) }
-            return [state.mailWatch, state.membersWatch]
+    /// On the stream's thread: messages put in this process's mailbox.
+    private func mailArrived(_ events: [EtcdJSON.WatchResponse.Event]) {
+        for event in events {
+            guard let kv = event.kv else { continue }
+            let key = kv.keyBytes
+            let fresh = state.withLock { state -> Bool in
+                if state.seen.count > 10_000 { state.seen.removeAll() }
+                return state.seen.insert(key).inserted
+            }
+            if fresh { received(kv.valueBytes) }
+            // Read: the key goes (it would go with the sender's lease in any case).
+            client.send("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: key))
         }
-        for watch in watches { watch?.cancel() }
     }
 
-    /// On the mail watch's thread.
+    /// The stream went down (etcd out of reach longer than the connect timeout): the mail
+    /// routes go, and the next request or registration adds them again. Requests waiting
+    /// for a reply meanwhile end by their deadline.
+    private func mailWatchFailed() {
+        let routes = state.withLock { state in
+            defer { (state.mailRoute, state.membersRoute) = (nil, nil) }
+            return [state.mailRoute, state.membersRoute]
+        }
+        for route in routes { hub.remove(route) }
+    }
+
+    /// On the stream's thread.
     private func received(_ bytes: [UInt8]) {
         guard case .success(let decoded) = SpaceMessage.decode(bytes),
               let message = try? SpaceProtocol.Message(decoding: decoded),
@@ -437,17 +369,17 @@ final class EtcdMail: PresenterMailbox {
         await kept.reacquirer?()
     }
 
-    /// Leaves: the watches end (the keys go with the lease).
+    /// Leaves: the routes end (the keys go with the lease).
     func stop() {
-        let (watches, serving) = state.withLock { state in
+        let (routes, serving) = state.withLock { state in
             defer {
-                (state.presenterWatch, state.mailWatch, state.membersWatch) = (nil, nil, nil)
+                (state.presenterRoute, state.mailRoute, state.membersRoute) = (nil, nil, nil)
                 state.serving = nil
                 state.current = false
             }
-            return ([state.presenterWatch, state.mailWatch, state.membersWatch], state.serving)
+            return ([state.presenterRoute, state.mailRoute, state.membersRoute], state.serving)
         }
-        for watch in watches { watch?.cancel() }
+        for route in routes { hub.remove(route) }
         serving?.finish()
     }
 

@@ -29,11 +29,18 @@ final class EtcdWatch: Sendable {
     /// Watches the keys under `prefix` from `revision`; `handle` gets each batch of events
     /// on the watch's thread. `failed` is called once if the watch cannot go on (no member
     /// answers within the client's retry limit, or the revision was compacted).
+    ///
+    /// With `outage`, the watch never gives up: when no member serves it for the retry
+    /// limit, or the revision it needs was compacted (it then goes on from the oldest one
+    /// etcd has), `outage` is called once, and it keeps trying, once a second; `resumed` is
+    /// called when a stream is in place again. `failed` is then never called.
     init(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
          handle: @escaping @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void,
-         failed: @escaping @Sendable (EtcdFailure) -> Void) {
+         failed: @escaping @Sendable (EtcdFailure) -> Void,
+         outage: (@Sendable (EtcdFailure) -> Void)? = nil, resumed: (@Sendable () -> Void)? = nil) {
         let thread = Thread { [self] in
-            run(client: client, prefix: prefix, from: revision, events: events, handle: handle, failed: failed)
+            run(client: client, prefix: prefix, from: revision, events: events, handle: handle, failed: failed,
+                outage: outage, resumed: resumed)
         }
         thread.name = "filecoord-etcd-watch"
         thread.start()
@@ -50,10 +57,12 @@ final class EtcdWatch: Sendable {
     }
 
     private func run(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
-                     handle: @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void, failed: @Sendable (EtcdFailure) -> Void) {
+                     handle: @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void, failed: @Sendable (EtcdFailure) -> Void,
+                     outage: (@Sendable (EtcdFailure) -> Void)?, resumed: (@Sendable () -> Void)?) {
         var next = revision
         var member = 0
         var failingSince: ContinuousClock.Instant?
+        var down = false
         let idle = Self.idleLimit(client)
         while !state.withLock({ $0.cancelled }) {
             do {
@@ -82,6 +91,10 @@ final class EtcdWatch: Sendable {
                         switch message {
                         case .created:
                             failingSince = nil
+                            if down {
+                                down = false
+                                resumed?()
+                            }
                         case .progress(let revision):
                             failingSince = nil
                             next = max(next, revision + 1)
@@ -90,10 +103,17 @@ final class EtcdWatch: Sendable {
                             if let last { next = max(next, last + 1) }
                             if state.withLock({ $0.cancelled }) { return }
                             handle(batch)
-                        case .canceled(let compacted, let reason) where compacted:
+                        case .canceled(let compacted?, let reason):
                             // Compacted past `next`: what was missed cannot be had.
-                            failed(.answer(EtcdAnswer(status: 410, code: nil, message: reason)))
-                            return
+                            let failure = EtcdFailure.answer(EtcdAnswer(status: 410, code: nil, message: reason))
+                            guard let outage else {
+                                failed(failure)
+                                return
+                            }
+                            if !down { outage(failure) }
+                            down = true
+                            next = max(next, compacted)
+                            throw failure
                         case .canceled(_, let reason):
                             // Refused (a token that expired unused while the watch ran): a
                             // new token, and the watch again.
@@ -110,12 +130,17 @@ final class EtcdWatch: Sendable {
                 if case .answer(let answer) = error as? EtcdFailure, answer.isUnauthenticated { client.auth?.invalidate() }
                 let now = ContinuousClock.now
                 if let since = failingSince, now - since > client.retryLimit {
-                    failed(error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)"))
-                    return
+                    let failure = error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)")
+                    guard let outage else {
+                        failed(failure)
+                        return
+                    }
+                    if !down { outage(failure) }
+                    down = true
                 }
                 if failingSince == nil { failingSince = now }
                 member += 1
-                if member % client.endpoints.count == 0 { Thread.sleep(forTimeInterval: 0.05) }
+                if member % client.endpoints.count == 0 { Thread.sleep(forTimeInterval: down ? 1 : 0.05) }
             }
         }
     }

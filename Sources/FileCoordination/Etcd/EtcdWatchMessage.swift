@@ -6,9 +6,10 @@ enum EtcdWatchMessage: Sendable {
     case events([EtcdJSON.WatchResponse.Event], last: Int64?)
     /// etcd has sent every event up to this revision (a progress notification).
     case progress(Int64)
-    /// etcd ended the watch: the revision it was to start from was compacted (`compacted`),
-    /// or it refused the watch (a token no longer valid).
-    case canceled(compacted: Bool, String)
+    /// etcd ended the watch: the revision it was to start from was compacted (the oldest
+    /// revision it still has, `compacted`), or it refused the watch (a token no longer
+    /// valid; `compacted` nil).
+    case canceled(compacted: Int64?, String)
     /// The stream failed (a member that lost its leader ends it so): its gRPC code, if
     /// any, and message.
     case failure(code: Int?, String)
@@ -31,7 +32,7 @@ enum EtcdWatchMessage: Sendable {
         guard let result = answer.result else { throw .malformed("a watch message with neither a result nor an error") }
         if result.canceled == true {
             let compaction = result.compact_revision.flatMap(Int64.init) ?? 0
-            return .canceled(compacted: compaction > 0,
+            return .canceled(compacted: compaction > 0 ? compaction : nil,
                              result.cancel_reason ?? "the watch was cancelled by etcd (compacted at revision \(compaction))")
         }
         if let events = result.events, !events.isEmpty {
