@@ -101,7 +101,7 @@ test-asan: deps
 # check (EtcdFuzzCorpusTests). Fuzz/README.md says more. Swift's own backtracer is off:
 # libFuzzer reports the crash and keeps its input.
 FUZZ_SECONDS ?= 600
-FUZZ_SOURCES := $(addprefix Sources/FileCoordination/Etcd/,EtcdWire.swift EtcdJSON.swift EtcdAnswer.swift EtcdWatchMessage.swift EtcdWireCheck.swift) \
+FUZZ_SOURCES := $(addprefix Sources/FileCoordinationEtcd/,EtcdWire.swift EtcdJSON.swift EtcdAnswer.swift EtcdWatchMessage.swift EtcdWireCheck.swift) \
 	Fuzz/EtcdParsersFuzzer.swift
 fuzz: .build-fuzz/etcd-parsers
 	@mkdir -p .build-fuzz/corpus

@@ -10,6 +10,9 @@ let package = Package(
         // Apple's NSFileCoordinator API over FileCoordination (Linux; empty on Apple's
         // systems, whose Foundation has its own).
         .library(name: "NSFileCoordination", targets: ["NSFileCoordination"]),
+        // The etcd space (coordination across hosts), with its own HTTP client and TLS: a
+        // product of its own, so that the local library neither contains nor links them.
+        .library(name: "FileCoordinationEtcd", targets: ["FileCoordinationEtcd"]),
         .executable(name: "filecoord", targets: ["filecoord"]),
     ],
     dependencies: [
@@ -62,11 +65,21 @@ let package = Package(
             name: "NSFileCoordination",
             dependencies: [.target(name: "FileCoordination", condition: .when(platforms: [.linux]))]
         ),
+        // TLS for the etcd space: the system's OpenSSL, loaded with dlopen on first use.
+        .target(name: "CFileCoordinationTLS"),
+        .target(
+            name: "FileCoordinationEtcd",
+            dependencies: [
+                "FileCoordination", "AsyncFileIO", "SystemCalls", "CFileCoordinationTLS",
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
         .executableTarget(
             name: "filecoord",
             dependencies: [
                 "AsyncFileIO",
                 "FileCoordination",
+                "FileCoordinationEtcd",
                 "CFileCoordinationShims",
                 "CFilecoordCommand",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -84,7 +97,9 @@ let package = Package(
         // Apple-style presenters and coordinators; other processes are `filecoord` and
         // this test binary again.
         .testTarget(name: "NSFileCoordinationTests", dependencies: ["NSFileCoordination", "FileCoordination", "filecoord", "TestSupport"]),
-        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "filecoord", "TestSupport",
+        .testTarget(name: "FileCoordinationEtcdTests", dependencies: ["FileCoordination", "FileCoordinationEtcd",
+                                                                       .product(name: "SystemPackage", package: "swift-system")]),
+        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "FileCoordinationEtcd", "filecoord", "TestSupport",
                                                           .product(name: "ArgumentParser", package: "swift-argument-parser"),
                                                           .product(name: "SystemPackage", package: "swift-system")]),
     ]

@@ -18,6 +18,7 @@ let package = Package(
                 "CPeers",
                 .product(name: "FileCoordination", package: "FileCoordination"),
                 .product(name: "NSFileCoordination", package: "FileCoordination"),
+                .product(name: "FileCoordinationEtcd", package: "FileCoordination"),
                 .product(name: "_NIOFileSystem", package: "swift-nio"),
             ]
         ),

@@ -1,5 +1,5 @@
 // libFuzzer's entry for the etcd client's parsers. Built by `make fuzz` with swiftc
-// -sanitize=fuzzer,address together with the parsers' sources (Etcd/EtcdWire.swift,
+// -sanitize=fuzzer,address together with the parsers' sources (FileCoordinationEtcd/EtcdWire.swift,
 // EtcdJSON.swift, EtcdAnswer.swift, EtcdWatchMessage.swift, EtcdWireCheck.swift); not part
 // of the package. A violation of EtcdWireCheck's properties stops the run like a crash,
 // and libFuzzer keeps the input.

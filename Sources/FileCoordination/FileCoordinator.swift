@@ -177,17 +177,6 @@ public final class FileCoordinator: Sendable {
         return try await CoordinationCenter.shared.join { try await CoordinationSpace.join(directory) }
     }
 
-    /// Joins a coordination space kept in etcd, shared by processes on several hosts
-    /// (leaving the current space). Presenters already registered are published in it.
-    ///
-    /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
-    ///   when no etcd member answers within the configuration's connect timeout, or
-    ///   `.invalidArgument` for a malformed endpoint or a relative root.
-    @discardableResult
-    public static func joinCoordinationSpace(_ configuration: EtcdCoordinationSpace.Configuration) async throws -> EtcdCoordinationSpace {
-        try await CoordinationCenter.shared.join { try await EtcdCoordinationSpace.join(configuration) }
-    }
-
     /// Leaves the coordination space: from now on this process coordinates within itself
     /// only. Its files in the space are removed.
     public static func leaveCoordinationSpace() async {
@@ -204,11 +193,6 @@ public final class FileCoordinator: Sendable {
     /// token it accepted can refuse a write carrying a lower one (a process whose lease
     /// was lost while it wrote). Nil outside an accessor, and in a local space.
     public static var fencingToken: Int64? { FencingContext.token }
-
-    /// The etcd coordination space this process has joined, if any.
-    public static var etcdCoordinationSpace: EtcdCoordinationSpace? {
-        CoordinationCenter.shared.joinedTransport as? EtcdCoordinationSpace
-    }
 
     /// The presenters registered in this process.
     public static var filePresenters: [any FilePresenter] {

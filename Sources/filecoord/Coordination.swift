@@ -1,6 +1,7 @@
 import ArgumentParser
 import CFilecoordCommand
 @_spi(FileCoordinationInternal) import FileCoordination
+import FileCoordinationEtcd
 import Foundation
 import Logging
 
@@ -95,6 +96,8 @@ struct SpaceSettings: Sendable {
     @discardableResult
     func join() async throws -> CoordinationSpace? {
         Logs.bootstrap()
+        // `FILECOORD_SPACE=etcd://...` names a space the library alone does not know.
+        EtcdCoordinationSpace.register()
         if let address = namedSpace, EtcdCoordinationSpace.Configuration.isAddress(address) {
             do {
                 // The environment's settings, then the options over them.

@@ -1,5 +1,6 @@
 import ArgumentParser
 import FileCoordination
+import FileCoordinationEtcd
 import Foundation
 
 struct StatusCommand: AsyncParsableCommand {

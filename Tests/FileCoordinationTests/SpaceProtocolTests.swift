@@ -122,3 +122,17 @@ struct SpaceProtocolTests {
         #expect(try decode("filecoord 1\nkind did-move\nfrom 1-a\nid 1\npath /a\npid 1\npresenter 1\nto b\nend\n") == .missing("to"))
     }
 }
+
+@Suite("spaces named by an address: the registration point")
+struct SpaceKindsTests {
+    @Test("a directory joins no registered kind; an address of a kind no module registered is an error naming it; a registered one joins")
+    func kinds() throws {
+        #expect(try SpaceKinds.joiner(for: "/tmp/space") == nil)
+        #expect(try SpaceKinds.joiner(for: "relative/dir") == nil)
+        #expect(try SpaceKinds.joiner(for: "/odd/a://b") == nil)
+        let error = try #require(throws: FileCoordinationError.self) { try SpaceKinds.joiner(for: "nosuch://h/p") }
+        #expect(error.code == .invalidArgument && error.message.contains("'nosuch'"), "\(error.message)")
+        SpaceKinds.register(scheme: "test-kind://") { _, _ in throw CancellationError() }
+        #expect(try SpaceKinds.joiner(for: "test-kind://h/p") != nil)
+    }
+}

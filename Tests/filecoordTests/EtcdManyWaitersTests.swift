@@ -1,4 +1,5 @@
 import FileCoordination
+import FileCoordinationEtcd
 import Foundation
 import Testing
 import TestSupport

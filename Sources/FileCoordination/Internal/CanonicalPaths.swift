@@ -26,7 +26,7 @@ import Glibc
 /// A link or directory changed less than ``lifetime`` ago may still be seen as it was by
 /// a process that resolved it just before; the last component is checked every time, in
 /// the directory as resolved.
-enum CanonicalPaths {
+package enum CanonicalPaths {
     /// How long a directory's resolution is trusted.
     static let lifetime: Duration = .seconds(1)
     /// At most this many directories are remembered; past it the cache starts again.
@@ -246,7 +246,7 @@ enum CanonicalPaths {
 
     /// ``canonical(_:followingLast:)`` that makes its system calls on the calling thread:
     /// for the blocking API and for the library's own threads.
-    static func canonicalNow(_ path: FilePath, followingLast: Bool) -> FilePath {
+    package static func canonicalNow(_ path: FilePath, followingLast: Bool) -> FilePath {
         FilePath(platformBytes: canonicalNow(path.platformBytes, followingLast: followingLast))
     }
 

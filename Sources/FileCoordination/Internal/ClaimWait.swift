@@ -8,14 +8,14 @@ import Synchronization
 ///
 /// Set as a task-local around an acquisition; the in-process center and the space's locks
 /// call ``noteWaiting()`` where they park.
-final class ClaimWait: Sendable {
+package final class ClaimWait: Sendable {
     @TaskLocal static var current: ClaimWait?
 
     private let state = Locked<(started: Bool, waiter: UnsafeContinuation<Void, Never>?)>((false, nil))
 
     /// The current acquisition is about to park (in this process's rules, or on another
     /// process's claims).
-    static func noteWaiting() {
+    package static func noteWaiting() {
         current?.started()
         WaitObserver.current?.notify()
     }

@@ -34,7 +34,7 @@ extension CoordinationCenter {
         }
     }
 
-    func watch(of id: ObjectIdentifier) -> PresenterWatch? {
+    package func watch(of id: ObjectIdentifier) -> PresenterWatch? {
         watches.withLock { $0[id] }
     }
 

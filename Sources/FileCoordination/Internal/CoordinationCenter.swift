@@ -10,8 +10,8 @@ import SystemPackage
 ///
 /// The rules (``CoordinationRules``) decide; the center carries out: it resumes the
 /// waiting tasks the rules granted, always outside its lock.
-final class CoordinationCenter: Sendable {
-    static let shared = CoordinationCenter()
+package final class CoordinationCenter: Sendable {
+    package static let shared = CoordinationCenter()
 
     typealias RequestID = CoordinationRules.RequestID
 
@@ -65,7 +65,7 @@ final class CoordinationCenter: Sendable {
     private static let spaceSetting = Locked(SpaceSetting.automatic)
 
     /// The space joined, if any (no waiting).
-    var joinedTransport: (any CoordinationTransport)? {
+    package var joinedTransport: (any CoordinationTransport)? {
         Self.spaceSetting.withLock { if case .joined(let space) = $0 { space } else { nil } }
     }
 
@@ -82,13 +82,11 @@ final class CoordinationCenter: Sendable {
         await transport?.messagesWritten()
     }
 
-    /// The space named by the environment: `FILECOORD_SPACE` as an etcd address (with the
-    /// settings of ``EtcdCoordinationSpace/Configuration/init(address:environment:)``),
-    /// else the local default.
+    /// The space named by the environment: `FILECOORD_SPACE` as the address of a kind of
+    /// space registered (``SpaceKinds``: the etcd space's `etcd://`), else the local default.
     static func joinDefault() async throws -> any CoordinationTransport {
-        if let named = environmentVariable("FILECOORD_SPACE"), EtcdCoordinationSpace.Configuration.isAddress(named) {
-            let environment = ProcessInfo.processInfo.environment
-            return try await EtcdCoordinationSpace.join(try EtcdCoordinationSpace.Configuration(address: named, environment: environment))
+        if let named = environmentVariable("FILECOORD_SPACE"), let join = try SpaceKinds.joiner(for: named) {
+            return try await join(named, ProcessInfo.processInfo.environment)
         }
         return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory())
     }
@@ -128,7 +126,7 @@ final class CoordinationCenter: Sendable {
     }
 
     /// Joins the space that `join` makes (leaving the current one).
-    func join<Space: CoordinationTransport>(_ join: () async throws -> Space) async throws -> Space {
+    package func join<Space: CoordinationTransport>(_ join: () async throws -> Space) async throws -> Space {
         let space = try await join()
         let previous = Self.spaceSetting.withLock { setting -> (any CoordinationTransport)? in
             defer { setting = .joined(space) }

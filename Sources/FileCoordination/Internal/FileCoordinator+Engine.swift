@@ -359,7 +359,7 @@ extension FileCoordinationError {
     }
 
     /// A coordination ended by ``FileCoordinator/cancel()``.
-    static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
+    package static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
         FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
     }
 }

@@ -9,7 +9,7 @@ import Glibc
 /// (``LocalPresenterEndpoint``), or by a request to the process that registered it
 /// (``RemotePresenter``). The engine, the messenger and the center go through this
 /// protocol; none of them asks which kind of presenter it has.
-protocol PresenterEndpoint: Sendable {
+package protocol PresenterEndpoint: Sendable {
     /// Runs one callback (`body`) under `policy`: its value, or nil when it was not
     /// answered in time and the policy proceeds.
     func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
@@ -26,7 +26,7 @@ protocol PresenterEndpoint: Sendable {
 
 /// One callback of a plan's presenter: under the coordinator's policy, a failure as the
 /// coordination's error.
-struct PresenterCall: Sendable {
+package struct PresenterCall: Sendable {
     let policy: PresenterTimeoutPolicy
     let entry: PresenterRegistry.Entry
 
@@ -104,9 +104,9 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
 /// the coordinating task (no task for it, no timer racing it), and the steps before an
 /// access go in one request: one round trip.
 extension RemotePresenter: PresenterEndpoint {
-    var isRegisteredHere: Bool { false }
+    package var isRegisteredHere: Bool { false }
 
-    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+    package func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
                               late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
         do {
             return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
@@ -119,7 +119,7 @@ extension RemotePresenter: PresenterEndpoint {
         }
     }
 
-    func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
+    package func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let then: FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil
         let answer = try await call(PresenterCall.relinquishName(steps.kind), late: PresenterCall.late) {
             try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions)

@@ -5,8 +5,8 @@ import Synchronization
 import SystemPackage
 
 /// Calls presenter callbacks under a coordinator's ``PresenterTimeoutPolicy``.
-enum PresenterMessenger {
-    static let logger = Logger(label: "FileCoordination")
+package enum PresenterMessenger {
+    package static let logger = Logger(label: "FileCoordination")
 
     /// Runs `body` (one presenter callback). Returns its value; nil when it timed out
     /// and the policy proceeds. Throws the callback's error, `FileCoordinationError`

@@ -5,10 +5,10 @@ import SystemPackage
 /// (`docs/design.md`, "Message order") as a pure function of the items accessed and the
 /// presenters each concerns. No I/O and no awaits: `FileCoordinator+Engine` carries the
 /// plan out (each presenter's steps in order, all presenters at once).
-struct PresenterPlan {
+package struct PresenterPlan {
     /// One presenter's steps: relinquish (to a reader or a writer), then save or
     /// accommodate the deletion, then one step per deleted subitem.
-    struct Steps {
+    package struct Steps {
         var entry: PresenterRegistry.Entry
         /// The item accessed, and how (a writer outranks a reader).
         var path: FilePath

@@ -4,8 +4,10 @@ import SystemPackage
 
 /// Registered presenters, indexed by the path they present, so that finding the
 /// presenters of one item costs a lookup per path component, however many others exist.
-struct PresenterRegistry: Sendable {
-    struct Entry: Sendable {
+package struct PresenterRegistry: Sendable {
+    package init() {}
+
+    package struct Entry: Sendable {
         let presenter: any FilePresenter
         var path: FilePath
         /// How coordinations reach it.
@@ -21,7 +23,7 @@ struct PresenterRegistry: Sendable {
     }
 
     /// The presenters an access concerns.
-    struct Concerned: Sendable {
+    package struct Concerned: Sendable {
         /// Presenters of the item itself.
         var item: [Entry] = []
         /// Presenters of directories containing the item (nearest first).
@@ -31,7 +33,7 @@ struct PresenterRegistry: Sendable {
         var isEmpty: Bool { item.isEmpty && containers.isEmpty && inside.isEmpty }
     }
 
-    struct Moved: Sendable {
+    package struct Moved: Sendable {
         let entry: Entry
         let oldPath: FilePath
         let newPath: FilePath
@@ -47,17 +49,17 @@ struct PresenterRegistry: Sendable {
     func contains(_ id: ObjectIdentifier) -> Bool { entriesByID[id] != nil }
     func path(of id: ObjectIdentifier) -> FilePath? { entriesByID[id]?.path }
     var isEmpty: Bool { entriesByID.isEmpty }
-    var count: Int { entriesByID.count }
+    package var count: Int { entriesByID.count }
 
     /// Adds a presenter of this process, or (with `endpoint`) one reached otherwise.
-    mutating func add(_ presenter: any FilePresenter, at path: FilePath, endpoint: (any PresenterEndpoint)? = nil) {
+    package mutating func add(_ presenter: any FilePresenter, at path: FilePath, endpoint: (any PresenterEndpoint)? = nil) {
         let id = ObjectIdentifier(presenter)
         remove(id)
         entriesByID[id] = Entry(presenter: presenter, path: path, endpoint: endpoint)
         byPath[PathKey(path.platformBytes), default: []].append(id)
     }
 
-    mutating func remove(_ id: ObjectIdentifier) {
+    package mutating func remove(_ id: ObjectIdentifier) {
         guard let entry = entriesByID.removeValue(forKey: id) else { return }
         unindex(id, at: entry.path)
     }
@@ -81,7 +83,7 @@ struct PresenterRegistry: Sendable {
 
     /// Whether an item access at the path with these bytes concerns any presenter (of the
     /// item, or of a directory containing it), without collecting them.
-    func concernsAny(_ key: PathKey) -> Bool {
+    package func concernsAny(_ key: PathKey) -> Bool {
         guard !byPath.isEmpty else { return false }
         if byPath[key] != nil { return true }
         var found = false
@@ -92,7 +94,7 @@ struct PresenterRegistry: Sendable {
         return found
     }
 
-    func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
+    package func concerned(by path: FilePath, subtree: Bool, excluding excluded: ObjectIdentifier?) -> Concerned {
         var result = Concerned()
         guard !entriesByID.isEmpty else { return result }
         func lookup(_ bytes: [UInt8]) -> [Entry] {
@@ -113,7 +115,7 @@ struct PresenterRegistry: Sendable {
     }
 
     /// Moves every presenter at or inside `source` to the matching place under `destination`.
-    mutating func move(from source: FilePath, to destination: FilePath) -> [Moved] {
+    package mutating func move(from source: FilePath, to destination: FilePath) -> [Moved] {
         var moved: [Moved] = []
         for (id, entry) in entriesByID where entry.path.starts(with: source) {
             let newPath = Self.rebase(entry.path, from: source, to: destination)

@@ -10,7 +10,7 @@ import SystemPackage
 /// Coordinated writes the presenter was already told about (or made itself) are not
 /// echoed: after such a write the coordinator calls ``suppress(_:)``, which syncs the
 /// watcher and drops that path's events up to the sync point.
-final class PresenterWatch: Sendable {
+package final class PresenterWatch: Sendable {
     private let presenter: any FilePresenter
     private let center: CoordinationCenter
     private let state: Locked<State>
@@ -177,7 +177,7 @@ final class PresenterWatch: Sendable {
 
     /// Starts dropping the events of `path` (and inside it), before a coordinated write
     /// runs; ``endSuppressing(_:)`` ends it once the write's own events are in.
-    func beginSuppressing(_ path: FilePath) -> Int {
+    package func beginSuppressing(_ path: FilePath) -> Int {
         state.withLock { state in
             state.nextToken += 1
             state.suppressed.append((state.nextToken, path, .max))
@@ -186,7 +186,7 @@ final class PresenterWatch: Sendable {
     }
 
     /// Syncs the watcher, then keeps dropping the path's events only up to that point.
-    func endSuppressing(_ token: Int) async {
+    package func endSuppressing(_ token: Int) async {
         let watcher = state.withLock { $0.watcher }
         endSuppressing(token, at: (try? await watcher?.syncMark()) ?? 0)
     }

@@ -25,28 +25,28 @@ import Glibc
 ///   the order of the items).
 /// - Grants are first come, first served: a request waits while an *earlier* waiting
 ///   request conflicts with it. A stream of readers therefore cannot starve a writer.
-struct CoordinationRules: Sendable {
-    enum Access: Sendable, Hashable { case reading, writing }
-    enum Scope: Sendable, Hashable { case item, subtree }
+package struct CoordinationRules: Sendable {
+    package enum Access: Sendable, Hashable { case reading, writing }
+    package enum Scope: Sendable, Hashable { case item, subtree }
 
     /// One item a request needs.
-    struct Claim: Sendable, Hashable {
+    package struct Claim: Sendable, Hashable {
         /// The claimed path (made from its bytes when asked: moves and `status` ask).
-        var path: FilePath {
+        package var path: FilePath {
             get { FilePath(platformBytes: key.bytes) }
             set { key = PathKey(newValue.platformBytes) }
         }
-        var access: Access
-        var scope: Scope
+        package var access: Access
+        package var scope: Scope
         /// The path's bytes: conflicts and the index compare these.
-        private(set) var key: PathKey
+        package private(set) var key: PathKey
 
-        init(path: FilePath, access: Access, scope: Scope = .item) {
+        package init(path: FilePath, access: Access, scope: Scope = .item) {
             self.init(key: PathKey(path.platformBytes), access: access, scope: scope)
         }
 
         /// A claim on the normalized, absolute path with these bytes.
-        init(key: PathKey, access: Access, scope: Scope = .item) {
+        package init(key: PathKey, access: Access, scope: Scope = .item) {
             self.key = key
             self.access = access
             self.scope = scope
@@ -165,7 +165,7 @@ struct CoordinationRules: Sendable {
     // MARK: Conflicts
 
     /// Whether two claims of requests with different purposes exclude each other.
-    static func conflict(_ a: Claim, _ b: Claim) -> Bool {
+    package static func conflict(_ a: Claim, _ b: Claim) -> Bool {
         guard a.access == .writing || b.access == .writing else { return false }
         let (x, y) = (a.key.bytes, b.key.bytes)
         if x == y { return true }
@@ -247,18 +247,18 @@ struct CoordinationRules: Sendable {
 /// The hash is computed once, with the process's seeded `Hasher` (so crafted paths cannot
 /// collide on purpose): a claim's key is looked up, indexed and unindexed, each a hash of
 /// the whole path before.
-struct PathKey: Hashable, Sendable {
-    let bytes: [UInt8]
+package struct PathKey: Hashable, Sendable {
+    package let bytes: [UInt8]
     private let hash: Int
 
-    init(_ bytes: [UInt8]) {
+    package init(_ bytes: [UInt8]) {
         self.bytes = bytes
         var hasher = Hasher()
         bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
         hash = hasher.finalize()
     }
 
-    static func == (a: PathKey, b: PathKey) -> Bool { a.hash == b.hash && a.bytes == b.bytes }
+    package static func == (a: PathKey, b: PathKey) -> Bool { a.hash == b.hash && a.bytes == b.bytes }
 
-    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+    package func hash(into hasher: inout Hasher) { hasher.combine(hash) }
 }

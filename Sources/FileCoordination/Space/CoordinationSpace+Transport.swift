@@ -4,23 +4,23 @@ import SystemPackage
 /// The coordination space as the center's transport: claims are byte locks in the claim
 /// shards (``SpaceLocks``), presenters and messages go through ``SpaceMail``.
 extension CoordinationSpace: CoordinationTransport {
-    var address: String { directory.string }
+    package var address: String { directory.string }
 
-    func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool {
+    package func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool {
         guard let held = locks.tryAcquireNow(locks.cachedPlan(for: claims)) else { return false }
         hold(held, for: id)
         return true
     }
 
-    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
         hold(try await locks.acquire(locks.cachedPlan(for: claims), token: id), for: id)
     }
 
-    func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool {
+    package func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool {
         locks.fitsBudget(SpaceLocks.shardMask(of: SpaceLocks.plan(for: claims)))
     }
 
-    func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool {
+    package func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool {
         // Not the one-entry plan cache: batch workers claim distinct files, and would only
         // contend for its lock.
         let plan = SpaceLocks.plan(for: claims)
@@ -30,13 +30,13 @@ extension CoordinationSpace: CoordinationTransport {
         return true
     }
 
-    var takesClaimsForBatch: Bool { true }
+    package var takesClaimsForBatch: Bool { true }
 
-    func cancelWaiting(for id: UInt64) {
+    package func cancelWaiting(for id: UInt64) {
         locks.cancel(token: id)
     }
 
-    func releaseClaims(of id: UInt64) {
+    package func releaseClaims(of id: UInt64) {
         guard let held = heldClaims.withLock({ $0.removeValue(forKey: id) }) else { return }
         locks.release(held)
         claimsChanged()
@@ -47,32 +47,32 @@ extension CoordinationSpace: CoordinationTransport {
         claimsChanged()
     }
 
-    func prepareForBatch() async throws -> Bool {
+    package func prepareForBatch() async throws -> Bool {
         try await locks.openAllShards()
     }
 
-    func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? {
+    package func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? {
         locks.shardBudget < SpaceLocks.shardCount ? locks.readsFitting(paths) : nil
     }
 
-    var otherPresentersAreCurrent: Bool { mail.isRemoteCurrent }
-    func refreshOtherPresenters() async { await mail.refreshRemote() }
-    var otherPresenterCount: Int { mail.remoteCount }
-    func otherPresentersConcern(_ key: PathKey) -> Bool { mail.remoteConcernsAny(key) }
-    func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
+    package var otherPresentersAreCurrent: Bool { mail.isRemoteCurrent }
+    package func refreshOtherPresenters() async { await mail.refreshRemote() }
+    package var otherPresenterCount: Int { mail.remoteCount }
+    package func otherPresentersConcern(_ key: PathKey) -> Bool { mail.remoteConcernsAny(key) }
+    package func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
         mail.remotePresenters(for: path, subtree: subtree)
     }
-    func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+    package func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
         mail.moveRemote(from: source, to: destination)
     }
 
-    func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool {
+    package func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool {
         // Other processes' requests come through the mailbox: it must be watched.
         guard await startWatching() else { return false }
         await mail.register(presenter, at: path)
         return true
     }
 
-    func withdraw(_ presenter: any FilePresenter) async { await mail.unregister(presenter) }
-    func messagesWritten() async { await mail.flush() }
+    package func withdraw(_ presenter: any FilePresenter) async { await mail.unregister(presenter) }
+    package func messagesWritten() async { await mail.flush() }
 }

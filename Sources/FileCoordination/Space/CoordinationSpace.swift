@@ -258,7 +258,7 @@ public final class CoordinationSpace: Sendable {
     }
 
     /// Leaves the space: this process's files are removed (its claims must have ended).
-    func leave() async {
+    package func leave() async {
         record.withLock { $0.left = true }
         locks.close()
         await mail.leave()
@@ -287,6 +287,12 @@ public final class CoordinationSpace: Sendable {
             /// ``processIdentifier`` is another PID namespace's (a container's): this
             /// process's namespace does not show that process.
             public var isInAnotherPIDNamespace = false
+
+            package init(path: FilePath, isWrite: Bool, processIdentifier: Int32, host: String? = nil,
+                         isInAnotherPIDNamespace: Bool = false) {
+                (self.path, self.isWrite, self.processIdentifier, self.host) = (path, isWrite, processIdentifier, host)
+                self.isInAnotherPIDNamespace = isInAnotherPIDNamespace
+            }
         }
         /// A presenter registered by a live process.
         public struct Presenter: Sendable, Equatable {
@@ -299,6 +305,11 @@ public final class CoordinationSpace: Sendable {
             /// ``processIdentifier`` is another PID namespace's (a container's): this
             /// process's namespace does not show that process.
             public var isInAnotherPIDNamespace = false
+
+            package init(path: FilePath, processIdentifier: Int32, host: String? = nil, isInAnotherPIDNamespace: Bool = false) {
+                (self.path, self.processIdentifier, self.host) = (path, processIdentifier, host)
+                self.isInAnotherPIDNamespace = isInAnotherPIDNamespace
+            }
         }
         /// Claims held by live processes, by path.
         public var claims: [Claim] = []
@@ -312,6 +323,8 @@ public final class CoordinationSpace: Sendable {
         public var unanswered: [Int32] = []
         /// Processes found dead and cleaned up by this call.
         public var cleanedUp: [Int32] = []
+
+        package init() {}
     }
 
     /// Asks every live process in the space for its claims and presenters, and cleans up

@@ -10,7 +10,7 @@ import SystemPackage
 /// Claims are identified by the in-process request that holds them (its raw number):
 /// the rules of the process have granted them already, and the transport makes other
 /// processes see them.
-protocol CoordinationTransport: AnyObject, Sendable {
+package protocol CoordinationTransport: AnyObject, Sendable {
     /// Where the space is, for messages (a directory, for ``CoordinationSpace``).
     var address: String { get }
 
@@ -97,17 +97,17 @@ protocol CoordinationTransport: AnyObject, Sendable {
 }
 
 extension CoordinationTransport {
-    var fencesClaims: Bool { false }
-    func accessorStarts(_ id: UInt64, task: AccessorTask) {}
-    func accessorEnds(_ id: UInt64) async -> Bool { true }
-    func fencingToken(of id: UInt64) -> Int64? { nil }
+    package var fencesClaims: Bool { false }
+    package func accessorStarts(_ id: UInt64, task: AccessorTask) {}
+    package func accessorEnds(_ id: UInt64) async -> Bool { true }
+    package func fencingToken(of id: UInt64) -> Int64? { nil }
 }
 
 /// The task running an accessor, to cancel when its claims stop holding. Valid only
 /// between ``CoordinationTransport/accessorStarts(_:task:)`` and
 /// ``CoordinationTransport/accessorEnds(_:)``, while the task is suspended inside its
 /// accessor; cancelling a task is safe from any thread.
-struct AccessorTask: @unchecked Sendable {
+package struct AccessorTask: @unchecked Sendable {
     let task: UnsafeCurrentTask
-    func cancel() { task.cancel() }
+    package func cancel() { task.cancel() }
 }

@@ -12,16 +12,19 @@ import Glibc
 /// ``PresenterMessenger/bounded(_:_:of:late:_:)`` around the callback, which then runs in
 /// the coordinating task itself (a remote callback is a request and a reply, so it cannot
 /// hang the task past its deadline).
-enum RemoteDeadline {
-    @TaskLocal static var timeout: Duration?
+package enum RemoteDeadline {
+    @TaskLocal package static var timeout: Duration?
 }
 
 /// A request to another process was not answered within ``RemoteDeadline/timeout``.
-struct RemoteNoAnswer: Error {}
+package struct RemoteNoAnswer: Error {
+    package init() {}
+}
 
 /// How messages reach another process's presenters: ``SpaceMail`` (files and inotify in
-/// the space's directory) or ``EtcdMail`` (keys in etcd).
-protocol PresenterMailbox: Sendable {
+/// the space's directory) or the etcd space's `EtcdMail` (keys in etcd; module
+/// FileCoordinationEtcd).
+package protocol PresenterMailbox: Sendable {
     /// Sends a request and waits for its reply; nil when the target process is gone.
     /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
     func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body?
@@ -35,14 +38,14 @@ extension SpaceMail: PresenterMailbox {}
 
 /// A presenter registered by another process, as this process sees it: each callback is
 /// a request into that process's mailbox, answered through this process's mailbox.
-final class RemotePresenter: FilePresenter, CustomStringConvertible {
+package final class RemotePresenter: FilePresenter, CustomStringConvertible {
     let mail: any PresenterMailbox
     let process: String
     let number: UInt64
-    let path: FilePath
+    package let path: FilePath
     let pid: Int32
 
-    init(mail: any PresenterMailbox, process: String, number: UInt64, path: FilePath, pid: Int32) {
+    package init(mail: any PresenterMailbox, process: String, number: UInt64, path: FilePath, pid: Int32) {
         self.mail = mail
         self.process = process
         self.number = number
@@ -50,8 +53,8 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         self.pid = pid
     }
 
-    var presentedItemURL: URL? { path.fileURL }
-    var description: String { "the presenter of \(path) in process \(pid)" }
+    package var presentedItemURL: URL? { path.fileURL }
+    package var description: String { "the presenter of \(path) in process \(pid)" }
 
     private func message(_ call: SpaceProtocol.Call, path: FilePath? = nil) -> SpaceProtocol.Body {
         .presenter(.init(presenter: number, path: path ?? self.path, call: call))
@@ -103,30 +106,30 @@ final class RemotePresenter: FilePresenter, CustomStringConvertible {
         return { [self] in tell(.reacquire(re: re)) }
     }
 
-    func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
+    package func relinquishPresentedItem(toReader request: FileAccessRequest) async throws -> FileReacquirer? {
         try await relinquish((try? FilePath(fileURL: request.url)) ?? path, kind: request.kind, purpose: request.purposeIdentifier)
     }
 
-    func relinquishPresentedItem(toWriter request: FileAccessRequest) async throws -> FileReacquirer? {
+    package func relinquishPresentedItem(toWriter request: FileAccessRequest) async throws -> FileReacquirer? {
         try await relinquish((try? FilePath(fileURL: request.url)) ?? path, kind: request.kind, purpose: request.purposeIdentifier)
     }
 
-    func savePresentedItemChanges() async throws { _ = try await ask(.save) }
-    func accommodatePresentedItemDeletion() async throws { _ = try await ask(.accommodateDeletion) }
-    func accommodatePresentedSubitemDeletion(at url: URL) async throws {
+    package func savePresentedItemChanges() async throws { _ = try await ask(.save) }
+    package func accommodatePresentedItemDeletion() async throws { _ = try await ask(.accommodateDeletion) }
+    package func accommodatePresentedSubitemDeletion(at url: URL) async throws {
         _ = try await ask(.accommodateSubitemDeletion, path: try FilePath(fileURL: url))
     }
-    func presentedItemDidChange() async { tell(.didChange) }
-    func presentedItemDidMove(to url: URL) async {
+    package func presentedItemDidChange() async { tell(.didChange) }
+    package func presentedItemDidMove(to url: URL) async {
         if let to = try? FilePath(fileURL: url) { tell(.didMove(to: to)) }
     }
-    func presentedSubitemDidAppear(at url: URL) async {
+    package func presentedSubitemDidAppear(at url: URL) async {
         if let at = try? FilePath(fileURL: url) { tell(.subitemDidAppear, path: at) }
     }
-    func presentedSubitemDidChange(at url: URL) async {
+    package func presentedSubitemDidChange(at url: URL) async {
         if let at = try? FilePath(fileURL: url) { tell(.subitemDidChange, path: at) }
     }
-    func presentedSubitem(at url: URL, didMoveTo newURL: URL) async {
+    package func presentedSubitem(at url: URL, didMoveTo newURL: URL) async {
         if let at = try? FilePath(fileURL: url), let to = try? FilePath(fileURL: newURL) {
             tell(.subitemDidMove(to: to), path: at)
         }

@@ -228,7 +228,7 @@ extension SpaceMail {
         await kept.reacquirer?()
     }
 
-    static func describe(_ error: any Error) -> String {
+    package static func describe(_ error: any Error) -> String {
         if let error = error as? FileCoordinationError { return error.message }
         if let error = error as? any LocalizedError, let text = error.errorDescription { return text }
         return String(describing: error)
@@ -239,7 +239,7 @@ extension SpaceProtocol.PresenterMessage {
     /// Delivers a call that no ledger keeps (every call but a relinquish and a reacquire)
     /// to `presenter` (nil: it was unregistered); a request's answer goes through
     /// `replying`. For the mailbox of either space.
-    func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
+    package func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
         var url: URL { path.fileURL }
         switch call {
         case .save:

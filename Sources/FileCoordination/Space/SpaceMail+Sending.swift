@@ -84,7 +84,7 @@ extension SpaceMail {
 
     /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
     /// it); a failure to write it is ignored, as for any `did…` message or `reacquire`.
-    func tell(_ message: SpaceProtocol.Body, to target: String) {
+    package func tell(_ message: SpaceProtocol.Body, to target: String) {
         let write = prepare(message, to: target, id: nextID())
         post(to: target) { [self] in
             do {
@@ -147,7 +147,7 @@ extension SpaceMail {
         }
     }
 
-    func nextID() -> UInt64 {
+    package func nextID() -> UInt64 {
         state.withLock { state in
             defer { state.nextMessage += 1 }
             return state.nextMessage
@@ -161,7 +161,7 @@ extension SpaceMail {
     /// parks once, until the reply (or the write's failure, or the target's death) arrives.
     ///
     /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
-    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
+    package func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
         let watched = await startWatching()
         let id = nextID()
         state.withLock { $0.replies[id] = .registered(target: target) }

@@ -13,7 +13,7 @@ import Glibc
 /// sends to other processes' presenters and the answers it waits for, the registry of
 /// presenters (its own, and a cache of everyone else's), and the requests it serves for
 /// its own presenters.
-final class SpaceMail: Sendable {
+package final class SpaceMail: Sendable {
     let files: SpaceFiles
     var me: String { files.processName }
 
@@ -32,9 +32,13 @@ final class SpaceMail: Sendable {
     }
 
     /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
-    struct KeptRelinquish {
-        var reacquirer: FileReacquirer?
-        var suppression: (watch: PresenterWatch, token: Int)?
+    package struct KeptRelinquish {
+        package var reacquirer: FileReacquirer?
+        package var suppression: (watch: PresenterWatch, token: Int)?
+
+        package init(reacquirer: FileReacquirer?, suppression: (watch: PresenterWatch, token: Int)? = nil) {
+            (self.reacquirer, self.suppression) = (reacquirer, suppression)
+        }
     }
 
     /// What the serving task is handed, in order.

@@ -8,7 +8,7 @@ import SystemPackage
 /// (`filecoord 1`) and an `end` line (so a truncated file is told from a whole one).
 /// Values are percent-encoded bytes: everything outside `!`...`~`, and `%` itself, is
 /// written `%XX`, so paths with spaces, newlines or bytes that are not UTF-8 survive.
-struct SpaceMessage: Sendable, Equatable {
+package struct SpaceMessage: Sendable, Equatable {
     static let version = 1
     static let maximumSize = 64 * 1024
 
@@ -61,7 +61,7 @@ struct SpaceMessage: Sendable, Equatable {
 
     // MARK: Encoding
 
-    func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(64 + fields.reduce(0) { $0 + $1.key.utf8.count + 2 + 3 * $1.value.count })
         out.append(contentsOf: "filecoord \(Self.version)\nkind ".utf8)
@@ -79,7 +79,7 @@ struct SpaceMessage: Sendable, Equatable {
 
     /// Parses a whole message; nil for anything else (another version, a truncated or
     /// foreign file), with the reason. One pass over the bytes, no array of lines.
-    static func decode(_ bytes: some Collection<UInt8>) -> Result<SpaceMessage, MalformedReason> {
+    package static func decode(_ bytes: some Collection<UInt8>) -> Result<SpaceMessage, MalformedReason> {
         guard bytes.count <= maximumSize else { return .failure(.tooLarge) }
         if let result = bytes.withContiguousStorageIfAvailable({ decode(buffer: $0) }) { return result }
         return Array(bytes).withUnsafeBufferPointer { decode(buffer: $0) }
@@ -136,7 +136,7 @@ struct SpaceMessage: Sendable, Equatable {
         return .success(message)
     }
 
-    enum MalformedReason: String, Error, Sendable {
+    package enum MalformedReason: String, Error, Sendable {
         case tooLarge = "larger than 64 KiB"
         case truncated = "truncated (no end line)"
         case unsupportedVersion = "written for another protocol version"

@@ -7,18 +7,22 @@ import SystemPackage
 /// Every key and kind of the protocol is spelled here and nowhere else; the transport
 /// reads and writes these types. Decoding is strict: a message missing a field its kind
 /// requires is malformed, and the receiver ignores it with a warning.
-enum SpaceProtocol {
+package enum SpaceProtocol {
     /// What every message carries, set by the sender as it writes the message.
-    struct Header: Sendable, Equatable {
+    package struct Header: Sendable, Equatable {
         /// The sender's process name (`<pid>-<hex>`).
-        var from: String
+        package var from: String
         /// Unique per sender.
-        var id: UInt64
-        var pid: Int32
+        package var id: UInt64
+        package var pid: Int32
+
+        package init(from: String, id: UInt64, pid: Int32) {
+            (self.from, self.id, self.pid) = (from, id, pid)
+        }
     }
 
     /// A message of the protocol's table, without its header.
-    enum Body: Sendable, Equatable {
+    package enum Body: Sendable, Equatable {
         /// A callback of one presenter of the receiving process.
         case presenter(PresenterMessage)
         /// The answer to a presenter request.
@@ -35,21 +39,25 @@ enum SpaceProtocol {
     static let pidNamespaceKey = "pid-ns"
 
     /// A message as received: header and body.
-    struct Message: Sendable, Equatable {
-        var header: Header
-        var body: Body
+    package struct Message: Sendable, Equatable {
+        package var header: Header
+        package var body: Body
+
+        package init(header: Header, body: Body) {
+            (self.header, self.body) = (header, body)
+        }
     }
 
     /// A callback of the presenter numbered `presenter` in the receiving process.
-    struct PresenterMessage: Sendable, Equatable {
-        var presenter: UInt64
+    package struct PresenterMessage: Sendable, Equatable {
+        package var presenter: UInt64
         /// The presented item (for the subitem callbacks, the subitem).
-        var path: FilePath
-        var call: Call
+        package var path: FilePath
+        package var call: Call
     }
 
     /// The callbacks a message can carry, named on the wire by their `kind`.
-    enum Call: Sendable, Equatable {
+    package enum Call: Sendable, Equatable {
         case relinquish(Relinquish)
         case save
         case accommodateDeletion
@@ -73,22 +81,26 @@ enum SpaceProtocol {
 
     /// A coordinator's request that a presenter relinquish its item, with the steps that
     /// follow in the same round trip.
-    struct Relinquish: Sendable, Equatable {
-        enum Access: String, Sendable { case read, write }
-        enum FollowUp: String, Sendable { case save, accommodateDeletion = "accommodate-deletion" }
+    package struct Relinquish: Sendable, Equatable {
+        package enum Access: String, Sendable { case read, write }
+        package enum FollowUp: String, Sendable { case save, accommodateDeletion = "accommodate-deletion" }
 
-        var access: Access
-        var purpose: String
+        package var access: Access
+        package var purpose: String
         /// The reference its `reacquire` will carry.
-        var re: UInt64
-        var then: FollowUp? = nil
-        var subitemDeletions: [FilePath] = []
+        package var re: UInt64
+        package var then: FollowUp? = nil
+        package var subitemDeletions: [FilePath] = []
     }
 
     /// A presenter request's answer: `failure` is the presenter's error text.
-    struct Reply: Sendable, Equatable {
-        var re: UInt64
-        var failure: String? = nil
+    package struct Reply: Sendable, Equatable {
+        package var re: UInt64
+        package var failure: String? = nil
+
+        package init(re: UInt64, failure: String? = nil) {
+            (self.re, self.failure) = (re, failure)
+        }
     }
 
     /// One claim as `status` lists it: `r /path` or `w /path` on the wire.
@@ -98,7 +110,7 @@ enum SpaceProtocol {
     }
 
     /// A process's answer to `status`.
-    struct StatusReport: Sendable, Equatable {
+    package struct StatusReport: Sendable, Equatable {
         var re: UInt64
         var claims: [ClaimLine] = []
         var waiting: [ClaimLine] = []
@@ -124,7 +136,7 @@ enum SpaceProtocol {
     }
 
     /// Why a file that is a well-formed ``SpaceMessage`` is still not a message of ours.
-    enum Invalid: Error, Sendable, Equatable {
+    package enum Invalid: Error, Sendable, Equatable {
         case unknownKind(String)
         case missing(String)
 
@@ -141,7 +153,7 @@ enum SpaceProtocol {
 
 extension SpaceProtocol.Header {
     /// Adds the header's fields to a message about to be written.
-    func stamp(_ message: inout SpaceMessage) {
+    package func stamp(_ message: inout SpaceMessage) {
         message.set(SpaceProtocol.fromKey, from)
         message.set("id", "\(id)")
         message.set("pid", "\(pid)")
@@ -178,7 +190,7 @@ extension SpaceProtocol.Body {
     }
 
     /// The message without its header (the sender stamps that as it writes).
-    func encoded() -> SpaceMessage {
+    package func encoded() -> SpaceMessage {
         switch self {
         case .presenter(let message):
             var out = SpaceMessage(kind: message.call.kind)
@@ -280,7 +292,7 @@ extension SpaceProtocol.ProcessRecord {
 
 extension SpaceProtocol.Message {
     /// The message a decoded file holds.
-    init(decoding message: SpaceMessage) throws(SpaceProtocol.Invalid) {
+    package init(decoding message: SpaceMessage) throws(SpaceProtocol.Invalid) {
         header = SpaceProtocol.Header(from: try message.required(SpaceProtocol.fromKey, message.string),
                                       id: try message.required("id", message.number),
                                       pid: try message.required("pid", message.pid))

@@ -1,3 +1,4 @@
+import FileCoordination
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import SystemPackage

@@ -1,4 +1,5 @@
-import CFileCoordinationShims
+import FileCoordination
+import CFileCoordinationTLS
 
 /// A TLS context for the etcd space's connections: the CA to trust, and the client's
 /// certificate and key when etcd asks for one. OpenSSL is loaded when the first is made.

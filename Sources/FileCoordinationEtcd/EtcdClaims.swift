@@ -1,3 +1,4 @@
+import FileCoordination
 @_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import SystemPackage
@@ -250,18 +251,18 @@ extension EtcdCoordinationSpace {
 /// The etcd space as the center's transport. Claims always take a round trip to etcd
 /// (``takeClaimsNow(_:for:)`` says no, so the center awaits ``takeClaims(_:for:)``).
 extension EtcdCoordinationSpace: CoordinationTransport {
-    func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool { false }
+    package func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool { false }
 
-    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
         defer { state.withLock { _ = $0.cancelled.remove(id) } }
         try await take(claims, for: id)
     }
 
-    func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }
-    func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool { false }
-    var takesClaimsForBatch: Bool { false }
+    package func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }
+    package func takeClaimsForBatch(_ claims: [CoordinationRules.Claim], for id: UInt64, opening: Bool) -> Bool { false }
+    package var takesClaimsForBatch: Bool { false }
 
-    func cancelWaiting(for id: UInt64) {
+    package func cancelWaiting(for id: UInt64) {
         let waiting = state.withLock { state -> Bool in
             if state.waiting[id] != nil { return true }
             state.cancelled.insert(id)
@@ -270,21 +271,21 @@ extension EtcdCoordinationSpace: CoordinationTransport {
         if waiting { finishWait(id, .failure(FileCoordinationError.coordinatorCancelled())) }
     }
 
-    func releaseClaims(of id: UInt64) {
+    package func releaseClaims(of id: UInt64) {
         guard let held = state.withLock({ $0.held.removeValue(forKey: id) }) else { return }
         release(held.key)
     }
 
-    var fencesClaims: Bool { true }
+    package var fencesClaims: Bool { true }
 
-    func accessorStarts(_ id: UInt64, task: AccessorTask) {
+    package func accessorStarts(_ id: UInt64, task: AccessorTask) {
         running.withLock { running in
             if running.lost { task.cancel() }
             running.tasks[id] = task
         }
     }
 
-    func accessorEnds(_ id: UInt64) async -> Bool {
+    package func accessorEnds(_ id: UInt64) async -> Bool {
         // Once this returns, the task may end: it is not cancelled after.
         let lost = running.withLock { running -> Bool in
             running.tasks[id] = nil
@@ -295,25 +296,25 @@ extension EtcdCoordinationSpace: CoordinationTransport {
         return keeper.holdsNow ? true : await keeper.confirm()
     }
 
-    func fencingToken(of id: UInt64) -> Int64? { state.withLock { $0.held[id]?.revision } }
+    package func fencingToken(of id: UInt64) -> Int64? { state.withLock { $0.held[id]?.revision } }
 
-    func prepareForBatch() async throws -> Bool { true }
-    func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? { nil }
+    package func prepareForBatch() async throws -> Bool { true }
+    package func readsFitting(_ paths: some Collection<[UInt8]>) -> Int? { nil }
 
-    var otherPresentersAreCurrent: Bool { mail.isCurrent }
-    func refreshOtherPresenters() async { await mail.refresh() }
-    var otherPresenterCount: Int { mail.remoteCount }
-    func otherPresentersConcern(_ key: PathKey) -> Bool { mail.concernsAny(key) }
-    func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
+    package var otherPresentersAreCurrent: Bool { mail.isCurrent }
+    package func refreshOtherPresenters() async { await mail.refresh() }
+    package var otherPresenterCount: Int { mail.remoteCount }
+    package func otherPresentersConcern(_ key: PathKey) -> Bool { mail.concernsAny(key) }
+    package func otherPresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
         mail.presenters(for: path, subtree: subtree)
     }
-    func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
+    package func moveOtherPresenters(from source: FilePath, to destination: FilePath) -> [PresenterRegistry.Moved] {
         mail.move(from: source, to: destination)
     }
-    func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool { await mail.register(presenter, at: path) }
-    func withdraw(_ presenter: any FilePresenter) async { await mail.unregister(presenter) }
-    func messagesWritten() async { await client.barrier() }
-    func leave() async { await leaveSpace() }
+    package func publish(_ presenter: any FilePresenter, at path: FilePath) async -> Bool { await mail.register(presenter, at: path) }
+    package func withdraw(_ presenter: any FilePresenter) async { await mail.unregister(presenter) }
+    package func messagesWritten() async { await client.barrier() }
+    package func leave() async { await leaveSpace() }
 }
 
 extension EtcdCoordinationSpace {
@@ -365,8 +366,7 @@ extension EtcdCoordinationSpace {
     /// Revokes this process's lease at once, on the calling thread, with a connection of
     /// its own: for a process about to die of a signal, so that its claims go now rather
     /// than after the lease's TTL.
-    @_spi(FileCoordinationInternal)
-    public func revokeLeaseBeforeExit() {
+    package func revokeLeaseBeforeExit() {
         keeper.stop()
         var connection: EtcdConnection?
         guard let body = try? EtcdJSON.encode(EtcdJSON.LeaseRequest(ID: String(leaseID))) else { return }

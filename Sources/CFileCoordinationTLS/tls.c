@@ -1,7 +1,7 @@
-// TLS through the system's OpenSSL, loaded on first use (see CFileCoordinationShims.h).
+// TLS through the system's OpenSSL, loaded on first use (see CFileCoordinationTLS.h).
 // No OpenSSL header is needed to build: the few functions used are looked up by name,
 // with the signatures of OpenSSL 1.1 and 3.
-#include "CFileCoordinationShims.h"
+#include "CFileCoordinationTLS.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>

@@ -1,7 +1,8 @@
 import Foundation
 import SystemPackage
 import Testing
-@testable import FileCoordination
+@testable import FileCoordinationEtcd
+import FileCoordination
 
 /// The etcd space's pure parts: addresses, names relative to a root, the order of claims.
 @Suite("etcd space: addresses, names, claim order")

@@ -1,3 +1,4 @@
+import FileCoordination
 import SystemPackage
 
 extension EtcdCoordinationSpace {

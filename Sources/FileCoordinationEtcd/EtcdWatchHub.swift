@@ -1,3 +1,4 @@
+import FileCoordination
 @_spi(FileCoordinationInternal) import AsyncFileIO
 
 /// Every watch of a process on one stream: one ``EtcdWatch`` over the whole space

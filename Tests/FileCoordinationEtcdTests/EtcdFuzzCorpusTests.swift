@@ -1,6 +1,7 @@
 import Foundation
 import Testing
-@testable import FileCoordination
+@testable import FileCoordinationEtcd
+import FileCoordination
 
 /// The fuzzer's kept corpus and every input that once crashed a parser (`Fuzz/`), fed to
 /// the property `make fuzz` checks: each parser ends within its bounds and gives the same

@@ -1,4 +1,5 @@
-import CFileCoordinationShims
+import FileCoordination
+import CFileCoordinationTLS
 import Foundation
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,6 @@
 import Testing
-@testable import FileCoordination
+@testable import FileCoordinationEtcd
+import FileCoordination
 
 /// The etcd client's parsers of bytes from the network: an answer's head, a chunked
 /// body, a watch's messages. Pure: driven here byte by byte and in every cut.
