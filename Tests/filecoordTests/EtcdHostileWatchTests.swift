@@ -98,12 +98,15 @@ struct EtcdHostileWatchTests {
 /// A counter shared by a server's threads.
 final class Counter: @unchecked Sendable {
     private let lock = NSLock()
-    private var value = 0
+    private var count = 0
+    /// The current value.
+    var value: Int { lock.withLock { count } }
+
     /// The value, then one more.
     func next() -> Int {
         lock.withLock {
-            defer { value += 1 }
-            return value
+            defer { count += 1 }
+            return count
         }
     }
 }
