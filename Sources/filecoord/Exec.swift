@@ -25,7 +25,12 @@ struct Exec: AsyncParsableCommand {
             are held until it exits. The exit \
             status is COMMAND's (128+N if a signal N ended it; 127 if it was not found, 126 if \
             it could not be run); when the claims could not be had in time it is 3, or N \
-            with -E N.
+            with -E N. With -o (--close), as flock -o, COMMAND does not inherit the claims: \
+            filecoord alone holds them until COMMAND exits, and if filecoord is killed they \
+            end with it, while COMMAND and what it started run on. (Without -o, once \
+            COMMAND exits filecoord releases the claims, whoever else holds their \
+            descriptors: a daemon COMMAND started holds nothing then.) -c STRING runs \
+            `sh -c STRING`, as flock -c.
             """
     )
 
@@ -45,16 +50,28 @@ struct Exec: AsyncParsableCommand {
                                valueName: "N"))
     var conflictExitCode: Int32?
 
+    @Flag(name: [.customShort("o"), .customLong("close")],
+          help: "COMMAND does not inherit the claims: filecoord alone holds them until COMMAND exits (as flock -o); if filecoord is killed they end with it.")
+    var close = false
+
+    @Option(name: [.customShort("c"), .customLong("command")],
+            help: ArgumentHelp("Run `sh -c STRING` (as flock -c) instead of a command after --.", valueName: "STRING"))
+    var commandString: String?
+
     @Argument(parsing: .postTerminator, help: "The command and its arguments, after --.", completion: .file())
     var command: [String] = []
 
     /// The values given, apart from the parser.
     var settings: ExecSettings {
         ExecSettings(reads: reads, writes: writes, deletes: deletes, coordination: coordination.settings,
-                     conflictExitCode: conflictExitCode, command: command)
+                     conflictExitCode: conflictExitCode, command: commandString.map { ["/bin/sh", "-c", $0] } ?? command,
+                     closingClaims: close)
     }
 
-    func validate() throws { try settings.validate() }
+    func validate() throws {
+        if commandString != nil, !command.isEmpty { throw ValidationError("-c and a command after -- contradict each other") }
+        try settings.validate()
+    }
 
     func run() async throws { try await settings.run() }
 }
@@ -68,13 +85,15 @@ struct ExecSettings: Sendable {
     var coordination: CoordinationSettings
     var conflictExitCode: Int32?
     var command: [String]
+    /// `-o`: the claims are held by this process alone, not inherited by the command.
+    var closingClaims = false
 
     /// Its own options' checks (those of ``CoordinationSettings`` are made first).
     func validate() throws {
         if let conflictExitCode, !(0 ... 255).contains(conflictExitCode) {
             throw ValidationError("--conflict-exit-code must be from 0 to 255")
         }
-        guard !command.isEmpty else { throw ValidationError("name a command after --") }
+        guard !command.isEmpty else { throw ValidationError("name a command after --, or give -c STRING") }
         guard !(reads.isEmpty && writes.isEmpty && deletes.isEmpty) else {
             throw ValidationError("name at least one --read, --write or --delete")
         }
@@ -126,7 +145,9 @@ struct ExecSettings: Sendable {
                     let environment = FileCoordinator.fencingToken.map { ["FILECOORD_FENCING_TOKEN=\($0)"] } ?? []
                     // The claims go into the record first: `status` reads them there (a
                     // process that never waited does not listen).
-                    return try await Child.run(command, keeping: space?.claimDescriptors ?? [], adding: environment,
+                    // With -o the claims stay this process's alone.
+                    let kept = closingClaims ? [] : space?.claimDescriptors ?? []
+                    return try await Child.run(command, keeping: kept, adding: environment,
                                                first: space?.claimsRecordWrite())
                 }
             }
