@@ -81,11 +81,13 @@ void fc_note_startup(void) {
     closedir(directory);
 }
 
-int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count) {
+int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count,
+                     int stdin_fd) {
     // Every descriptor of this process's own (libinotifytools' among them) stays out.
     syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
+    if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
     for (int index = 0; index < fc_inherited_count; index++) {
         struct stat info;
         int fd = fc_inherited[index].fd;

@@ -29,8 +29,10 @@ int fc_ignored_at_start(int number);
 /// posix_spawnp for `exec`: no signal blocked; the signals this process ignores that were
 /// not ignored at its start reset to default; the descriptors noted at start passed on
 /// (when still the same files), and the `kept_count` descriptors of `kept` (this
-/// process's own, passed on on purpose), every other one closed. Returns 0 or an errno value.
-int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count);
+/// process's own, passed on on purpose), every other one closed; `stdin_fd`, unless -1,
+/// as its standard input. Returns 0 or an errno value.
+int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *const envp[], const int *kept, int kept_count,
+                     int stdin_fd);
 /// From now until `fc_wait_command` returns (or `fc_forward_signals_end`), SIGINT,
 /// SIGTERM, SIGHUP and SIGQUIT (those not ignored) sent by another process are passed on
 /// to the command; those a terminal sent (to the whole process group, the command
