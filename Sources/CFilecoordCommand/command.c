@@ -206,9 +206,12 @@ void fc_die_by_signal(int number) {
 
 static int fc_caught_pipe[2] = { -1, -1 };
 
-static void fc_catch(int number) {
+static void fc_catch(int number, siginfo_t *info, void *context) {
+    (void)context;
     int saved = errno;
-    unsigned char byte = (unsigned char)number;
+    // Bit 7: sent by the kernel (a terminal's Ctrl-C reaches the whole process group),
+    // not by a process (si_code <= 0: kill, sigqueue).
+    unsigned char byte = (unsigned char)number | (info != NULL && info->si_code > 0 ? 0x80 : 0);
     // Non-blocking: with the pipe full (thousands of signals not yet read) one is dropped.
     ssize_t written = write(fc_caught_pipe[1], &byte, 1);
     (void)written;
@@ -222,8 +225,8 @@ int fc_catch_signals(const int *numbers, int count) {
     }
     struct sigaction action;
     memset(&action, 0, sizeof action);
-    action.sa_handler = fc_catch;
-    action.sa_flags = SA_RESTART;
+    action.sa_sigaction = fc_catch;
+    action.sa_flags = SA_RESTART | SA_SIGINFO;
     sigemptyset(&action.sa_mask);
     for (int index = 0; index < count; index++) sigaddset(&action.sa_mask, numbers[index]);
     for (int index = 0; index < count; index++) {
@@ -234,4 +237,8 @@ int fc_catch_signals(const int *numbers, int count) {
 
 void fc_uncatch_signals(const int *numbers, int count) {
     for (int index = 0; index < count; index++) signal(numbers[index], SIG_DFL);
+}
+
+int fc_pipe_cloexec(int fds[2]) {
+    return pipe2(fds, O_CLOEXEC);
 }

@@ -104,6 +104,12 @@ public protocol FilePresenter: AnyObject, Sendable {
     /// per item and kind. Not in Apple's protocol; the default, nil, delivers every change.
     var presentedItemSettleInterval: Duration? { get }
 
+    /// Whether changes made outside coordination are watched in the whole subtree of a
+    /// presented directory (the default, true) or in its own entries only (false: one
+    /// inotify watch, however large the tree; changes deeper inside are heard only from
+    /// coordinated writers). Not in Apple's protocol. Read when the watch starts.
+    var presentedItemWatchesSubtree: Bool { get }
+
     /// Whether some of this presenter's callbacks (or its reacquirers) block their thread
     /// (synchronous file I/O, a wait on a semaphore). Requests from other processes then
     /// start on an I/O thread instead of the thread that watches the coordination space,
@@ -166,6 +172,8 @@ extension FilePresenter {
     public func accommodatePresentedSubitemDeletion(at url: URL) async throws {}
     /// Default: no coalescing.
     public var presentedItemSettleInterval: Duration? { nil }
+    /// Default: the whole subtree.
+    public var presentedItemWatchesSubtree: Bool { true }
     /// Default: the callbacks do not block.
     public var presentedItemCallbacksMayBlock: Bool { false }
     /// Default: nothing to do (the library's warning says it).

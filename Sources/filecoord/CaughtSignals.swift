@@ -16,7 +16,7 @@ final class CaughtSignals: Sendable {
     /// The one per process (a signal's handler is per process).
     static let shared = CaughtSignals()
 
-    private let handlers = Locked<[Int32: @Sendable (Int32) -> Void]>([:])
+    private let handlers = Locked<[Int32: @Sendable (Int32, _ fromTerminal: Bool) -> Void]>([:])
     /// Whether the thread that reads the pipe runs.
     private let reading = Locked(false)
 
@@ -25,6 +25,13 @@ final class CaughtSignals: Sendable {
     /// Catches `numbers` from now on: each time one comes, `handler` runs with its number
     /// on the catching thread. A later call for the same signal replaces its handler.
     func catchSignals(_ numbers: [Int32], handler: @escaping @Sendable (Int32) -> Void) throws {
+        try catchSignals(numbers) { number, _ in handler(number) }
+    }
+
+    /// ``catchSignals(_:handler:)``, with whether the signal came from the kernel (a
+    /// terminal's Ctrl-C, sent to the whole foreground process group) rather than from a
+    /// process (`kill`).
+    func catchSignals(_ numbers: [Int32], handler: @escaping @Sendable (Int32, _ fromTerminal: Bool) -> Void) throws {
         handlers.withLock { handlers in
             for number in numbers { handlers[number] = handler }
         }
@@ -54,8 +61,8 @@ final class CaughtSignals: Sendable {
         while true {
             let count = Glibc.read(pipe, &number, 1)
             if count == 1 {
-                let handler = handlers.withLock { $0[Int32(number)] }
-                handler?(Int32(number))
+                let handler = handlers.withLock { $0[Int32(number & 0x7F)] }
+                handler?(Int32(number & 0x7F), number & 0x80 != 0)
             } else if count < 0, errno == EINTR {
                 continue
             } else {

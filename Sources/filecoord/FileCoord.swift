@@ -85,7 +85,7 @@ struct FileCoord: ParsableCommand {
     private static func runCommand() async {
         var status: Int32 = 0
         do {
-            let arguments = RawArguments.parserArguments
+            let arguments = PresentCommandLine.split(RawArguments.parserArguments)
             // `help NOSUCH` would print the general help and succeed.
             if arguments.first == "help", arguments.count > 1, !arguments[1].hasPrefix("-"),
                !subcommandNames.contains(arguments[1]) {

@@ -8,15 +8,22 @@ import Synchronization
 struct Present: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "present",
-        abstract: "Present a file or directory and print every callback until a signal, --count events or --timeout.",
+        abstract: "Present files or directories and print every callback, or run a command on each change.",
+        usage: """
+            filecoord present [<options>] PATH... [--fromfile FILE]
+            filecoord present [<options>] PATH... -- COMMAND [ARGUMENT...]
+            """,
         discussion: """
-            Registers a presenter for PATH (a file, or a directory covering its whole subtree). \
-            It hears changes made by any program, coordinated or not. The first line is \
-            "ready", printed once the presenter is registered and its watches are in place. \
-            It ends on SIGINT, SIGTERM, SIGHUP or SIGQUIT (it removes its presenter, then \
+            Registers a presenter for each PATH (a file, or a directory covering its whole \
+            subtree; with --shallow its own entries only). It hears changes made by any \
+            program, coordinated or not. The first lines are "ready PATH", one per PATH, \
+            printed once the presenters are registered and their watches are in place. \
+            It ends on SIGINT, SIGTERM, SIGHUP or SIGQUIT (it removes its presenters, then \
             dies by the signal: the shell sees 128+N), after --count events (exit 0, \
             once the access a relinquish let through has ended), or when no event came for \
-            --timeout (exit 2). Events: \(EventFilter.names.joined(separator: ", ")). \
+            --timeout (exit 2). Events: \(EventFilter.names.joined(separator: ", ")); -e \
+            also takes inotify's names (\(EventFilter.inotifyNames.map(\.key).joined(separator: ", "))) \
+            for the callbacks that report the same. \
             With --json each line is one object, keys sorted: \
             {"date":ISO8601,"event":E,"path":P,"pid":N?,"time":EPOCH,"to":Q?}; pid is \
             this process's for ready, and the asking process's for relinquishToReader, \
@@ -24,18 +31,51 @@ struct Present: AsyncParsableCommand {
             made the change). A name that is not UTF-8 also gets pathBase64 (and toBase64) \
             with its exact bytes. In text lines, a backslash, a control character and any \
             byte that is not UTF-8 are escaped as `ls -b` escapes them (\\\\, \\n, \\ooo). \
+            --format writes each line as inotifywait's does: %w the presented item (for a \
+            subitem's event the directory it is in, with a trailing slash), %f the \
+            subitem's name (empty for the item's own events), %e the event, %T the time \
+            (--timefmt, strftime; default \(EventFormat.defaultTimeFormat)), %t a move's \
+            destination, %p the asking process, %0 a NUL byte, %% a percent sign; %w, %f \
+            and %t are the names' exact bytes, %xw, %xf and %xt the names escaped as in \
+            text lines. \
             A directory left unwatched because the user's inotify watch limit is reached is \
             printed as "unwatched DIR" (changes made inside it by programs that do not \
             coordinate are not heard), after ready or when it is created. \
-            Coordinated readers and writers in every process of the space message it first.
+            Coordinated readers and writers in every process of the space message it first. \
+            With a COMMAND after --, it prints the ready lines, then runs COMMAND after each \
+            burst of changes has settled (--settle), never two at once, under a \
+            coordinated read of the changed items (a coordinating writer waits for it, and \
+            it never starts inside a coordinated save), with their paths, one a line, on \
+            its stdin and in FILECOORD_CHANGED (up to 64 KiB of them). A change during a \
+            run is run for after it (--on-busy queue) or ends it with SIGTERM and runs \
+            again (--on-busy restart). --count N ends after N runs with the last run's \
+            status; a terminating signal is passed on to the running command, and \
+            filecoord dies by it once the command has ended.
             """
     )
 
-    @Argument(help: "The file or directory to present.", completion: .file())
-    var path: String
+    @Argument(help: "The files or directories to present.", completion: .file())
+    var paths: [String] = []
+
+    @Option(help: ArgumentHelp("Present the paths in FILE too, one a line (- for stdin); a line @PATH leaves PATH's events out, as inotifywait's.",
+                               valueName: "FILE"), completion: .file())
+    var fromfile: String?
+
+    @Flag(help: "Watch a directory's own entries only, not its subtree (inotifywait without -r); deeper changes are not reported.")
+    var shallow = false
 
     @Flag(help: "Print one JSON object per line.")
     var json = false
+
+    @Option(parsing: .unconditional, help: ArgumentHelp("Print each event as FORMAT says (inotifywait's %w %f %e %T %%, and %t %p %xw %xf %xt %0; see above).",
+                                                        valueName: "FORMAT"))
+    var format: String?
+
+    @Option(parsing: .unconditional, help: ArgumentHelp("The strftime(3) format of --format's %T.", valueName: "FORMAT"))
+    var timefmt: String?
+
+    @Flag(name: .customLong("no-newline"), help: "With --format, end lines with nothing (the format's own %0 or text ends them).")
+    var noNewline = false
 
     @Option(name: .customLong("ack-delay"), parsing: .unconditional,
             help: ArgumentHelp("Wait this long before acknowledging a relinquish.", valueName: "DURATION"))
@@ -49,23 +89,23 @@ struct Present: AsyncParsableCommand {
     /// On by default: a shell's `echo x > f` truncates, then writes, and would print two
     /// changes; 50 ms is far below what a person or a script notices.
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Print a change made outside coordination once when it repeats within this interval (a truncation and the write after it are one change); 0 prints every inotify event.",
+            help: ArgumentHelp("Print a change made outside coordination once when it repeats within this interval (a truncation and the write after it are one change); 0 prints every inotify event. With a command: the quiet time after a burst of changes before it runs.",
                                valueName: "DURATION"))
     var settle = CommandDuration(seconds: 0.05)
 
     @Option(parsing: .unconditional,
-            help: ArgumentHelp("Exit 0 after N events (ready and unwatched lines do not count); a relinquish's writer or reader has finished by then.",
+            help: ArgumentHelp("Exit 0 after N events (ready and unwatched lines do not count); a relinquish's writer or reader has finished by then. With a command: after N runs, with the last one's status.",
                                valueName: "N"))
     var count: Int?
 
-    @Flag(help: "Exit 0 after the first event: --count 1.")
+    @Flag(help: "Exit after the first event (or run): --count 1.")
     var once = false
 
     @Option(parsing: .unconditional,
             help: ArgumentHelp("Exit 2 when no event comes for this long (after ready, and after each event); 0 waits for ever, as inotifywait -t 0.", valueName: "DURATION"))
     var timeout: CommandDuration?
 
-    @Option(name: [.customShort("e"), .customLong("event")], help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated.", valueName: "NAME[,NAME...]"), completion: .list(EventFilter.names))
+    @Option(name: [.customShort("e"), .customLong("event")], help: ArgumentHelp("Print (and count) only these events, comma-separated; the option may be repeated. With a command: the changes that run it.", valueName: "NAME[,NAME...]"), completion: .list(EventFilter.allNames))
     var events: [String] = []
 
     @Option(help: ArgumentHelp("Print only events whose path (or a move's destination) matches this POSIX extended regular expression.", valueName: "REGEX"))
@@ -74,51 +114,119 @@ struct Present: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Leave out events whose path (and a move's destination) match this POSIX extended regular expression.", valueName: "REGEX"))
     var exclude: String?
 
+    @Option(name: .customLong("on-busy"), help: ArgumentHelp("With a command, a change during a run: queue (run again after it) or restart (end it with SIGTERM, then run again).",
+                                                             valueName: "queue|restart"))
+    var onBusy: String?
+
+    @Flag(help: "With a command, run it once at the start too, for the presented paths.")
+    var initial = false
+
+    @Flag(name: .customLong("no-coordination"), help: "With a command, run it without the coordinated read (it may then see a file in the middle of a save).")
+    var noCoordination = false
+
+    /// The command after `--` (split off before parsing: ``PresentCommandLine``).
+    var command: [String] { PresentCommandLine.command.withLock { $0 } }
+
     func validate() throws {
         try ackDelay.requireNonNegative("--ack-delay")
         try settle.requireNonNegative("--settle")
         try timeout?.requireNonNegative("--timeout")
+        if paths.isEmpty && fromfile == nil { throw ValidationError("name a file or directory to present, or --fromfile") }
         if let count, count < 1 { throw ValidationError("--count must be 1 or more") }
         if once, let count, count != 1 { throw ValidationError("--once and --count \(count) contradict each other") }
+        if json && format != nil { throw ValidationError("--json and --format contradict each other") }
+        if format == nil && (timefmt != nil || noNewline) { throw ValidationError("\(timefmt != nil ? "--timefmt" : "--no-newline") goes with --format") }
+        if let format { _ = try EventFormat(format, timeFormat: timefmt) }
+        if command.isEmpty {
+            let commandOnly = [(onBusy != nil, "--on-busy"), (initial, "--initial"), (noCoordination, "--no-coordination")]
+            if let (_, name) = commandOnly.first(where: \.0) { throw ValidationError("\(name) goes with a command after --") }
+        } else {
+            if json || format != nil { throw ValidationError("\(json ? "--json" : "--format") and a command contradict each other: the command's output is what is printed") }
+            if let onBusy, ChangeRunState.OnBusy(rawValue: onBusy) == nil {
+                throw ValidationError("--on-busy '\(onBusy)': give queue or restart")
+            }
+        }
         _ = try EventFilter(events: events, include: include, exclude: exclude)
     }
 
     func run() async throws {
-        let target = RawArguments.path(path)
-        // On the name's own bytes (a name that is not UTF-8 is a name), and with the
-        // kernel's reason (a loop of links is ELOOP, not "no such file").
-        var info = stat()
-        guard target.withPlatformString({ stat($0, &info) }) == 0 else {
-            Output.report(FileCoordinationError("stat", errno: Errno(rawValue: errno), path: target))
+        var targets = paths.map { RawArguments.path($0) }
+        var excluded: [FilePath] = []
+        if let fromfile {
+            for listed in try await Read.readList(fromfile, separator: UInt8(ascii: "\n")) {
+                let bytes = listed.platformBytes
+                if bytes.first == UInt8(ascii: "@") {
+                    excluded.append(Self.absolute(RawArguments.path(bytes: Array(bytes.dropFirst()))))
+                } else {
+                    targets.append(listed)
+                }
+            }
+        }
+        guard !targets.isEmpty else {
+            Output.report(FileCoordinationError(code: .invalidArgument, path: fromfile.map { RawArguments.path($0) }, operation: "present",
+                                                errno: .invalidArgument, message: "the list names no file to present"))
             throw Status.failed
         }
+        // Each on the name's own bytes (a name that is not UTF-8 is a name), and with the
+        // kernel's reason (a loop of links is ELOOP, not "no such file"); all before any
+        // is presented.
+        for target in targets {
+            var info = stat()
+            guard target.withPlatformString({ stat($0, &info) }) == 0 else {
+                Output.report(FileCoordinationError("stat", errno: Errno(rawValue: errno), path: target))
+                throw Status.failed
+            }
+        }
+        var seen = Set<FilePath>()
+        targets = targets.filter { seen.insert(Self.absolute($0)).inserted }
+        let filter = try EventFilter(events: events, include: include, exclude: exclude, excludedTrees: excluded)
+        let settleInterval = settle.seconds > 0 ? settle.duration ?? .seconds(1e9) : nil
+        // 0 is no timeout, as `inotifywait -t 0`.
+        let idle = timeout.flatMap { $0.seconds == 0 ? nil : $0.duration ?? .seconds(1e9) }
+        let limit = once ? 1 : count
         // Signals, the count reached, a relinquish's access finished and the idle timer all
         // wake the loop below.
         let wakes = AsyncStream.makeStream(of: PresentWake.self)
-        let printer = EventPrinter(json: json, filter: try EventFilter(events: events, include: include, exclude: exclude),
-                                   limit: once ? 1 : count, wakes: wakes.continuation)
+        let style: EventPrinter.Style = json ? .json : try format.map { .format(try EventFormat($0, timeFormat: timefmt, newline: !noNewline)) } ?? .text
+        let printer = EventPrinter(style: style, filter: filter, limit: limit, wakes: wakes.continuation)
+        let runner = command.isEmpty ? nil : ChangeRunner(command: command, filter: filter, coordinated: !noCoordination,
+                                                          settle: settle.duration ?? .zero, idle: idle)
         // A relative PATH is taken from the current directory: every line names the item
         // absolute, `ready` included.
-        let presenter = PrintingPresenter(url: target.fileURL, printer: printer, ackDelay: ackDelay.duration ?? .seconds(1e9),
-                                          refuseWriters: refuseWriters,
-                                          settle: settle.seconds > 0 ? settle.duration ?? .seconds(1e9) : nil)
+        let presenters = targets.map { target in
+            PrintingPresenter(url: target.fileURL, events: runner ?? printer, ackDelay: ackDelay.duration ?? .seconds(1e9),
+                              refuseWriters: refuseWriters, settle: runner == nil ? settleInterval : nil, shallow: shallow)
+        }
         try await space.join()
         // After joining, which catches them to remove the process's files and die: a
         // presenter removes itself first (a closed terminal's SIGHUP included).
-        try CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number in
-            wakes.continuation.yield(.stop(number))
+        try CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number, fromTerminal in
+            if let runner { runner.stop(number, fromTerminal: fromTerminal) } else { wakes.continuation.yield(.stop(number)) }
         }
-        await FileCoordinator.addFilePresenter(presenter)
-        printer.print("ready", presenter.path, pid: getpid())
-        // 0 is no timeout, as `inotifywait -t 0`.
-        let idle = timeout.flatMap { $0.seconds == 0 ? nil : $0.duration ?? .seconds(1e9) }
-        let end = await Self.waitForEnd(wakes.stream, printer: printer, idle: idle)
-        await FileCoordinator.removeFilePresenter(presenter)
+        for presenter in presenters { await FileCoordinator.addFilePresenter(presenter) }
+        printer.ready(presenters.map(\.path))
+        let end: End
+        if let runner {
+            let initialPaths = initial ? presenters.map(\.path) : nil
+            switch await runner.serve(onBusy: onBusy.flatMap(ChangeRunState.OnBusy.init) ?? .queue, limit: limit, initial: initialPaths) {
+            case .success(let status): end = .status(status)
+            case .failure(let signal): end = .signal(signal.number)
+            }
+        } else {
+            end = await Self.waitForEnd(wakes.stream, printer: printer, idle: idle)
+        }
+        for presenter in presenters { await FileCoordinator.removeFilePresenter(presenter) }
         await FileCoordinator.leaveCoordinationSpace()
         switch end {
         case .signal(let number): TerminatingSignals.die(by: number)
         case .status(let status): if status != 0 { throw ExitCode(status) }
         }
+    }
+
+    /// `path` from the current directory, when relative.
+    private static func absolute(_ path: FilePath) -> FilePath {
+        guard !path.isAbsolute else { return path.lexicallyNormalized() }
+        return FilePath(FileManager.default.currentDirectoryPath).pushing(path).lexicallyNormalized()
     }
 
     /// How `present` ends.
@@ -184,222 +292,3 @@ enum PresentWake: Sendable {
     case outputFailed
 }
 
-/// `--event`, `--include` and `--exclude`: which events `present` prints.
-struct EventFilter: Sendable {
-    /// Passes every event.
-    static let all = try! EventFilter()
-
-    static let names = ["relinquishToReader", "relinquishToWriter", "reacquire", "save", "accommodateDeletion", "didChange",
-                        "didMove", "subitemDidAppear", "subitemDidChange", "subitemDidMove", "accommodateSubitemDeletion", "resync"]
-    /// Nil: every event.
-    let events: Set<String>?
-    let include: PosixRegex?
-    let exclude: PosixRegex?
-
-    init(events given: [String] = [], include: String? = nil, exclude: String? = nil) throws {
-        var events: Set<String> = []
-        // `split` would drop empty names (`-e ''`, `-e a,,b`): each must name an event.
-        for name in given.flatMap({ $0.split(separator: ",", omittingEmptySubsequences: false) }).map({ $0.trimmingCharacters(in: .whitespaces) }) {
-            guard !name.isEmpty else {
-                throw ValidationError("--event: an empty event name; the events are \(Self.names.joined(separator: ", "))")
-            }
-            guard let known = Self.names.first(where: { $0.lowercased() == name.lowercased() }) else {
-                throw ValidationError("--event: no event named '\(name)'; the events are \(Self.names.joined(separator: ", "))")
-            }
-            events.insert(known)
-        }
-        self.events = given.isEmpty ? nil : events
-        self.include = try include.map { try PosixRegex($0, option: "--include") }
-        self.exclude = try exclude.map { try PosixRegex($0, option: "--exclude") }
-    }
-
-    /// Whether an event is printed: its name is wanted, one of its paths included (when
-    /// `--include` is given), and not all of them excluded.
-    func passes(_ event: String, paths: [FilePath]) -> Bool {
-        if let events, !events.contains(event) { return false }
-        if let include, !paths.contains(where: include.matches) { return false }
-        if let exclude, paths.allSatisfy(exclude.matches) { return false }
-        return true
-    }
-}
-
-/// A POSIX extended regular expression (`regcomp(3)`, as `grep -E` and `inotifywait`
-/// take them), matched against a path's bytes.
-final class PosixRegex: Sendable {
-    private nonisolated(unsafe) let compiled: UnsafeMutablePointer<regex_t>
-
-    init(_ pattern: String, option: String) throws {
-        // Compiled before it is stored: a failed init of a class still runs its deinit.
-        let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
-        let result = regcomp(compiled, pattern, REG_EXTENDED | REG_NOSUB)
-        guard result == 0 else {
-            var message = [UInt8](repeating: 0, count: 256)
-            message.withUnsafeMutableBufferPointer { buffer in
-                _ = buffer.withMemoryRebound(to: CChar.self) { regerror(result, compiled, $0.baseAddress, $0.count) }
-            }
-            compiled.deallocate()
-            let text = String(decoding: message.prefix { $0 != 0 }, as: UTF8.self)
-            throw ValidationError("\(option) '\(pattern)': \(text)")
-        }
-        self.compiled = compiled
-    }
-
-    deinit {
-        regfree(compiled)
-        compiled.deallocate()
-    }
-
-    /// `regexec` on a compiled pattern is safe from several threads (glibc locks it).
-    func matches(_ path: FilePath) -> Bool {
-        path.withPlatformString { regexec(compiled, $0, 0, nil, 0) == 0 }
-    }
-}
-
-/// Prints presenter callbacks, one line each, in text or JSON, those the filter passes,
-/// up to the limit.
-final class EventPrinter: Sendable {
-    let json: Bool
-    let filter: EventFilter
-    let limit: Int?
-    let wakes: AsyncStream<PresentWake>.Continuation
-
-    private struct State {
-        /// Lines of callbacks that came before `ready` was printed (the presenter is asked
-        /// as soon as it is registered): printed right after it, so `ready` is always
-        /// first. Nil once `ready` is out.
-        var early: [[UInt8]]? = []
-        var printed = 0
-        /// Relinquishes answered whose reacquirer has not run yet.
-        var relinquished = 0
-    }
-    private let state = Locked(State())
-
-    init(json: Bool, filter: EventFilter = EventFilter.all, limit: Int? = nil,
-         wakes: AsyncStream<PresentWake>.Continuation = AsyncStream.makeStream(of: PresentWake.self).continuation) {
-        self.json = json
-        self.filter = filter
-        self.limit = limit
-        self.wakes = wakes
-    }
-
-    /// The limit of events is reached: nothing more is printed.
-    var isDone: Bool { state.withLock { state in limit.map { state.printed >= $0 } ?? false } }
-
-    /// Relinquishes answered whose access has not ended yet.
-    var relinquished: Int { state.withLock { $0.relinquished } }
-
-    /// A relinquish was answered (+1) or its reacquirer ran (-1).
-    func relinquish(_ change: Int) {
-        state.withLock { $0.relinquished += change }
-        if change < 0 { wakes.yield(.reacquired) }
-    }
-
-    /// Prints one line; `pid` is the process the event is about, when known. `ready` and
-    /// `unwatched` are always printed and never counted.
-    func print(_ event: String, _ path: FilePath, to destination: FilePath? = nil, pid: Int32? = nil) {
-        let counted = event != "ready" && event != "unwatched"
-        if counted && !filter.passes(event, paths: [path] + (destination.map { [$0] } ?? [])) { return }
-        let line: [UInt8]
-        if json {
-            line = JSONLines.line(JSONLines.Event(event, path: path, to: destination, pid: pid, at: Date()))
-        } else {
-            line = Array(("\(event) \(Output.displayed(path))" + (destination.map { " -> \(Output.displayed($0))" } ?? "") + "\n").utf8)
-        }
-        // Written under the lock: a line must not overtake `ready` and those held for it,
-        // and no line passes the limit.
-        // nil: past the limit, not printed; else whether the write succeeded.
-        let written = state.withLock { state -> Bool? in
-            if counted {
-                if let limit, state.printed >= limit { return nil }
-                state.printed += 1
-            }
-            guard let held = state.early else {
-                return Output.writeStandardOutput(line)
-            }
-            guard event == "ready" else {
-                state.early = held + [line]
-                return true
-            }
-            state.early = nil
-            return Output.writeStandardOutput(Array(([line] + held).joined()))
-        }
-        if written == false {
-            wakes.yield(.outputFailed)
-        } else if written == true && counted {
-            wakes.yield(.event)
-        }
-    }
-}
-
-/// The CLI's presenter: reports every callback, can delay or refuse relinquishing.
-///
-/// Each report is a `write` of one line to stdout. It blocks only while the reader of the
-/// output does not read, and then this process, whose whole job is reporting, stalls
-/// either way; so the callbacks do not claim ``FilePresenter/presentedItemCallbacksMayBlock``.
-final class PrintingPresenter: FilePresenter {
-    let presentedItemURL: URL?
-    let printer: EventPrinter
-    let ackDelay: Duration
-    let refuseWriters: Bool
-    let presentedItemSettleInterval: Duration?
-
-    init(url: URL, printer: EventPrinter, ackDelay: Duration, refuseWriters: Bool, settle: Duration?) {
-        presentedItemURL = url
-        self.printer = printer
-        self.ackDelay = ackDelay
-        self.refuseWriters = refuseWriters
-        presentedItemSettleInterval = settle
-    }
-
-    struct Refused: Error, CustomStringConvertible {
-        let path: String
-        var description: String { "filecoord present refuses writers of \(path)" }
-    }
-
-    /// The presented item's path, as every line names it (absolute).
-    var path: FilePath { (try? FilePath(fileURL: presentedItemURL!)) ?? FilePath("") }
-    private func path(_ url: URL) -> FilePath { (try? FilePath(fileURL: url)) ?? FilePath(url.path) }
-
-    // A relinquish is counted from before its line until its reacquirer runs: `--count`
-    // waits for the access it let through to end.
-
-    func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
-        printer.relinquish(+1)
-        printer.print("relinquishToReader", path(reader.url), pid: reader.processIdentifier)
-        if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        return reacquirer(for: reader)
-    }
-
-    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
-        printer.relinquish(+1)
-        printer.print("relinquishToWriter", path(writer.url), pid: writer.processIdentifier)
-        if ackDelay > .zero { try? await Task.sleep(for: ackDelay) }
-        if refuseWriters {
-            printer.relinquish(-1)
-            throw Refused(path: Output.displayed(path))
-        }
-        return reacquirer(for: writer)
-    }
-
-    private func reacquirer(for request: FileAccessRequest) -> FileReacquirer {
-        { [printer, path] in
-            printer.print("reacquire", path, pid: request.processIdentifier)
-            printer.relinquish(-1)
-        }
-    }
-
-    func savePresentedItemChanges() async throws { printer.print("save", path) }
-    func accommodatePresentedItemDeletion() async throws { printer.print("accommodateDeletion", path) }
-    func presentedItemDidMove(to newURL: URL) async { printer.print("didMove", path, to: path(newURL)) }
-    func presentedItemDidChange() async { printer.print("didChange", path) }
-    func presentedItemDidLoseEvents() async { printer.print("resync", path) }
-    func presentedSubitemDidAppear(at url: URL) async { printer.print("subitemDidAppear", path(url)) }
-    func presentedSubitemDidChange(at url: URL) async { printer.print("subitemDidChange", path(url)) }
-    func presentedSubitem(at oldURL: URL, didMoveTo newURL: URL) async {
-        printer.print("subitemDidMove", path(oldURL), to: path(newURL))
-    }
-    func accommodatePresentedSubitemDeletion(at url: URL) async throws { printer.print("accommodateSubitemDeletion", path(url)) }
-    func presentedItemIsPartlyUnwatched(_ directories: [URL]) async {
-        for directory in directories { printer.print("unwatched", path(directory)) }
-    }
-}

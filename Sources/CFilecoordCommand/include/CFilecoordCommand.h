@@ -61,4 +61,6 @@ int fc_catch_signals(const int *numbers, int count);
 /// Puts the default action back for the `count` signals in `numbers`.
 void fc_uncatch_signals(const int *numbers, int count);
 
+/// pipe2(2) with O_CLOEXEC (glibc's declaration needs _GNU_SOURCE, which Swift's Glibc lacks).
+int fc_pipe_cloexec(int fds[2]);
 #endif

@@ -54,7 +54,8 @@ package final class PresenterWatch: Sendable {
     /// the presenter hears of the item and what it holds as new.
     private func begin(at path: FilePath, reportingExisting: Bool) async throws {
         let generation = nextGeneration()
-        let watcher = try await FileWatcher(watching: path, recursive: true, settle: presenter.presentedItemSettleInterval,
+        let watcher = try await FileWatcher(watching: path, recursive: presenter.presentedItemWatchesSubtree,
+                                            settle: presenter.presentedItemSettleInterval,
                                             reportingExisting: reportingExisting)
         // Said before the watch is reported started (a command prints `ready` then).
         let warned = !watcher.unwatchedDirectories.isEmpty
