@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 import SystemPackage
 import Testing
 @_spi(FileCoordinationInternal) @testable import AsyncFileIO
@@ -7,7 +6,7 @@ import TestSupport
 
 /// A gate that lets every file in at once and records the files left to its owner.
 private final class OpenGate: InPlaceGate {
-    let skipped = Mutex<Set<Int>>([])
+    let skipped = Locked<Set<Int>>([])
     var admitsWithoutBlocking: Bool { true }
     func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { 1 }
     func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .admitted(1) }
@@ -120,7 +119,7 @@ struct FileBatchReaderTests {
         /// A gate that lets every group in and takes its time to let one out, as a release
         /// that has to give back kernel locks may.
         final class SlowGate: InPlaceGate {
-            let open = Mutex(0)
+            let open = Locked(0)
             func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? {
                 open.withLock { $0 += 1 }
                 return 1
@@ -169,7 +168,7 @@ struct FileBatchReaderTests {
                 var unknownLeaves = 0
                 var skipped: Set<Int> = []
             }
-            let state = Mutex(State())
+            let state = Locked(State())
             let files: [(FilePath, Data)]
             init(files: [(FilePath, Data)]) { self.files = files }
             var admitsWithoutBlocking: Bool { true }
