@@ -143,11 +143,13 @@ final class LineProcess: @unchecked Sendable {
     let process = Process()
     let lines: AsyncStream<String>
     private let errors: Thread.Reader
-    /// The lines read so far, and a signal to send once a line matches (see
-    /// `signal(_:onceALineMatches:)`); under `watchLock`.
+    /// The lines read so far, whether its output has ended, and a signal to send once a
+    /// line matches (see `signal(_:onceALineMatches:)`); under `watchLock`, which is
+    /// broadcast at each line and at the end.
     private var seen: [String] = []
+    private var ended = false
     private var trigger: (number: Int32, matches: @Sendable (String) -> Bool)?
-    private let watchLock = NSLock()
+    private let watchLock = NSCondition()
 
     /// Starts `executable`; `blocked` are the signals it starts with blocked (as a process
     /// started from any libdispatch thread, a Swift task's among them, does).
@@ -182,13 +184,53 @@ final class LineProcess: @unchecked Sendable {
                             self.trigger = nil
                             kill(process.processIdentifier, trigger.number)
                         }
+                        watchLock.broadcast()
                     }
                     continuation.yield(line)
                     pending.removeSubrange(...newline)
                 }
             }
+            watchLock.withLock {
+                ended = true
+                watchLock.broadcast()
+            }
             continuation.finish()
         }
+    }
+
+    /// Hands each line, from the first, to `done` until it returns true (then true), its
+    /// output ends or `limit` passes (then false). On a thread of its own: thousands of
+    /// lines taken from ``lines`` are as many hops on the cooperative pool, which the
+    /// suite's other tests share. `done` runs on that thread only, one line after another.
+    func waitForLines(within limit: Duration, until done: @escaping @Sendable (String) -> Bool) async -> Bool {
+        let deadline = Date(timeIntervalSinceNow: Double(limit.components.seconds) + Double(limit.components.attoseconds) * 1e-18)
+        return await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [self] in
+                var next = 0
+                let found = watchLock.withLock { () -> Bool in
+                    while true {
+                        while next < seen.count {
+                            next += 1
+                            if done(seen[next - 1]) { return true }
+                        }
+                        if ended || !watchLock.wait(until: deadline) { return false }
+                    }
+                }
+                continuation.resume(returning: found)
+            }
+        }
+    }
+
+    /// Waits until the kernel shows it stopped (after SIGSTOP), up to 10 s; whether it did.
+    func waitUntilStopped() async throws -> Bool {
+        let path = "/proc/\(process.processIdentifier)/stat"
+        for _ in 0 ..< 10_000 {
+            // The state follows the command's name, in parentheses.
+            if let stat = try? String(contentsOfFile: path, encoding: .utf8), let close = stat.lastIndex(of: ")"),
+               stat[stat.index(after: close)...].split(separator: " ").first == "T" { return true }
+            try await Task.sleep(for: .milliseconds(1)) // ok: polling another process's state, bounded
+        }
+        return false
     }
 
     /// Sends it `number` as soon as it prints a line that `matches` (at once, if it printed
