@@ -1,13 +1,33 @@
 import Foundation
-import Synchronization
 import SystemPackage
 import Testing
 @_spi(FileCoordinationInternal) @testable import AsyncFileIO
 import TestSupport
 
+/// A pseudo-terminal: a character device whose read, at its far end, waits until the
+/// near end is closed (then fails with `EIO`).
+private final class PseudoTerminal: Sendable {
+    let farEnd: FilePath
+    private let nearEnd: Int32
+
+    init() throws {
+        // (posix_openpt, unlockpt and ptsname are not in Swift's Glibc: their ioctls.)
+        let unlock: UInt = 0x4004_5431, number: UInt = 0x8004_5430 // TIOCSPTLCK, TIOCGPTN
+        nearEnd = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC)
+        var locked: Int32 = 0, index: UInt32 = 0
+        guard nearEnd >= 0, ioctl(nearEnd, unlock, &locked) == 0, ioctl(nearEnd, number, &index) == 0 else {
+            throw FixtureError(path: "/dev/ptmx", operation: "open", errno: errno)
+        }
+        farEnd = FilePath("/dev/pts/\(index)")
+    }
+
+    /// Closes the near end: a read at the far end fails.
+    func hangUp() { close(nearEnd) }
+}
+
 /// A gate that lets every file in at once and records the files left to its owner.
 private final class OpenGate: InPlaceGate {
-    let skipped = Mutex<Set<Int>>([])
+    let skipped = Locked<Set<Int>>([])
     var admitsWithoutBlocking: Bool { true }
     func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? { 1 }
     func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .admitted(1) }
@@ -91,17 +111,32 @@ struct FileBatchReaderTests {
         let directory = TemporaryDirectory("ring", under: localDiskBase!)
         // (Not f0, which is empty: a consumer whose first file is not read stops reading.)
         let files = Array(try await Self.makeFiles(directory, count: 600, maximumSize: 2000).dropFirst())
-        // File `held` is `/dev/zero`: the consumer leaves it to a worker (not a regular
-        // file), which reads it for milliseconds up to the size limit, while the results
-        // before it are taken and the consumer reads on in claims of 16 files, as far as
-        // the window lets it. Where its claims start depends on the worker's claims before
-        // (4 files each); over the positions, some claim starts just short of the window.
+        // File `held` is the far end of a pseudo-terminal: the consumer leaves it to a
+        // worker (not a regular file), whose read waits for the terminal, while the results
+        // before it are taken and the consumer reads on in claims of 16 files, as far as the
+        // window lets it. Once claiming has stopped, the terminal is hung up and the read
+        // fails. Where the consumer's claims start depends on the worker's claims before (4
+        // files each); over the positions, some claim starts just short of the window.
         for held in 1 ..< 16 {
+            let terminal = try PseudoTerminal()
             var paths = files.map(\.0)
-            paths[held] = FilePath("/dev/zero")
-            let batch = FileBatchReader(paths: paths, options: .init(concurrency: 3, maximumFileSize: 64 << 20))
+            paths[held] = terminal.farEnd
+            let batch = FileBatchReader(paths: paths, options: .init(concurrency: 3))
             var index = 0
             let iterator = batch.makeAsyncIterator()
+            let storage = iterator.storage
+            let hangUp = Task {
+                // Claiming has stopped once the count, past the held file, holds still for
+                // 100 ms (10 s at most).
+                var previous = -1, still = 0
+                for _ in 0 ..< 500 where still < 5 {
+                    let claimed = storage.claimedCount
+                    still = claimed == previous && claimed > held ? still + 1 : 0
+                    previous = claimed
+                    try await Task.sleep(for: .milliseconds(20)) // ok: lets the consumer run to the window
+                }
+                terminal.hangUp()
+            }
             while let result = try await iterator.next() {
                 try #require(result.index == index, "result \(result.index) in the place of \(index)")
                 if index == held {
@@ -111,6 +146,7 @@ struct FileBatchReaderTests {
                 }
                 index += 1
             }
+            try await hangUp.value
             #expect(index == paths.count)
         }
     }
@@ -120,7 +156,7 @@ struct FileBatchReaderTests {
         /// A gate that lets every group in and takes its time to let one out, as a release
         /// that has to give back kernel locks may.
         final class SlowGate: InPlaceGate {
-            let open = Mutex(0)
+            let open = Locked(0)
             func enter(_ files: [(index: Int, path: PlatformPath)]) -> UInt64? {
                 open.withLock { $0 += 1 }
                 return 1
@@ -169,7 +205,7 @@ struct FileBatchReaderTests {
                 var unknownLeaves = 0
                 var skipped: Set<Int> = []
             }
-            let state = Mutex(State())
+            let state = Locked(State())
             let files: [(FilePath, Data)]
             init(files: [(FilePath, Data)]) { self.files = files }
             var admitsWithoutBlocking: Bool { true }

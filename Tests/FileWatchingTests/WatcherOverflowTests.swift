@@ -76,7 +76,8 @@ struct WatcherOverflowTests {
 }
 
 /// Blocks until an entry whose name starts with `prefix` is created in `directory`, as
-/// seen by an inotify instance of its own (the library's is stalled meanwhile).
+/// seen by an inotify instance of its own (the library's is stalled meanwhile); throws
+/// `ETIMEDOUT` when none is within 120 s.
 func waitForCreation(in directory: FilePath, prefix: String) throws {
     let fd = inotify_init1(Int32(IN_CLOEXEC))
     guard fd >= 0 else { throw FixtureError(path: directory.string, operation: "inotify_init1", errno: errno) }
@@ -88,7 +89,13 @@ func waitForCreation(in directory: FilePath, prefix: String) throws {
     if let names = try? FileManager.default.contentsOfDirectory(atPath: directory.string),
        names.contains(where: { $0.hasPrefix(prefix) }) { return }
     var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+    let deadline = ContinuousClock.now + .seconds(120)
     while true {
+        let left = deadline - ContinuousClock.now
+        var ready = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard left > .zero, poll(&ready, 1, Int32(left.components.seconds * 1000 + 1)) != 0 else {
+            throw FixtureError(path: directory.string, operation: "wait for a creation of \(prefix)*", errno: ETIMEDOUT)
+        }
         let length = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
         if length < 0 && errno == EINTR { continue }
         guard length > 0 else { throw FixtureError(path: directory.string, operation: "read", errno: errno) }

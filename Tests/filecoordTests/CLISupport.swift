@@ -23,8 +23,42 @@ struct ProcessResult: Sendable {
 }
 
 /// Runs a program to completion on a thread of its own (waiting for a child process
-/// blocks, and the cooperative pool must not).
+/// blocks, and the cooperative pool must not). Cancelled (a test past its time limit),
+/// it kills the program: a script that waits for ever then ends, and the test with it.
 func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, environment: [String: String] = [:]) async throws -> ProcessResult {
+    let child = RunningChild()
+    return try await withTaskCancellationHandler {
+        try await run(executable, arguments, stdin: stdin, environment: environment, child: child)
+    } onCancel: {
+        child.kill()
+    }
+}
+
+/// The process ``run(_:_:stdin:environment:)`` waits for, to kill it when its task is cancelled.
+private final class RunningChild: @unchecked Sendable {
+    // Unchecked: `pid` and `cancelled` are read and written under `lock` only.
+    private let lock = NSLock()
+    private var pid: Int32 = 0
+    private var cancelled = false
+
+    /// The child started (`pid`), or ended and reaped (0: its pid may be another's now).
+    func set(_ pid: Int32) {
+        lock.withLock {
+            self.pid = pid
+            if cancelled, pid > 0 { Glibc.kill(pid, SIGKILL) }
+        }
+    }
+
+    func kill() {
+        lock.withLock {
+            cancelled = true
+            if pid > 0 { Glibc.kill(pid, SIGKILL) }
+        }
+    }
+}
+
+private func run(_ executable: String, _ arguments: [String], stdin: Data?, environment: [String: String],
+                 child: RunningChild) async throws -> ProcessResult {
     try await offThePool {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
@@ -37,11 +71,13 @@ func run(_ executable: String, _ arguments: [String], stdin: Data? = nil, enviro
         process.standardError = errors
         process.standardInput = input
         try withUnblockedSignals { try process.run() }
+        child.set(process.processIdentifier)
         let errorReader = Thread.detachedRead(errors.fileHandleForReading)
         if let stdin { writeIgnoringBrokenPipe(stdin, to: input.fileHandleForWriting.fileDescriptor) }
         try input.fileHandleForWriting.close()
         let stdout = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
+        child.set(0)
         return ProcessResult(status: process.terminationStatus, stdout: stdout, stderr: errorReader.wait())
     }
 }
@@ -59,8 +95,27 @@ func openFiles(of pid: Int32) -> [String] {
 }
 
 /// A shell command line (for `ulimit`, `setpriv` and the like); `$FILECOORD` names the binary.
-func shell(_ script: String) async throws -> ProcessResult {
-    try await run("/bin/sh", ["-c", script], environment: ["FILECOORD": filecoordBinary])
+func shell(_ script: String, filecoord binary: String = filecoordBinary) async throws -> ProcessResult {
+    try await run("/bin/sh", ["-c", script], environment: ["FILECOORD": binary])
+}
+
+/// `script` run by `sh` in `directory` as user and group `uid` (with `setpriv`, as root),
+/// `$FILECOORD` naming a copy of the binary in a fresh directory of mode 0755 under
+/// `/tmp`: the build's own may sit in a checkout that only its owner can enter (a private
+/// home, a `mktemp -d`). Fails at once, saying why, when that user cannot enter
+/// `directory` or run the copy, rather than leave the script to wait for its output.
+func shell(asUser uid: Int, in directory: String, _ script: String) async throws -> ProcessResult {
+    let copies = Scratch(in: "/tmp")
+    let binary = copies.path + "/filecoord"
+    try FileManager.default.copyItem(atPath: filecoordBinary, toPath: binary)
+    try #require(chmod(copies.path, 0o755) == 0 && chmod(binary, 0o755) == 0, "chmod \(binary): errno \(errno)")
+    func asUser(_ script: String) -> String {
+        "exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'"
+    }
+    let check = try await shell(asUser("cd '\(directory)' && \"$FILECOORD\" --version"), filecoord: binary)
+    try #require(check.status == 0, "user \(uid) cannot run \(binary) in \(directory) (status \(check.status)): \(check.errorText)")
+    defer { withExtendedLifetime(copies) {} }
+    return try await shell(asUser("cd '\(directory)' && \(script)"), filecoord: binary)
 }
 
 extension Thread {
@@ -88,11 +143,13 @@ final class LineProcess: @unchecked Sendable {
     let process = Process()
     let lines: AsyncStream<String>
     private let errors: Thread.Reader
-    /// The lines read so far, and a signal to send once a line matches (see
-    /// `signal(_:onceALineMatches:)`); under `watchLock`.
+    /// The lines read so far, whether its output has ended, and a signal to send once a
+    /// line matches (see `signal(_:onceALineMatches:)`); under `watchLock`, which is
+    /// broadcast at each line and at the end.
     private var seen: [String] = []
+    private var ended = false
     private var trigger: (number: Int32, matches: @Sendable (String) -> Bool)?
-    private let watchLock = NSLock()
+    private let watchLock = NSCondition()
 
     /// Starts `executable`; `blocked` are the signals it starts with blocked (as a process
     /// started from any libdispatch thread, a Swift task's among them, does).
@@ -127,13 +184,53 @@ final class LineProcess: @unchecked Sendable {
                             self.trigger = nil
                             kill(process.processIdentifier, trigger.number)
                         }
+                        watchLock.broadcast()
                     }
                     continuation.yield(line)
                     pending.removeSubrange(...newline)
                 }
             }
+            watchLock.withLock {
+                ended = true
+                watchLock.broadcast()
+            }
             continuation.finish()
         }
+    }
+
+    /// Hands each line, from the first, to `done` until it returns true (then true), its
+    /// output ends or `limit` passes (then false). On a thread of its own: thousands of
+    /// lines taken from ``lines`` are as many hops on the cooperative pool, which the
+    /// suite's other tests share. `done` runs on that thread only, one line after another.
+    func waitForLines(within limit: Duration, until done: @escaping @Sendable (String) -> Bool) async -> Bool {
+        let deadline = Date(timeIntervalSinceNow: Double(limit.components.seconds) + Double(limit.components.attoseconds) * 1e-18)
+        return await withCheckedContinuation { continuation in
+            Thread.detachNewThread { [self] in
+                var next = 0
+                let found = watchLock.withLock { () -> Bool in
+                    while true {
+                        while next < seen.count {
+                            next += 1
+                            if done(seen[next - 1]) { return true }
+                        }
+                        if ended || !watchLock.wait(until: deadline) { return false }
+                    }
+                }
+                continuation.resume(returning: found)
+            }
+        }
+    }
+
+    /// Waits until the kernel shows it stopped (after SIGSTOP), up to 10 s; whether it did.
+    func waitUntilStopped() async throws -> Bool {
+        let path = "/proc/\(process.processIdentifier)/stat"
+        for _ in 0 ..< 10_000 {
+            // The state follows the command's name, in parentheses.
+            if let stat = try? String(contentsOfFile: path, encoding: .utf8), let close = stat.lastIndex(of: ")"),
+               stat[stat.index(after: close)...].split(separator: " ").first == "T" { return true }
+            try await Task.sleep(for: .milliseconds(1)) // ok: polling another process's state, bounded
+        }
+        return false
     }
 
     /// Sends it `number` as soon as it prints a line that `matches` (at once, if it printed
@@ -160,10 +257,12 @@ final class LineProcess: @unchecked Sendable {
     }
 
     /// Waits until it has ended (a zombie not yet reaped counts: its descriptors are
-    /// closed), not for its output, which a child it started may hold open.
-    func waitUntilEnded() async throws {
+    /// closed), not for its output, which a child it started may hold open; past `limit`,
+    /// records a hang and returns.
+    func waitUntilEnded(within limit: Duration = .seconds(120)) async throws {
         let path = "/proc/\(process.processIdentifier)/stat"
-        while true {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
             // The state follows the command's name, in parentheses.
             guard let stat = try? String(contentsOfFile: path, encoding: .utf8),
                   let close = stat.lastIndex(of: ")"),
@@ -172,6 +271,7 @@ final class LineProcess: @unchecked Sendable {
             else { return }
             try await Task.sleep(for: .milliseconds(1)) // ok: polling another process's state
         }
+        Issue.record("process \(process.processIdentifier) had not ended after \(limit)")
     }
 
     /// Waits for it to end; whether signal `number` ended it (as a command that caught it

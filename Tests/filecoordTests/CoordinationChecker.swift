@@ -331,7 +331,14 @@ struct CoordinationCheck {
         // outside coordination reaches this presenter within 1 s.
         log.line("W \(CoordinationCheck.now())")
         let barrier = environment[Self.barrierVariable]!
-        while Glibc.access(barrier, F_OK) != 0 { usleep(5000) } // ok: waiting for the parent's barrier file
+        let barrierDeadline = ContinuousClock.now + .seconds(600)
+        while Glibc.access(barrier, F_OK) != 0 { // ok: waiting for the parent's barrier file, bounded
+            guard ContinuousClock.now < barrierDeadline else {
+                Issue.record("no barrier file \(barrier) after 600 s")
+                return
+            }
+            usleep(5000)
+        }
         let before = presenter.changes.load(ordering: .acquiring)
         log.line("U \(CoordinationCheck.now())")
         let handle = try FileHandle(forWritingTo: url(presented))

@@ -167,3 +167,20 @@ extension CrossProcessFixture {
         }
     }
 }
+
+/// What a presenter's lines said after a queue overflow: the resyncs and the items that
+/// appeared. Fed by one thread at a time (``LineProcess/waitForLines(within:until:)``), read after.
+final class OverflowTally: @unchecked Sendable {
+    let expected: Int
+    var appeared = Set<String>()
+    var resyncs = 0
+    init(expected: Int) { self.expected = expected }
+
+    /// Counts `line`; whether the resync and every item have come.
+    func add(_ line: String) -> Bool {
+        let (kind, path) = event(line)
+        if kind == "resync" { resyncs += 1 }
+        if kind == "subitemDidAppear" { appeared.insert(path) }
+        return resyncs > 0 && appeared.count >= expected
+    }
+}

@@ -336,12 +336,18 @@ extension CrossProcessTests.GuaranteeTests {
         #expect(chown(directory, uid_t(uid), gid_t(uid)) == 0)
         #expect(chmod(scratch.path, 0o755) == 0)
         let writers = Self.manyWriters
+        // Every presenter ready within 240 s in all (4,800 polls), or the script ends them and fails.
         let script = """
-            cd '\(directory)' && S="$PWD/space" && echo 0 > counter && echo x > doc
+            S="$PWD/space" && echo 0 > counter && echo x > doc
             presenters=""
             for i in $(seq 1 125); do echo x > p$i; "$FILECOORD" present --space "$S" p$i > p$i.out 2>&1 & presenters="$presenters $!"; done
+            polls=0
             for i in $(seq 1 125); do
-              until grep -q ready p$i.out; do grep -q filecoord: p$i.out && { cat p$i.out >&2; exit 9; }; sleep 0.05; done # polling files (// ok)
+              until grep -q ready p$i.out; do # polling files, bounded (// ok)
+                grep -q filecoord: p$i.out && { cat p$i.out >&2; kill $presenters; exit 9; }
+                polls=$((polls + 1)); [ $polls -le 4800 ] || { echo "p$i: no ready line after 240 s" >&2; kill $presenters; exit 9; }
+                sleep 0.05
+              done
             done
             writers=""
             for i in $(seq 1 \(writers)); do
@@ -354,7 +360,7 @@ extension CrossProcessTests.GuaranteeTests {
             kill $presenters; wait $presenters 2>/dev/null # each dies by SIGTERM, which sh reports
             cat counter
             """
-        let result = try await shell("exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
+        let result = try await shell(asUser: uid, in: directory, script)
         #expect(result.status == 0, "\(result.errorText)")
         // Writers that wait over a second say for whom; nothing else is said.
         let unexpected = result.errorText.split(separator: "\n").filter { !$0.hasPrefix("filecoord: waiting for pid ") }
@@ -380,14 +386,26 @@ extension CrossProcessTests.GuaranteeTests {
         #expect(chown(directory, uid_t(uid), gid_t(uid)) == 0)
         #expect(chmod(scratch.path, 0o755) == 0)
         let groups = limit / 1000 + 2 // a thousand directories each: more than the limit
+        // The tree's presenter ready within 240 s (1,200 polls), the other within 60 s, or the
+        // script ends them and fails (a presenter that cannot start says why on its stderr).
         let script = """
-            cd '\(directory)' && S="$PWD/space" && echo x > small
+            S="$PWD/space" && echo x > small
             for i in $(seq 1 \(groups)); do mkdir -p tree/d$i && (cd tree/d$i && seq 1 1000 | sed 's/^/e/' | xargs mkdir); done
             : > big.out; : > big.err; : > small.out; : > small.err # before the loops below read them
             "$FILECOORD" present --space "$S" tree > big.out 2> big.err & big=$!
-            until grep -q ready big.out; do grep -q 'filecoord: /' big.err && break; sleep 0.2; done # polling files (// ok)
+            polls=0
+            until grep -q ready big.out; do # polling files, bounded (// ok)
+                grep -q 'filecoord: /' big.err && break
+                polls=$((polls + 1)); [ $polls -le 1200 ] || { cat big.err >&2; echo "tree: no ready line after 240 s" >&2; kill $big; exit 9; }
+                sleep 0.2
+            done
             "$FILECOORD" present --space "$S" small > small.out 2> small.err & small=$!
-            until grep -q ready small.out; do grep -q 'filecoord: /' small.err && break; sleep 0.1; done # polling files (// ok)
+            polls=0
+            until grep -q ready small.out; do # polling files, bounded (// ok)
+                grep -q 'filecoord: /' small.err && break
+                polls=$((polls + 1)); [ $polls -le 600 ] || { cat small.err >&2; echo "small: no ready line after 60 s" >&2; kill $small $big; exit 9; }
+                sleep 0.1
+            done
             for late in late1 late2 late3 late4 late5; do
                 mkdir tree/$late
                 for i in $(seq 1 100); do grep -qx "unwatched $PWD/tree/$late" big.out && break; sleep 0.1; done # polling a file, bounded (// ok)
@@ -395,7 +413,7 @@ extension CrossProcessTests.GuaranteeTests {
             kill $small $big; wait
             cat big.out small.out; cat big.err small.err >&2
             """
-        let result = try await shell("exec setpriv --reuid=\(uid) --regid=\(uid) --clear-groups sh -c '\(script.replacingOccurrences(of: "'", with: "'\\''"))'")
+        let result = try await shell(asUser: uid, in: directory, script)
         #expect(result.status == 0, "\(result.errorText)")
         #expect(result.outputText.contains("ready \(directory)/tree") && result.outputText.contains("ready \(directory)/small"), "\(result.outputText)")
         // The presenter hears it too: each directory left out, at the start and when
