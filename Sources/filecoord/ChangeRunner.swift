@@ -53,18 +53,20 @@ final class ChangeRunner: PresenterEvents {
     /// Runs until the state machine finishes (its status) or dies (the signal).
     func serve(onBusy: ChangeRunState.OnBusy, limit: Int?, initial: [FilePath]?) async -> Result<Int32, SignalEnd> {
         var state = ChangeRunState(onBusy: onBusy, limit: limit)
-        var timers: [Task<Void, Never>] = []
-        defer { for timer in timers { timer.cancel() } }
+        // One of each at a time: arming one makes the one before it moot.
+        var settleTimer: Task<Void, Never>?, idleTimer: Task<Void, Never>?
+        defer { settleTimer?.cancel(); idleTimer?.cancel() }
         var actions = state.begin(initial: initial)
         var iterator = inputs.stream.makeAsyncIterator()
         while true {
             for action in actions {
                 switch action {
                 case .armSettle(let number):
-                    timers.removeAll { $0.isCancelled }
-                    timers.append(fire(.settled(number), after: settle))
+                    settleTimer?.cancel()
+                    settleTimer = fire(.settled(number), after: settle)
                 case .armIdle(let number):
-                    if let idle { timers.append(fire(.idle(number), after: idle)) }
+                    idleTimer?.cancel()
+                    idleTimer = idle.map { fire(.idle(number), after: $0) }
                 case .start(let paths):
                     Task { [self] in inputs.continuation.yield(.runEnded(await runCommand(for: paths))) }
                 case .signalRun(let number):
