@@ -38,6 +38,7 @@ build: deps
 # Builds everything once (library, CLI, tests), fails on any warning from this
 # project's own sources, then runs the tests without rebuilding. The manual page is made
 # first (the installation test installs it) and `man` is installed to read it.
+TEST_WIDTH ?= 24
 test: deps deps-etcd
 	@mkdir -p .build
 	$(SWIFT) build --build-tests 2>&1 | tee .build/build.log
@@ -50,8 +51,10 @@ test: deps deps-etcd
 	@{ [ -x /usr/bin/mksquashfs ] && [ -x /sbin/mkfs.ext4 ]; } || { echo "make: installing squashfs-tools and e2fsprogs (a test makes file system images)"; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squashfs-tools e2fsprogs; }
 	@# On a failure the failing tests are listed again at the end, where a log's
-	@# tail shows them.
-	@$(SWIFT) test --skip-build 2>&1 | tee .build/test.log || { status=$$?; \
+	@# tail shows them. At most 24 tests at once: with every test started together, the
+	@# first minute on two cores spawns hundreds of processes and threads at once, and
+	@# tests waiting on another process or thread pass their time limits.
+	@$(SWIFT) test --skip-build --experimental-maximum-parallelization-width $(TEST_WIDTH) 2>&1 | tee .build/test.log || { status=$$?; \
 		echo "make: the tests failed; the failing ones, from .build/test.log:"; \
 		awk '/Test ".*" (recorded an issue|failed after)/ { keep = 1; print; next } \
 			keep && /^[[:space:]]/ { print; next } { keep = 0 }' .build/test.log | tail -60; \
