@@ -34,9 +34,6 @@ final class EtcdMail: PresenterMailbox {
     }
 
     struct State {
-        var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
-        var localNumbers: [ObjectIdentifier: UInt64] = [:]
-        var nextPresenter: UInt64 = 1
         var nextMessage: UInt64 = 1
         /// Other processes' presenters, by their key.
         var remote = PresenterRegistry()
@@ -53,9 +50,6 @@ final class EtcdMail: PresenterMailbox {
         var mailRoute: UInt64?
         var membersRoute: UInt64?
         var replies: [UInt64: Reply] = [:]
-        /// Relinquishes served for an asker that has not yet sent `reacquire`, by asker.
-        var kept: [String: [UInt64: SpaceMail.KeptRelinquish]] = [:]
-        var serving: AsyncStream<SpaceProtocol.Message>.Continuation?
     }
 
     enum Reply {
@@ -65,6 +59,8 @@ final class EtcdMail: PresenterMailbox {
     }
 
     let state = Locked(State())
+    /// This process's presenters, and the requests of other processes it serves for them.
+    let server = PresenterServer()
 
     init(client: EtcdClient, hub: EtcdWatchHub, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String) {
         self.client = client
@@ -96,16 +92,8 @@ final class EtcdMail: PresenterMailbox {
             return false
         }
         guard await startMail() else { return false }
-        let number = state.withLock { state -> UInt64 in
-            if let known = state.localNumbers[ObjectIdentifier(presenter)] {
-                state.local[known] = (presenter, path)
-                return known
-            }
-            defer { state.nextPresenter += 1 }
-            state.local[state.nextPresenter] = (presenter, path)
-            state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
-            return state.nextPresenter
-        }
+        // Published again under the same key: other processes follow every change of it.
+        let number = server.add(presenter, at: path, renumbering: false).number
         let record = PresenterRecord(host: host, pid: getpid(), path: EtcdJSON.base64(name))
         let key = presenterKey(number)
         do {
@@ -120,11 +108,7 @@ final class EtcdMail: PresenterMailbox {
     }
 
     func unregister(_ presenter: any FilePresenter) async {
-        guard let number = state.withLock({ state -> UInt64? in
-            guard let number = state.localNumbers.removeValue(forKey: ObjectIdentifier(presenter)) else { return nil }
-            state.local[number] = nil
-            return number
-        }) else { return }
+        guard let number = server.remove(presenter) else { return }
         _ = try? await client.call("/v3/kv/deleterange", EtcdJSON.DeleteRangeRequest(key: presenterKey(number)), as: EtcdJSON.Empty.self)
     }
 
@@ -212,19 +196,18 @@ final class EtcdMail: PresenterMailbox {
     }
 
     /// A process left (its member key went): its requests' waits end (its presenters are
-    /// gone), and what its relinquishes kept is given back.
+    /// gone), and what it is owed is given back (``PresenterServer/senderDied(_:)``).
     func memberGone(_ member: String) {
-        let (waits, kept) = state.withLock { state -> ([UInt64], [SpaceMail.KeptRelinquish]) in
-            let waits = state.replies.compactMap { id, reply -> UInt64? in
+        let waits = state.withLock { state in
+            state.replies.compactMap { id, reply -> UInt64? in
                 switch reply {
                 case .registered(let target), .waiting(let target, _): target == member ? id : nil
                 case .arrived: nil
                 }
             }
-            return (waits, Array((state.kept.removeValue(forKey: member) ?? [:]).values))
         }
         for id in waits { resolve(id, with: .success(nil)) }
-        if !kept.isEmpty { Task { for relinquish in kept { await Self.undo(relinquish) } } }
+        server.senderDied(member)
     }
 
     // MARK: Receiving
@@ -251,26 +234,19 @@ final class EtcdMail: PresenterMailbox {
             hub.remove(mailRoute)
             return false
         }
-        let (installed, serving) = state.withLock { state -> (Bool, AsyncStream<SpaceProtocol.Message>?) in
+        let installed = state.withLock { state -> Bool in
             // Another caller may have been first.
-            guard state.mailRoute == nil else { return (false, nil) }
+            guard state.mailRoute == nil else { return false }
             (state.mailRoute, state.membersRoute) = (mailRoute, membersRoute)
-            guard state.serving == nil else { return (true, nil) }
-            let (stream, continuation) = AsyncStream.makeStream(of: SpaceProtocol.Message.self)
-            state.serving = continuation
-            return (true, stream)
+            return true
         }
         if !installed {
             hub.remove(mailRoute)
             hub.remove(membersRoute)
         }
-        if let serving {
-            // Served one by one, in order, on a task of their own: a presenter's callback
-            // may take long, and replies to this process's own requests must not wait behind it.
-            Task { [weak self] in
-                for await message in serving { await self?.serve(message) }
-            }
-        }
+        // Served one by one, in order, by a task of their own: a presenter's callback may
+        // take long, and replies to this process's own requests must not wait behind it.
+        server.start { [weak self] body, target in self?.tell(body, to: target) }
         return true
     }
 
@@ -314,74 +290,20 @@ final class EtcdMail: PresenterMailbox {
             resolve(reply.re, with: .success(body))
             return
         }
-        _ = state.withLock { $0.serving }?.yield(local)
-    }
-
-    /// Serves one request for a presenter of this process, and replies when it asks for one.
-    private func serve(_ message: SpaceProtocol.Message) async {
-        guard case .presenter(let request) = message.body else { return }
-        let from = message.header.from
-        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
-        let url = request.path.fileURL
-        func replying(_ body: () async throws -> Void) async {
-            var reply = SpaceProtocol.Reply(re: message.header.id)
-            do { try await body() } catch { reply.failure = SpaceMail.describe(error) }
-            tell(.reply(reply), to: from)
-        }
-        switch request.call {
-        case .relinquish(let relinquish):
-            await replying {
-                guard let presenter else { return }
-                let writing = relinquish.access == .write
-                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
-                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
-                let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
-                    : try await presenter.relinquishPresentedItem(toReader: fileRequest)
-                var kept = SpaceMail.KeptRelinquish(reacquirer: reacquirer)
-                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
-                    kept.suppression = (watch, watch.beginSuppressing(request.path))
-                }
-                state.withLock { $0.kept[from, default: [:]][relinquish.re] = kept }
-                do {
-                    switch relinquish.then {
-                    case .save: try await presenter.savePresentedItemChanges()
-                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
-                    case nil: break
-                    }
-                    for subitem in relinquish.subitemDeletions {
-                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
-                    }
-                } catch {
-                    if let kept = state.withLock({ $0.kept[from]?.removeValue(forKey: relinquish.re) }) { await Self.undo(kept) }
-                    throw error
-                }
-            }
-        case .reacquire(let re):
-            guard let kept = state.withLock({ $0.kept[from]?.removeValue(forKey: re) }) else { return }
-            await Self.undo(kept)
-        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
-             .subitemDidChange, .subitemDidMove:
-            await request.deliver(to: presenter, replying: replying)
-        }
-    }
-
-    private static func undo(_ kept: SpaceMail.KeptRelinquish) async {
-        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
-        await kept.reacquirer?()
+        _ = server.received(local, onWatcherThread: false)
     }
 
     /// Leaves: the routes end (the keys go with the lease).
     func stop() {
-        let (routes, serving) = state.withLock { state in
+        let routes = state.withLock { state in
             defer {
                 (state.presenterRoute, state.mailRoute, state.membersRoute) = (nil, nil, nil)
-                state.serving = nil
                 state.current = false
             }
-            return ([state.presenterRoute, state.mailRoute, state.membersRoute], state.serving)
+            return [state.presenterRoute, state.mailRoute, state.membersRoute]
         }
         for route in routes { hub.remove(route) }
-        serving?.finish()
+        server.finish()
     }
 
     /// `body` with every path mapped by `map` (nil: a path with no name there).

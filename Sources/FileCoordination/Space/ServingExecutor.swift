@@ -5,7 +5,7 @@ import Glibc
 #endif
 
 /// The executor of the task that serves other processes' requests to this process's
-/// presenters (see ``SpaceMail/start()``).
+/// presenters (see ``PresenterServer/start(replying:)``).
 ///
 /// Its jobs run on the library's I/O threads, where the task may write each reply itself.
 /// One case runs where it is: when the watcher thread hands a request over

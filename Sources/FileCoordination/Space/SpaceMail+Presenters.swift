@@ -16,14 +16,8 @@ extension SpaceMail {
 
     /// Publishes a presenter so that other processes find it.
     func register(_ presenter: any FilePresenter, at path: FilePath) async {
-        let (number, replaced) = state.withLock { state -> (UInt64, UInt64?) in
-            let existing = state.localNumbers[ObjectIdentifier(presenter)]
-            if let existing { state.local[existing] = nil }
-            defer { state.nextPresenter += 1 }
-            state.local[state.nextPresenter] = (presenter, path)
-            state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
-            return (state.nextPresenter, existing)
-        }
+        // A new number each time: other processes read a record once per name.
+        let (number, replaced) = server.add(presenter, at: path, renumbering: true)
         let record = SpaceProtocol.PresenterRecord(from: me, pid: files.pid, presenter: number, path: path)
         let bytes = record.encoded().encoded()
         let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
@@ -52,11 +46,7 @@ extension SpaceMail {
 
     /// Withdraws a presenter published by ``register(_:at:)``.
     func unregister(_ presenter: any FilePresenter) async {
-        guard let number = state.withLock({ state -> UInt64? in
-            guard let number = state.localNumbers.removeValue(forKey: ObjectIdentifier(presenter)) else { return nil }
-            state.local[number] = nil
-            return number
-        }) else { return }
+        guard let number = server.remove(presenter) else { return }
         let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
         _ = try? await runOnIOThread {
             _ = Syscall.unlinkat(dirFD, name)
@@ -145,123 +135,5 @@ extension SpaceMail {
 
     func remotePresenters(for path: FilePath, subtree: Bool) -> PresenterRegistry.Concerned {
         state.withLock { $0.remote.concerned(by: path, subtree: subtree, excluding: nil) }
-    }
-
-    // MARK: Serving requests for this process's presenters
-
-    func serve(_ message: SpaceProtocol.Message) async {
-        guard case .presenter(let request) = message.body else { return }
-        let from = message.header.from
-        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
-        // Made only by the calls that use it: parsing a URL is not free.
-        var url: URL { request.path.fileURL }
-        func replying(_ body: () async throws -> Void) async {
-            var reply = SpaceProtocol.Reply(re: message.header.id)
-            do { try await body() } catch { reply.failure = Self.describe(error) }
-            // Written here: this task runs on the library's threads (see `start()`).
-            let write = prepare(.reply(reply), to: from, id: nextID())
-            post(to: from, inline: true) { try? write() }
-        }
-        switch request.call {
-        case .relinquish(let relinquish):
-            let key = ServingLedger<KeptRelinquish>.Key(process: from, request: relinquish.re)
-            // Its asker gave up on it, or died, before it started: nobody waits for it.
-            guard state.withLock({ $0.ledger.startRelinquish(key) }) else { return }
-            await replying {
-                guard let presenter else { return state.withLock { $0.ledger.relinquishFailed(key) } }
-                let writing = relinquish.access == .write
-                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
-                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
-                let reacquirer: FileReacquirer?
-                do {
-                    reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
-                        : try await presenter.relinquishPresentedItem(toReader: fileRequest)
-                } catch {
-                    state.withLock { $0.ledger.relinquishFailed(key) }
-                    throw error
-                }
-                var kept = KeptRelinquish(reacquirer: reacquirer)
-                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
-                    kept.suppression = (watch, watch.beginSuppressing(request.path))
-                }
-                // Its asker died while the presenter relinquished: nobody will reacquire.
-                if let orphan = state.withLock({ $0.ledger.relinquished(key, keeping: kept) }) { return await undo(orphan) }
-                // The steps that follow a relinquish, when the request carries them.
-                do {
-                    switch relinquish.then {
-                    case .save: try await presenter.savePresentedItemChanges()
-                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
-                    case nil: break
-                    }
-                    for subitem in relinquish.subitemDeletions {
-                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
-                    }
-                } catch {
-                    // It relinquished: it takes the item back before the failure is told.
-                    if let kept = state.withLock({ $0.ledger.reacquire(key) }) { await undo(kept) }
-                    throw error
-                }
-            }
-        case .reacquire(let re):
-            let key = ServingLedger<KeptRelinquish>.Key(process: from, request: re)
-            guard let kept = state.withLock({ $0.ledger.reacquire(key) }) else { return }
-            // Usually ended on arrival (`endSuppression(of:)`). Otherwise ending it waits
-            // for the watch to catch up (a sync through inotify); the next request need not
-            // wait behind it.
-            if let (watch, token) = kept.suppression { Task { await watch.endSuppressing(token) } }
-            await kept.reacquirer?()
-        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
-             .subitemDidChange, .subitemDidMove:
-            await request.deliver(to: presenter, replying: replying)
-        }
-    }
-
-    /// A dead process's relinquishes are undone (queued behind what was already handed
-    /// to the serving task: see ``ServingLedger/senderDied(_:)``).
-    func giveBack(_ process: String) async {
-        for kept in state.withLock({ $0.ledger.senderGoneServed(process) }) { await undo(kept) }
-    }
-
-    /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.
-    func undo(_ kept: KeptRelinquish) async {
-        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
-        await kept.reacquirer?()
-    }
-
-    package static func describe(_ error: any Error) -> String {
-        if let error = error as? FileCoordinationError { return error.message }
-        if let error = error as? any LocalizedError, let text = error.errorDescription { return text }
-        return String(describing: error)
-    }
-}
-
-extension SpaceProtocol.PresenterMessage {
-    /// Delivers a call that no ledger keeps (every call but a relinquish and a reacquire)
-    /// to `presenter` (nil: it was unregistered); a request's answer goes through
-    /// `replying`. For the mailbox of either space.
-    package func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
-        var url: URL { path.fileURL }
-        switch call {
-        case .save:
-            await replying { try await presenter?.savePresentedItemChanges() }
-        case .accommodateDeletion:
-            await replying { try await presenter?.accommodatePresentedItemDeletion() }
-        case .accommodateSubitemDeletion:
-            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
-        case .didChange:
-            await presenter?.presentedItemDidChange()
-        case .didMove(let to):
-            guard let presenter else { return }
-            await CoordinationCenter.shared.presenterMoved(presenter, from: path, to: to)
-            await presenter.presentedItemDidMove(to: to.fileURL)
-        case .subitemDidAppear:
-            await presenter?.presentedSubitemDidAppear(at: url)
-        case .subitemDidChange:
-            await presenter?.presentedSubitemDidChange(at: url)
-        case .subitemDidMove(let to):
-            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
-        case .relinquish, .reacquire:
-            break
-        }
     }
 }

@@ -263,7 +263,7 @@ extension SpaceMail {
     /// process this one waits for or owes something is checked. Run after the mailbox is
     /// read again, so that requests found only by that rescan are covered.
     func recheckAfterOverflow() {
-        let (waited, owed) = state.withLock { state in (state.replies.values.compactMap(\.target), state.ledger.owedProcesses) }
+        let (waited, owed) = (state.withLock { $0.replies.values.compactMap(\.target) }, server.owedProcesses)
         for name in Set(owed + waited).sorted() where !isAlive(name) { processEnded(name) }
     }
 
@@ -286,15 +286,11 @@ extension SpaceMail {
         Task { await cleanUp(name) }
     }
 
-    /// What a dead process left with this process's presenters is undone: its queued
-    /// relinquish requests are not served, and a notice that the serving task takes after
-    /// everything already handed to it ends the echo suppressions and runs the
-    /// reacquirers kept for it (``giveBack(_:)``). Otherwise a writer killed after a
-    /// presenter relinquished would leave the presenter without its item and deaf to
-    /// every later change of it.
+    /// What a dead process left with this process's presenters is undone
+    /// (``PresenterServer/senderDied(_:)``).
     func forgetRequests(of process: String) {
-        guard state.withLock({ $0.ledger.owes(process) }), !isAlive(process) else { return }
-        if state.withLock({ $0.ledger.senderDied(process) }) { incoming.yield(.senderGone(process)) }
+        guard server.owes(process), !isAlive(process) else { return }
+        server.senderDied(process)
     }
 
     /// `process`'s record. Blocking.

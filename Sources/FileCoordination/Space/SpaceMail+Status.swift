@@ -24,7 +24,7 @@ extension SpaceMail {
     }
 
     func localEntries() -> [FilePath] {
-        state.withLock { $0.local.values.map(\.path) }
+        server.presented.map(\.path)
     }
 
     func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
@@ -256,7 +256,7 @@ extension SpaceMail {
     /// Removes this process's files; called when it leaves the space.
     func leave() async {
         await flush()
-        incoming.finish()
+        server.finish()
         _ = try? await runOnIOThread { [self] in removeFilesNow() }
     }
 
@@ -264,7 +264,7 @@ extension SpaceMail {
     /// the calling thread (it blocks).
     func removeFilesNow() {
         let (dirFD, files, me) = (files.directoryFD, files, me)
-        let numbers = state.withLock { Array($0.local.keys) }
+        let numbers = server.presented.map(\.number)
         // The record first: a receiver that reads one of this process's slots after
         // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
         _ = Syscall.unlinkat(dirFD, "procs/" + me)

@@ -31,33 +31,9 @@ package final class SpaceMail: Sendable {
         }
     }
 
-    /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
-    package struct KeptRelinquish {
-        package var reacquirer: FileReacquirer?
-        package var suppression: (watch: PresenterWatch, token: Int)?
-
-        package init(reacquirer: FileReacquirer?, suppression: (watch: PresenterWatch, token: Int)? = nil) {
-            (self.reacquirer, self.suppression) = (reacquirer, suppression)
-        }
-    }
-
-    /// What the serving task is handed, in order.
-    enum Incoming: Sendable {
-        case message(SpaceProtocol.Message)
-        /// A process that asked this process's presenters to relinquish is dead: what it
-        /// left relinquished is given back (``ServingLedger/senderGoneServed(_:)``).
-        case senderGone(String)
-    }
-
     struct State {
         var nextMessage: UInt64 = 1
         var replies: [UInt64: Reply] = [:]
-        /// This process's presenters, by their number in the space.
-        var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
-        var localNumbers: [ObjectIdentifier: UInt64] = [:]
-        var nextPresenter: UInt64 = 1
-        /// Relinquish requests queued, and what the served ones keep for their askers.
-        var ledger = ServingLedger<KeptRelinquish>()
         /// Other processes' presenters as last read, and the counter value they reflect.
         var remoteSequence: UInt64 = .max
         var remoteByName: [String: RemotePresenter] = [:]
@@ -80,34 +56,23 @@ package final class SpaceMail: Sendable {
     let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
     let deadlines = ReplyDeadlines()
     let slots: MessageSlots
-    let incoming: AsyncStream<Incoming>.Continuation
-    let incomingStream: AsyncStream<Incoming>
-    let serving = ServingExecutor()
+    /// This process's presenters, and the requests of other processes it serves for them.
+    let server = PresenterServer()
 
     init(files: SpaceFiles) {
         self.files = files
         slots = MessageSlots(me: files.processName)
-        (incomingStream, incoming) = AsyncStream.makeStream(of: Incoming.self)
     }
 
-    /// Starts serving requests to this process's presenters, one at a time, in the order
-    /// they arrived (so a presenter hears `didChange` and its reacquirer after the
-    /// relinquish of the same write, and before the next writer's).
-    ///
-    /// The serving task runs on the library's threads (``ServingExecutor``): a request
-    /// that finds it waiting is served on the watcher thread that read it, and the rest
-    /// on the I/O threads. Between the presenter's callbacks (which run there unless
-    /// isolated elsewhere) it writes each reply itself, with no hand-over to another
-    /// thread on the way back to the asking process.
+    /// Starts serving requests to this process's presenters (``PresenterServer``). A
+    /// request that finds the serving task waiting is served on the watcher thread that
+    /// read it, and the rest on the I/O threads; each reply is written there, with no
+    /// hand-over to another thread on the way back to the asking process.
     func start() {
-        let stream = incomingStream
-        Task.detached(executorPreference: serving) { [self] in
-            for await item in stream {
-                switch item {
-                case .message(let message): await serve(message)
-                case .senderGone(let process): await giveBack(process)
-                }
-            }
+        server.start { [weak self] body, target in
+            guard let self else { return }
+            let write = prepare(body, to: target, id: nextID())
+            post(to: target, inline: true) { try? write() }
         }
     }
 
@@ -200,39 +165,9 @@ package final class SpaceMail: Sendable {
             resolve(report.re, with: .success(message.body))
         case .status:
             Task.detached { [self] in await answerStatus(header) }
-        case .presenter(let request):
-            switch request.call {
-            case .reacquire(let re):
-                // Its relinquish not started yet: the asker gave up on it.
-                let key = ServingLedger<KeptRelinquish>.Key(process: header.from, request: re)
-                endSuppression(of: key)
-                state.withLock { $0.ledger.reacquireArrived(key) }
-            case .relinquish(let relinquish):
-                let key = ServingLedger<KeptRelinquish>.Key(process: header.from, request: relinquish.re)
-                state.withLock { $0.ledger.relinquishArrived(key) }
-            default:
-                break
-            }
-            servedHere = handOver(message, presenter: request.presenter)
+        case .presenter:
+            servedHere = server.received(message, onWatcherThread: true)
         }
-    }
-
-    /// A writer in another process sent `reacquire` after its write: the write's own
-    /// inotify events came through this process's one inotify queue before this message,
-    /// so the presenter's watch stops dropping them here, on the watcher thread, without
-    /// the sync (a cookie file and its events) that ending it later would take. A
-    /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
-    /// still running) is ended by ``serve(_:)`` when the reacquire is served.
-    func endSuppression(of key: ServingLedger<KeptRelinquish>.Key) {
-        let suppression = state.withLock { state -> (watch: PresenterWatch, token: Int)? in
-            var ended: (watch: PresenterWatch, token: Int)?
-            state.ledger.update(key) { kept in
-                ended = kept.suppression
-                kept.suppression = nil
-            }
-            return ended
-        }
-        if let suppression { suppression.watch.endSuppressingOnWatcherThread(suppression.token) }
     }
 
     /// The one warning for a file in the space that is not a message of ours.
@@ -311,20 +246,6 @@ package final class SpaceMail: Sendable {
             return .failure(.notAMessage)
         }
         return SpaceMessage.decode(buffer[..<count])
-    }
-
-    /// Hands a request to the serving task; returns whether it was served here, on the
-    /// watcher thread (see ``ServingExecutor``): not for a presenter that says its
-    /// callbacks may block, or that is not registered any more.
-    func handOver(_ message: SpaceProtocol.Message, presenter number: UInt64) -> Bool {
-        // A presenter no longer registered may still have a reacquirer kept: not knowing
-        // whether it blocks, it is not run here.
-        let mayBlock = state.withLock { $0.local[number]?.presenter }?.presentedItemCallbacksMayBlock ?? true
-        guard !mayBlock else {
-            incoming.yield(.message(message))
-            return false
-        }
-        return serving.runHandedOver { incoming.yield(.message(message)) }
     }
 
     /// Whether `name` can name a process in the space: not empty, and no `/`. Tested on

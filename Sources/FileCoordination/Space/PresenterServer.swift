@@ -1,0 +1,308 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import Foundation
+import SystemPackage
+
+/// Serves other processes' requests to this process's presenters, for either space: the
+/// directory space's mailbox (``SpaceMail``) and the etcd space's hand it what they
+/// receive, and send the replies it gives back.
+///
+/// Requests are served one at a time, in the order they arrived (so a presenter hears
+/// `didChange` and its reacquirer after the relinquish of the same write, and before the
+/// next writer's). What each relinquish keeps until its `reacquire`, and what a dead
+/// asker is owed, is decided by the ``ServingLedger``.
+package final class PresenterServer: Sendable {
+    /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
+    package struct KeptRelinquish {
+        package var reacquirer: FileReacquirer?
+        package var suppression: (watch: PresenterWatch, token: Int)?
+
+        package init(reacquirer: FileReacquirer?, suppression: (watch: PresenterWatch, token: Int)? = nil) {
+            (self.reacquirer, self.suppression) = (reacquirer, suppression)
+        }
+    }
+
+    typealias Key = ServingLedger<KeptRelinquish>.Key
+
+    /// What the serving task is handed, in order.
+    enum Incoming: Sendable {
+        case message(SpaceProtocol.Message)
+        /// A process that asked this process's presenters to relinquish is dead: what it
+        /// left relinquished is given back (``ServingLedger/senderGoneServed(_:)``).
+        case senderGone(String)
+    }
+
+    struct State {
+        /// This process's presenters, by their number in the space.
+        var local: [UInt64: (presenter: any FilePresenter, path: FilePath)] = [:]
+        var localNumbers: [ObjectIdentifier: UInt64] = [:]
+        var nextPresenter: UInt64 = 1
+        /// Relinquish requests queued, and what the served ones keep for their askers.
+        var ledger = ServingLedger<KeptRelinquish>()
+        var started = false
+    }
+
+    let state = Locked(State())
+    let incoming: AsyncStream<Incoming>.Continuation
+    let incomingStream: AsyncStream<Incoming>
+    let executor = ServingExecutor()
+
+    package init() {
+        (incomingStream, incoming) = AsyncStream.makeStream(of: Incoming.self)
+    }
+
+    // MARK: This process's presenters
+
+    /// Adds `presenter`, or moves it to `path`: its number in the space, and the number it
+    /// had when it is given a new one. With `renumbering` a presenter added again gets a
+    /// new number (the directory space's records are read once per name).
+    package func add(_ presenter: any FilePresenter, at path: FilePath, renumbering: Bool) -> (number: UInt64, replaced: UInt64?) {
+        state.withLock { state in
+            let existing = state.localNumbers[ObjectIdentifier(presenter)]
+            if let existing, !renumbering {
+                state.local[existing] = (presenter, path)
+                return (existing, nil)
+            }
+            if let existing { state.local[existing] = nil }
+            defer { state.nextPresenter += 1 }
+            state.local[state.nextPresenter] = (presenter, path)
+            state.localNumbers[ObjectIdentifier(presenter)] = state.nextPresenter
+            return (state.nextPresenter, existing)
+        }
+    }
+
+    /// Removes `presenter`: the number it had (nil when it was not added).
+    package func remove(_ presenter: any FilePresenter) -> UInt64? {
+        state.withLock { state in
+            guard let number = state.localNumbers.removeValue(forKey: ObjectIdentifier(presenter)) else { return nil }
+            state.local[number] = nil
+            return number
+        }
+    }
+
+    /// The presented paths and the numbers of this process's presenters.
+    package var presented: [(number: UInt64, path: FilePath)] {
+        state.withLock { $0.local.map { ($0.key, $0.value.path) } }
+    }
+
+    // MARK: Receiving (on the thread that read the message)
+
+    /// Starts the serving task: `reply` sends a reply to the process named. It runs on the
+    /// library's threads (``ServingExecutor``): between the presenter's callbacks it sends
+    /// each reply itself, with no hand-over to another thread.
+    package func start(replying reply: @escaping @Sendable (SpaceProtocol.Body, String) -> Void) {
+        guard state.withLock({ state in
+            defer { state.started = true }
+            return !state.started
+        }) else { return }
+        let stream = incomingStream
+        Task.detached(executorPreference: executor) { [self] in
+            for await item in stream {
+                switch item {
+                case .message(let message): await serve(message, reply: reply)
+                case .senderGone(let process): await giveBack(process)
+                }
+            }
+        }
+    }
+
+    /// Ends the serving task once what it was handed is served.
+    package func finish() {
+        incoming.finish()
+    }
+
+    /// A request for this process's presenters arrived: noted in the ledger, then handed
+    /// to the serving task. With `onWatcherThread` (the directory space's watcher thread,
+    /// which heard a writer's own events before its `reacquire`), an echo suppression
+    /// ends here, and the request may be served here (see ``ServingExecutor``): returns
+    /// whether it was.
+    package func received(_ message: SpaceProtocol.Message, onWatcherThread: Bool) -> Bool {
+        guard case .presenter(let request) = message.body else { return false }
+        switch request.call {
+        case .reacquire(let re):
+            // Its relinquish not started yet: the asker gave up on it.
+            let key = Key(process: message.header.from, request: re)
+            if onWatcherThread { endSuppressionOnWatcherThread(of: key) }
+            state.withLock { $0.ledger.reacquireArrived(key) }
+        case .relinquish(let relinquish):
+            let key = Key(process: message.header.from, request: relinquish.re)
+            state.withLock { $0.ledger.relinquishArrived(key) }
+        default:
+            break
+        }
+        guard onWatcherThread else {
+            incoming.yield(.message(message))
+            return false
+        }
+        return handOver(message, presenter: request.presenter)
+    }
+
+    /// A writer in another process sent `reacquire` after its write: the write's own
+    /// inotify events came through this process's one inotify queue before this message,
+    /// so the presenter's watch stops dropping them here, on the watcher thread, without
+    /// the sync (a cookie file and its events) that ending it later would take. A
+    /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
+    /// still running) is ended when the reacquire is served.
+    private func endSuppressionOnWatcherThread(of key: Key) {
+        let suppression = state.withLock { state -> (watch: PresenterWatch, token: Int)? in
+            var ended: (watch: PresenterWatch, token: Int)?
+            state.ledger.update(key) { kept in
+                ended = kept.suppression
+                kept.suppression = nil
+            }
+            return ended
+        }
+        if let suppression { suppression.watch.endSuppressingOnWatcherThread(suppression.token) }
+    }
+
+    /// Hands a request to the serving task; returns whether it was served here, on the
+    /// watcher thread: not for a presenter that says its callbacks may block, or that is
+    /// not registered any more.
+    private func handOver(_ message: SpaceProtocol.Message, presenter number: UInt64) -> Bool {
+        // A presenter no longer registered may still have a reacquirer kept: not knowing
+        // whether it blocks, it is not run here.
+        let mayBlock = state.withLock { $0.local[number]?.presenter }?.presentedItemCallbacksMayBlock ?? true
+        guard !mayBlock else {
+            incoming.yield(.message(message))
+            return false
+        }
+        return executor.runHandedOver { incoming.yield(.message(message)) }
+    }
+
+    // MARK: Askers that are gone
+
+    /// Whether anything is owed to `process` (a relinquish queued, running or kept).
+    package func owes(_ process: String) -> Bool {
+        state.withLock { $0.ledger.owes(process) }
+    }
+
+    /// The processes something is owed to.
+    package var owedProcesses: [String] {
+        state.withLock { $0.ledger.owedProcesses }
+    }
+
+    /// `process` is dead: its requests not started are not served, a relinquish of it
+    /// still running is undone as it ends, and a notice that the serving task takes after
+    /// everything already handed to it ends the echo suppressions and runs the
+    /// reacquirers kept for it. Otherwise a writer killed after a presenter relinquished
+    /// would leave the presenter without its item and deaf to every later change of it.
+    package func senderDied(_ process: String) {
+        if state.withLock({ $0.ledger.senderDied(process) }) { incoming.yield(.senderGone(process)) }
+    }
+
+    // MARK: Serving (the serving task)
+
+    func serve(_ message: SpaceProtocol.Message, reply send: @Sendable (SpaceProtocol.Body, String) -> Void) async {
+        guard case .presenter(let request) = message.body else { return }
+        let from = message.header.from
+        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
+        // Made only by the calls that use it: parsing a URL is not free.
+        var url: URL { request.path.fileURL }
+        func replying(_ body: () async throws -> Void) async {
+            var reply = SpaceProtocol.Reply(re: message.header.id)
+            do { try await body() } catch { reply.failure = Self.describe(error) }
+            send(.reply(reply), from)
+        }
+        switch request.call {
+        case .relinquish(let relinquish):
+            let key = Key(process: from, request: relinquish.re)
+            // Its asker gave up on it, or died, before it started: nobody waits for it.
+            guard state.withLock({ $0.ledger.startRelinquish(key) }) else { return }
+            await replying {
+                guard let presenter else { return state.withLock { $0.ledger.relinquishFailed(key) } }
+                let writing = relinquish.access == .write
+                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
+                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
+                let reacquirer: FileReacquirer?
+                do {
+                    reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
+                        : try await presenter.relinquishPresentedItem(toReader: fileRequest)
+                } catch {
+                    state.withLock { $0.ledger.relinquishFailed(key) }
+                    throw error
+                }
+                var kept = KeptRelinquish(reacquirer: reacquirer)
+                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
+                    kept.suppression = (watch, watch.beginSuppressing(request.path))
+                }
+                // Its asker died while the presenter relinquished: nobody will reacquire.
+                if let orphan = state.withLock({ $0.ledger.relinquished(key, keeping: kept) }) { return await undo(orphan) }
+                // The steps that follow a relinquish, when the request carries them.
+                do {
+                    switch relinquish.then {
+                    case .save: try await presenter.savePresentedItemChanges()
+                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
+                    case nil: break
+                    }
+                    for subitem in relinquish.subitemDeletions {
+                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
+                    }
+                } catch {
+                    // It relinquished: it takes the item back before the failure is told.
+                    if let kept = state.withLock({ $0.ledger.reacquire(key) }) { await undo(kept) }
+                    throw error
+                }
+            }
+        case .reacquire(let re):
+            let key = Key(process: from, request: re)
+            guard let kept = state.withLock({ $0.ledger.reacquire(key) }) else { return }
+            // Usually ended on arrival (``received(_:onWatcherThread:)``). Otherwise ending
+            // it waits for the watch to catch up (a sync through inotify); the next request
+            // need not wait behind it.
+            if let (watch, token) = kept.suppression { Task { await watch.endSuppressing(token) } }
+            await kept.reacquirer?()
+        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
+             .subitemDidChange, .subitemDidMove:
+            await request.deliver(to: presenter, replying: replying)
+        }
+    }
+
+    /// A dead process's relinquishes are undone (queued behind what was already handed
+    /// to the serving task: see ``ServingLedger/senderDied(_:)``).
+    func giveBack(_ process: String) async {
+        for kept in state.withLock({ $0.ledger.senderGoneServed(process) }) { await undo(kept) }
+    }
+
+    /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.
+    func undo(_ kept: KeptRelinquish) async {
+        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
+        await kept.reacquirer?()
+    }
+
+    /// The text of a presenter's failure, as a reply carries it.
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? FileCoordinationError { return error.message }
+        if let error = error as? any LocalizedError, let text = error.errorDescription { return text }
+        return String(describing: error)
+    }
+}
+
+extension SpaceProtocol.PresenterMessage {
+    /// Delivers a call that no ledger keeps (every call but a relinquish and a reacquire)
+    /// to `presenter` (nil: it was unregistered); a request's answer goes through
+    /// `replying`. For the mailbox of either space.
+    package func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
+        var url: URL { path.fileURL }
+        switch call {
+        case .save:
+            await replying { try await presenter?.savePresentedItemChanges() }
+        case .accommodateDeletion:
+            await replying { try await presenter?.accommodatePresentedItemDeletion() }
+        case .accommodateSubitemDeletion:
+            await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
+        case .didChange:
+            await presenter?.presentedItemDidChange()
+        case .didMove(let to):
+            guard let presenter else { return }
+            await CoordinationCenter.shared.presenterMoved(presenter, from: path, to: to)
+            await presenter.presentedItemDidMove(to: to.fileURL)
+        case .subitemDidAppear:
+            await presenter?.presentedSubitemDidAppear(at: url)
+        case .subitemDidChange:
+            await presenter?.presentedSubitemDidChange(at: url)
+        case .subitemDidMove(let to):
+            await presenter?.presentedSubitem(at: url, didMoveTo: to.fileURL)
+        case .relinquish, .reacquire:
+            break
+        }
+    }
+}
