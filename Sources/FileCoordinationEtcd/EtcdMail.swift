@@ -49,16 +49,11 @@ final class EtcdMail: PresenterMailbox {
         /// The routes that follow this process's `mail/` folder and `members/`.
         var mailRoute: UInt64?
         var membersRoute: UInt64?
-        var replies: [UInt64: Reply] = [:]
-    }
-
-    enum Reply {
-        case registered(target: String)
-        case waiting(target: String, CheckedContinuation<SpaceProtocol.Body?, any Error>)
-        case arrived(Result<SpaceProtocol.Body?, any Error>)
     }
 
     let state = Locked(State())
+    /// The requests sent whose replies are awaited.
+    let replies = AwaitedReplies()
     /// This process's presenters, and the requests of other processes it serves for them.
     let server = PresenterServer()
 
@@ -148,65 +143,15 @@ final class EtcdMail: PresenterMailbox {
         guard await startMail() else { return nil }
         let id = nextID()
         guard let bytes = wire(message, id: id) else { return nil }
-        state.withLock { $0.replies[id] = .registered(target: target) }
-        var deadline: Task<Void, Never>?
-        if let timeout = RemoteDeadline.timeout {
-            deadline = Task { [weak self] in
-                try? await Task.sleep(for: timeout) // ok: the presenter's deadline
-                if !Task.isCancelled { self?.resolve(id, with: .failure(RemoteNoAnswer())) }
-            }
+        return try await replies.request(id, to: target, timeout: RemoteDeadline.timeout) {
+            put(bytes, to: target, id: id)
         }
-        defer { deadline?.cancel() }
-        put(bytes, to: target, id: id)
-        return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<SpaceProtocol.Body?, any Error>) in
-                let ready: Result<SpaceProtocol.Body?, any Error>? = state.withLock { state in
-                    switch state.replies[id] {
-                    case .arrived(let outcome):
-                        state.replies[id] = nil
-                        return outcome
-                    case .registered(let target):
-                        state.replies[id] = .waiting(target: target, continuation)
-                        return nil
-                    case .waiting, .none:
-                        return .failure(CancellationError())
-                    }
-                }
-                if let ready { continuation.resume(with: ready) }
-            }
-        } onCancel: {
-            resolve(id, with: .failure(CancellationError()))
-        }
-    }
-
-    func resolve(_ id: UInt64, with outcome: Result<SpaceProtocol.Body?, any Error>) {
-        let continuation = state.withLock { state -> CheckedContinuation<SpaceProtocol.Body?, any Error>? in
-            switch state.replies[id] {
-            case .waiting(_, let continuation):
-                state.replies[id] = nil
-                return continuation
-            case .registered:
-                state.replies[id] = .arrived(outcome)
-                return nil
-            default:
-                return nil
-            }
-        }
-        continuation?.resume(with: outcome)
     }
 
     /// A process left (its member key went): its requests' waits end (its presenters are
     /// gone), and what it is owed is given back (``PresenterServer/senderDied(_:)``).
     func memberGone(_ member: String) {
-        let waits = state.withLock { state in
-            state.replies.compactMap { id, reply -> UInt64? in
-                switch reply {
-                case .registered(let target), .waiting(let target, _): target == member ? id : nil
-                case .arrived: nil
-                }
-            }
-        }
-        for id in waits { resolve(id, with: .success(nil)) }
+        replies.targetGone(member)
         server.senderDied(member)
     }
 
@@ -287,7 +232,7 @@ final class EtcdMail: PresenterMailbox {
         }
         let local = SpaceProtocol.Message(header: message.header, body: body)
         if case .reply(let reply) = body {
-            resolve(reply.re, with: .success(body))
+            replies.resolve(reply.re, with: .success(body))
             return
         }
         _ = server.received(local, onWatcherThread: false)

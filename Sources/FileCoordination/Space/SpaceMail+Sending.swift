@@ -164,72 +164,28 @@ extension SpaceMail {
     package func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
         let watched = await startWatching()
         let id = nextID()
-        state.withLock { $0.replies[id] = .registered(target: target) }
-        if !watched { pollForReply(id, from: target) }
-        if let timeout = RemoteDeadline.timeout {
-            deadlines.add(id, after: timeout) { [self] in resolve(id, with: .failure(RemoteNoAnswer())) }
-        }
-        defer { deadlines.remove(id) }
-        let write = prepare(message, to: target, id: id)
-        post(to: target) { [self] in
-            do {
-                try write()
-                // Died before it could read the request: its close already fired.
-                guard !isAlive(target) else { return }
-                slots.drop(target, dirFD: files.directoryFD)
-                resolve(id, with: .success(nil))
-                cleanUpHere(target) // on this I/O thread already: no task to hop to another
-            } catch SendError.gone {
-                slots.drop(target, dirFD: files.directoryFD)
-                // No mailbox: it left or died. A presenter record it left behind (one
-                // registered while it was leaving) goes too, or every writer would ask it.
-                cleanUpHere(target)
-                resolve(id, with: .success(nil))
-            } catch {
-                resolve(id, with: .failure(error))
-            }
-        }
-        return try await withTaskCancellationHandler {
-            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<SpaceProtocol.Body?, any Error>) in
-                let ready: Result<SpaceProtocol.Body?, any Error>? = state.withLock { state in
-                    switch state.replies[id] {
-                    case .arrived(let outcome):
-                        state.replies[id] = nil
-                        return outcome
-                    case .registered(let target):
-                        state.replies[id] = .waiting(target: target, continuation)
-                        return nil
-                    case .waiting, .none:
-                        // Withdrawn by cancellation before it could park.
-                        return .failure(CancellationError())
-                    }
+        return try await replies.request(id, to: target, timeout: RemoteDeadline.timeout) {
+            if !watched { pollForReply(id, from: target) }
+            let write = prepare(message, to: target, id: id)
+            post(to: target) { [self] in
+                do {
+                    try write()
+                    // Died before it could read the request: its close already fired.
+                    guard !isAlive(target) else { return }
+                    slots.drop(target, dirFD: files.directoryFD)
+                    replies.resolve(id, with: .success(nil))
+                    cleanUpHere(target) // on this I/O thread already: no task to hop to another
+                } catch SendError.gone {
+                    slots.drop(target, dirFD: files.directoryFD)
+                    // No mailbox: it left or died. A presenter record it left behind (one
+                    // registered while it was leaving) goes too, or every writer would ask it.
+                    cleanUpHere(target)
+                    replies.resolve(id, with: .success(nil))
+                } catch {
+                    replies.resolve(id, with: .failure(error))
                 }
-                if let ready { continuation.resume(with: ready) }
-            }
-        } onCancel: {
-            // Parked: resumed here. Not parked yet: withdrawn, so parking fails at once.
-            let waiting = state.withLock { state -> UnsafeContinuation<SpaceProtocol.Body?, any Error>? in
-                guard case .waiting(_, let continuation) = state.replies.removeValue(forKey: id) else { return nil }
-                return continuation
-            }
-            waiting?.resume(throwing: CancellationError())
-        }
-    }
-
-    func resolve(_ id: UInt64, with outcome: Result<SpaceProtocol.Body?, any Error>) {
-        let continuation = state.withLock { state -> UnsafeContinuation<SpaceProtocol.Body?, any Error>? in
-            switch state.replies[id] {
-            case .waiting(_, let continuation):
-                state.replies[id] = nil
-                return continuation
-            case .registered:
-                state.replies[id] = .arrived(outcome)
-                return nil
-            default:
-                return nil
             }
         }
-        continuation?.resume(with: outcome)
     }
 
     /// Without a watch on the mailbox (no inotify instance to be had): reads the mailbox
@@ -238,14 +194,12 @@ extension SpaceMail {
     func pollForReply(_ id: UInt64, from target: String) {
         Task.detached { [self] in
             var pause: Duration = .milliseconds(1)
-            while state.withLock({ state in
-                switch state.replies[id] { case .registered?, .waiting?: true; default: false }
-            }) {
+            while replies.isAwaited(id) {
                 try? await Task.sleep(for: pause) // ok: the fallback when nothing can be watched
                 pause = Swift.min(pause * 2, .milliseconds(50))
                 _ = try? await runOnIOThread { [self] in
                     readWholeMailbox()
-                    if !isAlive(target) { resolve(id, with: .success(nil)) }
+                    if !isAlive(target) { replies.resolve(id, with: .success(nil)) }
                 }
             }
         }
@@ -263,8 +217,8 @@ extension SpaceMail {
     /// process this one waits for or owes something is checked. Run after the mailbox is
     /// read again, so that requests found only by that rescan are covered.
     func recheckAfterOverflow() {
-        let (waited, owed) = (state.withLock { $0.replies.values.compactMap(\.target) }, server.owedProcesses)
-        for name in Set(owed + waited).sorted() where !isAlive(name) { processEnded(name) }
+        let (waited, owed) = (replies.targets, server.owedProcesses)
+        for name in waited.union(owed).sorted() where !isAlive(name) { processEnded(name) }
     }
 
     /// `name`'s record was closed or removed: if that process is gone, its pending
@@ -278,11 +232,11 @@ extension SpaceMail {
                 if !isAlive(name) { slots.drop(name, dirFD: files.directoryFD) }
             }
         }
-        let waiting = state.withLock { state in state.replies.compactMap { id, reply in reply.target == name ? id : nil } }
+        let waiting = replies.awaiting(name)
         forgetRequests(of: name)
         guard !waiting.isEmpty, !isAlive(name) else { return }
         slots.drop(name, dirFD: files.directoryFD)
-        for id in waiting { resolve(id, with: .success(nil)) }
+        for id in waiting { replies.resolve(id, with: .success(nil)) }
         Task { await cleanUp(name) }
     }
 

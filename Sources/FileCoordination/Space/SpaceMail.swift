@@ -17,23 +17,8 @@ package final class SpaceMail: Sendable {
     let files: SpaceFiles
     var me: String { files.processName }
 
-    enum Reply {
-        case waiting(target: String, UnsafeContinuation<SpaceProtocol.Body?, any Error>)
-        case registered(target: String)
-        case arrived(Result<SpaceProtocol.Body?, any Error>)
-
-        /// The process whose answer is awaited (nil once it arrived).
-        var target: String? {
-            switch self {
-            case .waiting(let target, _), .registered(let target): target
-            case .arrived: nil
-            }
-        }
-    }
-
     struct State {
         var nextMessage: UInt64 = 1
-        var replies: [UInt64: Reply] = [:]
         /// Other processes' presenters as last read, and the counter value they reflect.
         var remoteSequence: UInt64 = .max
         var remoteByName: [String: RemotePresenter] = [:]
@@ -54,7 +39,8 @@ package final class SpaceMail: Sendable {
     /// Messages waiting to be written to each process, in the order they were posted. A
     /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
     let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
-    let deadlines = ReplyDeadlines()
+    /// The requests sent whose replies are awaited.
+    let replies = AwaitedReplies()
     let slots: MessageSlots
     /// This process's presenters, and the requests of other processes it serves for them.
     let server = PresenterServer()
@@ -160,9 +146,9 @@ package final class SpaceMail: Sendable {
             // messages and `reacquire` for an I/O thread to write: one stays awake for them
             // (after a short accessor they come soon after this reply), until its flush.
             expectIOWork(withinMicroseconds: 100)
-            resolve(reply.re, with: .success(message.body))
+            replies.resolve(reply.re, with: .success(message.body))
         case .statusReply(let report):
-            resolve(report.re, with: .success(message.body))
+            replies.resolve(report.re, with: .success(message.body))
         case .status:
             Task.detached { [self] in await answerStatus(header) }
         case .presenter:
