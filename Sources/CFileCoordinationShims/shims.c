@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -95,6 +96,42 @@ int fc_ofd_getlock(int fd, short type, int64_t start, int64_t length, short *con
     int r = fcntl(fd, F_OFD_GETLK, &lock);
     if (r == 0 && conflicting) *conflicting = lock.l_type;
     return r;
+}
+
+static void fc_lock_wait_handler(int signal) { (void)signal; }
+
+static pthread_once_t fc_lock_wait_once = PTHREAD_ONCE_INIT;
+static int fc_lock_wait_number = -1;
+
+static void fc_lock_wait_install(void) {
+    for (int number = SIGRTMAX - 2; number >= SIGRTMIN + 4; number--) {
+        struct sigaction current;
+        if (sigaction(number, NULL, &current) != 0 || (current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL) continue;
+        struct sigaction action = { 0 };
+        action.sa_handler = fc_lock_wait_handler;
+        sigemptyset(&action.sa_mask);
+        action.sa_flags = 0; /* no SA_RESTART: the blocked call returns EINTR */
+        if (sigaction(number, &action, NULL) == 0) {
+            fc_lock_wait_number = number;
+            return;
+        }
+    }
+}
+
+int fc_lock_wait_signal(void) {
+    pthread_once(&fc_lock_wait_once, fc_lock_wait_install);
+    return fc_lock_wait_number;
+}
+
+void fc_block_all_signals_but(int signal) {
+    sigset_t set;
+    sigfillset(&set);
+    sigdelset(&set, signal);
+    pthread_sigmask(SIG_SETMASK, &set, NULL);
+}
+
+int fc_signal_thread(pthread_t thread, int signal) {
+    return pthread_kill(thread, signal);
 }
 
 int fc_rename_noreplace(const char *from, const char *to) {

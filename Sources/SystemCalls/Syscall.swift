@@ -202,6 +202,15 @@ package enum Syscall {
         return retrying { fc_ofd_lock(fd, type, start, length, wait ? 1 : 0) }.map { _ in () }
     }
 
+    /// Takes a byte range, blocking while another open file description holds a lock in
+    /// the way (`F_OFD_SETLKW`), once: a signal ends the wait with `EINTR`, which is
+    /// returned, not retried (the caller decides whether to wait again).
+    package static func lockWaitingOnce(_ fd: Int32, _ type: Int16, _ start: Int64, _ length: Int64) -> Result<Void, Errno> {
+        if let fault = Faults.check(.lock) { return .failure(fault) }
+        guard fc_ofd_lock(fd, type, start, length, 1) == 0 else { return .failure(Errno(rawValue: Glibc.errno)) }
+        return .success(())
+    }
+
     /// The type of a lock another open file description holds in the way of `type`
     /// (`F_UNLCK` when none).
     package static func conflictingLock(_ fd: Int32, _ type: Int16, _ start: Int64, _ length: Int64) -> Result<Int16, Errno> {

@@ -28,14 +28,19 @@ extension CrossProcessTests.StatusTests {
         _ = await holder.wait()
     }
 
-    @Test("status lists the claims of a stopped process that listens (it waited for its claim), as not answering",
+    @Test("status lists a claim that waits in the kernel (from its process's record), and the claims of a stopped process that listens (it asked a presenter), as not answering",
           .timeLimit(.minutes(2)))
     func statusListsClaimsOfStoppedProcess() async throws {
         let item = scratch.write("item", "x")
         let (first, second) = (scratch.path + "/first", scratch.path + "/second")
         #expect(mkfifo(second, 0o600) == 0)
+        // A presenter of the item: the waiter asks it before its command, and so reads
+        // its own mailbox from then on.
+        let (presenter, _) = try await present(item)
+        defer { presenter.signal(SIGTERM) }
         let holder = try await holdUntilReleased(["--write", item], fifo: first)
-        // Waits behind the holder, so it watches the space and answers `status` itself.
+        // Waits behind the holder in the kernel: it reads no mailbox meanwhile, and its
+        // record lists the wait.
         let waiter = try LineProcess(["exec", "--space", space, "--write", item, "--", "sh", "-c", "echo held; read x < '\(second)'"])
         try await waitForStatus { waitingPids(in: $0).contains(waiter.pid) }
         try await release(first)

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <pthread.h>
 
 /// open(2) with an explicit mode. Returns the descriptor or -1 with errno set.
 int fc_open(const char *path, int flags, unsigned int mode);
@@ -39,6 +40,16 @@ int fc_set_nonblocking(int fd, int on);
 /// Takes (type F_RDLCK / F_WRLCK) or releases (F_UNLCK) an OFD lock on [start, start+length).
 /// `wait` selects F_OFD_SETLKW over F_OFD_SETLK.
 int fc_ofd_lock(int fd, short type, int64_t start, int64_t length, int wait);
+/// The signal that ends a blocked F_OFD_SETLKW on a thread of the library's own, chosen
+/// and given its handler on the first call: the highest real-time signal from SIGRTMAX - 2
+/// down to SIGRTMIN + 4 whose disposition is still the default, given a handler that does
+/// nothing, installed without SA_RESTART (so the call fails with EINTR). -1 when every
+/// candidate is taken. Thread-safe.
+int fc_lock_wait_signal(void);
+/// Blocks every signal in the calling thread except `signal`, which it unblocks.
+void fc_block_all_signals_but(int signal);
+/// Sends `signal` to `thread` (pthread_kill).
+int fc_signal_thread(pthread_t thread, int signal);
 /// Queries an OFD lock: returns 0 and sets *type to F_UNLCK when the range could be locked,
 /// else the conflicting lock's type.
 int fc_ofd_getlock(int fd, short type, int64_t start, int64_t length, short *conflicting);

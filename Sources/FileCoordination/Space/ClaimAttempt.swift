@@ -19,10 +19,20 @@ extension SpaceLocks {
     /// What one try gave.
     enum Attempt {
         case held(Held)
-        /// Another process holds something in the way.
-        case conflict
+        /// Another process holds something in the way: the byte to wait for.
+        case conflict(Blocker)
         /// A shard of the plan is not open.
         case shardClosed
+    }
+
+    /// The byte a try found held by another process, as the claim wants it.
+    struct Blocker: Equatable, Sendable {
+        var byte: Byte
+        /// The next of the claim's writers' queue bytes, in order: a wait for it takes
+        /// it, and the claim keeps it as it keeps the queue bytes before it. Any other
+        /// byte (a queue byte tested, an item's or a directory's) is only waited for
+        /// until it is free, holding nothing more than the queue bytes below it.
+        var isQueue: Bool
     }
 
     /// What taking one byte gave.
@@ -52,7 +62,7 @@ extension SpaceLocks {
                 if nextQueue <= queued.count { continue }
                 switch try calls.take(byte) {
                 case .taken: queued.append(byte)
-                case .conflict: return .conflict
+                case .conflict: return .conflict(Blocker(byte: byte, isQueue: true))
                 case .shardClosed: return .shardClosed
                 }
             } else {
@@ -63,7 +73,7 @@ extension SpaceLocks {
                 case .taken: break
                 case .conflict:
                     giveBackQueued(above: check, &queued, calls: calls)
-                    return .conflict
+                    return .conflict(Blocker(byte: Byte(offset: check, exclusive: false), isQueue: false))
                 case .shardClosed: return .shardClosed
                 }
             }
@@ -74,8 +84,11 @@ extension SpaceLocks {
         var complete = false
         defer { if !complete { for byte in taken.reversed() { calls.give(byte) } } }
         for byte in plan.bytes {
-            let outcome = try calls.take(byte)
-            guard case .taken = outcome else { return outcome == .conflict ? .conflict : .shardClosed }
+            switch try calls.take(byte) {
+            case .taken: break
+            case .conflict: return .conflict(Blocker(byte: byte, isQueue: false))
+            case .shardClosed: return .shardClosed
+            }
             taken.append(byte)
         }
         complete = true

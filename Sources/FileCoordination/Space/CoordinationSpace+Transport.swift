@@ -13,7 +13,9 @@ extension CoordinationSpace: CoordinationTransport {
     }
 
     package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
-        hold(try await locks.acquire(locks.cachedPlan(for: claims), token: id), for: id)
+        // Once it waits, the record lists the wait (a process waiting in the kernel does
+        // not read its mailbox, and `status` reads its record).
+        hold(try await locks.acquire(locks.cachedPlan(for: claims), token: id, waits: { [weak self] in self?.claimsChanged() }), for: id)
     }
 
     package func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool {

@@ -68,7 +68,8 @@ public final class CoordinationSpace: Sendable {
     /// Set once the watches are in place.
     private let watched = Atomic<Bool>(false)
     /// What this process's record says (see ``writeRecord(listening:claims:)``).
-    private let record = Locked<(listening: Bool, claims: [SpaceProtocol.ClaimLine], left: Bool)>((false, [], false))
+    private let record = Locked<(listening: Bool, claims: [SpaceProtocol.ClaimLine], waiting: [SpaceProtocol.ClaimLine], left: Bool)>(
+        (false, [], [], false))
     /// The kernel claims of this process's granted requests, by request, to give back with them.
     let heldClaims = Locked<[UInt64: SpaceLocks.Held]>([:])
     /// Bumped whenever this process's claims in the space change.
@@ -186,13 +187,13 @@ public final class CoordinationSpace: Sendable {
     /// that then starts its command, so that both take one hand-off.
     @_spi(FileCoordinationInternal)
     public func claimsRecordWrite() -> @Sendable () -> Void {
-        let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)
-        return { _ = try? self.writeRecord(claims: claims) }
+        let claims = CoordinationCenter.shared.statusClaims()
+        return { _ = try? self.writeRecord(claims: Self.claimLines(claims.held), waiting: Self.claimLines(claims.waiting)) }
     }
 
-    /// This process's claims in the space changed: they are written into its record
-    /// ``claimRecordDelay`` later, so that `status` can list them when the process does not
-    /// answer (it does not read its mailbox, or it is stopped). Cheap on the claim's path
+    /// This process's claims in the space changed, or one started to wait: they are
+    /// written into its record ``claimRecordDelay`` later, so that `status` can list them
+    /// when the process does not answer (it does not read its mailbox, or it is stopped). Cheap on the claim's path
     /// (two atomics); a process that claims without pause writes its record at most once
     /// per delay.
     func claimsChanged() {
@@ -211,8 +212,9 @@ public final class CoordinationSpace: Sendable {
         while true {
             try? await Task.sleep(for: Self.claimRecordDelay) // ok: the debounce of record writes
             let seen = claimsGeneration.load(ordering: .acquiring)
-            let claims = Self.claimLines(CoordinationCenter.shared.statusClaims().held)
-            _ = try? await runOnIOThread { try self.writeRecord(claims: claims) }
+            let claims = CoordinationCenter.shared.statusClaims()
+            let (held, waiting) = (Self.claimLines(claims.held), Self.claimLines(claims.waiting))
+            _ = try? await runOnIOThread { try self.writeRecord(claims: held, waiting: waiting) }
             if claimsGeneration.load(ordering: .acquiring) != seen { continue }
             recordingClaims.store(false, ordering: .releasing)
             // A change that came between the load and the store saw the flag set and left
@@ -239,13 +241,16 @@ public final class CoordinationSpace: Sendable {
     /// Rewrites this process's record in place (its descriptor holds the liveness lock),
     /// changing what is given. Blocking; under a lock, so that two writers cannot
     /// interleave.
-    func writeRecord(listening: Bool? = nil, claims: [SpaceProtocol.ClaimLine]? = nil) throws {
+    func writeRecord(listening: Bool? = nil, claims: [SpaceProtocol.ClaimLine]? = nil,
+                     waiting: [SpaceProtocol.ClaimLine]? = nil) throws {
         let files = mail.files
         try record.withLock { record in
             guard !record.left else { return }
             if let listening { record.listening = listening }
             if let claims { record.claims = claims }
-            try files.writeRecord(SpaceProtocol.ProcessRecord(pid: files.pid, listening: record.listening, claims: record.claims))
+            if let waiting { record.waiting = waiting }
+            try files.writeRecord(SpaceProtocol.ProcessRecord(pid: files.pid, listening: record.listening, claims: record.claims,
+                                                              waiting: record.waiting))
         }
     }
 
@@ -332,6 +337,7 @@ public final class CoordinationSpace: Sendable {
     public func status(timeout: Duration = .seconds(2)) async throws -> Status {
         try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: timeout)
     }
+
 }
 
 /// The space's open files, checked as they are opened. Runs on an I/O thread.

@@ -65,7 +65,13 @@ final class MessageSlots: Sendable {
         var nextGeneration: UInt64 = 0
         var uses: UInt64 = 0
         var closed = false
+        /// Every mailbox this process made a slot in (up to ``maximumMailboxesRemembered``;
+        /// nil past that): only those can hold its slots when it leaves.
+        var madeSlotsIn: Set<String>? = []
     }
+
+    /// Mailboxes remembered for leaving; past it, leaving looks through every mailbox.
+    static let maximumMailboxesRemembered = 4096
 
     private let state = Locked(State())
     private let me: String
@@ -166,6 +172,10 @@ final class MessageSlots: Sendable {
             state.nextGeneration += 1
             state.targets[target, default: Target()].live.append(generation)
             state.targets[target]?.used = state.uses
+            if state.madeSlotsIn != nil {
+                state.madeSlotsIn!.insert(target)
+                if state.madeSlotsIn!.count > Self.maximumMailboxesRemembered { state.madeSlotsIn = nil }
+            }
             state.targets[target]?.reserved.insert(generation)
             return (generation, forgotten)
         }
@@ -242,23 +252,27 @@ final class MessageSlots: Sendable {
     }
 
     /// Closes the spares and removes every empty slot of this process, the forgotten ones
-    /// included (it leaves the space, its record already removed). A slot holding a message
-    /// not read yet stays: its receiver removes it after reading, finding the record gone.
+    /// included (it leaves the space, its record already removed), from the mailboxes it
+    /// made slots in (a process that sent nothing looks at no mailbox: with a thousand
+    /// processes leaving, each listing every mailbox was a million directory reads). A
+    /// slot holding a message not read yet stays: its receiver removes it after reading,
+    /// finding the record gone.
     func removeAll(dirFD: Int32) {
-        let spares: [Int32] = state.withLock { state in
+        let (spares, mailboxes): ([Int32], Set<String>?) = state.withLock { state in
             state.closed = true
             state.spareOrder.removeAll()
             defer { state.targets.removeAll() }
-            return state.targets.values.compactMap { $0.spare?.fd }
+            return (state.targets.values.compactMap { $0.spare?.fd }, state.madeSlotsIn)
         }
         for fd in spares { _ = Syscall.close(fd) }
-        Self.removeEmptySlots(of: me, dirFD: dirFD)
+        Self.removeEmptySlots(of: me, dirFD: dirFD, in: mailboxes.map { Array($0) })
     }
 
     /// Removes the empty slots of `process` (which writes no more: it left, or it is dead)
-    /// from every mailbox. One holding a message not read yet is its receiver's to remove.
-    static func removeEmptySlots(of process: String, dirFD: Int32) {
-        for mailbox in (try? SpaceMail.list(dirFD, "mail")) ?? [] where mailbox != process {
+    /// from `mailboxes`, else from every mailbox. One holding a message not read yet is
+    /// its receiver's to remove.
+    static func removeEmptySlots(of process: String, dirFD: Int32, in mailboxes: [String]? = nil) {
+        for mailbox in mailboxes ?? (try? SpaceMail.list(dirFD, "mail")) ?? [] where mailbox != process {
             for name in (try? SpaceMail.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
                 removeIfEmpty("mail/\(mailbox)/\(name)", dirFD: dirFD)
             }

@@ -74,15 +74,19 @@ extension SpaceLocks {
     /// Whether a plan's shards (`mask`, from ``shardMask(of:)``) fit in the budget.
     func fitsBudget(_ mask: UInt64) -> Bool { mask.nonzeroBitCount <= shardBudget }
 
-    /// Takes the plan's bytes, waiting (on inotify) while another process holds a
-    /// conflicting lock. Throws `CancellationError` if the task is cancelled meanwhile.
+    /// Takes the plan's bytes, waiting while another process holds a conflicting lock:
+    /// in the kernel (``waitInKernel(for:token:)``), else, when no thread or signal can be
+    /// had for that, on inotify. Throws `CancellationError` if the task is cancelled
+    /// meanwhile.
     ///
     /// `token` names the wait for ``cancel(token:)``, which ends it with
-    /// `FileCoordinationError.Code.cancelled`.
-    func acquire(_ plan: Plan, token: UInt64? = nil) async throws -> Held {
+    /// `FileCoordinationError.Code.cancelled`; `waits` is called once, when the claim
+    /// starts to wait.
+    func acquire(_ plan: Plan, token: UInt64? = nil, waits: (() -> Void)? = nil) async throws -> Held {
         // Pinned, the plan's shards stay open from their opening to the attempt (a shard
         // it needs is not closed to make room for another claim meanwhile); not while it
-        // sleeps, so that waiters do not keep shards open past the budget.
+        // sleeps on inotify or for a byte it does not take, so that waiters do not keep
+        // shards open past the budget.
         let needed = Self.shardMask(of: plan)
         var pinned = true
         pin(needed, by: 1)
@@ -90,6 +94,7 @@ extension SpaceLocks {
         try await openShards(needed)
         var queued: [Byte] = []
         var flagged = false
+        var inKernel = waitsInKernel
         var watched = false
         var poll: Duration = .milliseconds(1)
         // (Closes before the claim began are not its to answer.)
@@ -105,13 +110,14 @@ extension SpaceLocks {
                     throw FileCoordinationError.coordinatorCancelled()
                 }
                 let generation = state.withLock { $0.generation }
+                let blocker: Blocker
                 switch try attempt(plan, queued: &queued) {
                 case .held(let held): return held
                 case .shardClosed:
                     // Closed before this acquisition pinned it (again): open it again.
                     try await openShards(needed)
                     continue
-                case .conflict: break
+                case .conflict(let found): blocker = found
                 }
                 if !flagged {
                     // The claim waits from its first conflict: the deadline counts from here
@@ -119,19 +125,45 @@ extension SpaceLocks {
                     // disk is saturated).
                     ClaimWait.noteWaiting()
                     PresenterMessenger.logger.debug("claim waits for another process's claim")
-                    // Watched before the flag is raised, so no doorbell rung after it is missed.
-                    watched = await startWatching()
+                    // Watched before the flag is raised, so no doorbell rung after it is
+                    // missed. A wait in the kernel needs no watch: the kernel wakes it.
+                    if !inKernel { watched = await startWatching() }
                     // Raise the flag, then try again before sleeping: a release between the
                     // first attempt and the flag would not have rung. The doorbell asks
-                    // every process to give back its idle bytes (one may be in the way).
+                    // every process to give back its idle bytes (one may be in the way),
+                    // this one's own included.
                     flagged = true
+                    waits?()
                     raiseWaitingFlag()
+                    dropIdle(suspend: true)
                     ringDoorbell()
+                    continue
+                }
+                ClaimWait.noteWaiting()
+                if inKernel {
+                    if !blocker.isQueue {
+                        pin(needed, by: -1)
+                        pinned = false
+                    }
+                    let outcome = await waitInKernel(for: blocker, token: token)
+                    if !pinned {
+                        pin(needed, by: 1)
+                        pinned = true
+                        try await openShards(needed)
+                    }
+                    switch outcome {
+                    case .taken: queued.append(blocker.byte)
+                    case .tryAgain: break
+                    case .unavailable:
+                        // No thread, descriptor or signal for it: wait on inotify instead,
+                        // watched before the next try.
+                        inKernel = false
+                        watched = await startWatching()
+                    }
                     continue
                 }
                 pin(needed, by: -1)
                 pinned = false
-                ClaimWait.noteWaiting()
                 if watched {
                     try await waitForChange(after: generation, atMost: recheckPause(&answered))
                 } else {
@@ -221,8 +253,11 @@ extension SpaceLocks {
 
     /// Whether a byte no task holds any more may stay locked, idle: only while the process
     /// hears the doorbell, no waiter has asked for idle bytes back, and it has not left.
+    /// Nor while a claim of this process waits: its wait for a byte it does not take
+    /// (on a descriptor of its own) would wait for this process's own idle lock.
     private var keepsIdleBytes: Bool {
         listening.load(ordering: .relaxed) && !suspended.load(ordering: .relaxed) && !closed.load(ordering: .relaxed)
+            && waitingHere.load(ordering: .relaxed) == 0
     }
 
     /// Uncounts `byte`; lowers or drops the kernel lock when no task needs it. Returns
@@ -322,11 +357,16 @@ extension SpaceLocks {
         guard changed else { return }
         let waiters = state.withLock { Self.takeWaiters(&$0) }
         for waiter in waiters { waiter.resume() }
+        ringIfOthersWait()
+    }
+
+    /// Rings the doorbell when another process waits (holds the waiting flag); when none
+    /// does, idle bytes may be kept again.
+    func ringIfOthersWait() {
         if case .success(let conflicting) = Syscall.conflictingLock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1) {
             if conflicting != fc_F_UNLCK {
                 ringDoorbell()
             } else {
-                // Nobody waits any more: idle bytes may be kept again.
                 suspended.store(false, ordering: .relaxed)
             }
         }

@@ -23,11 +23,12 @@ extension SpaceLocks {
 
     /// Ends the wait of the acquisition with this token (its coordinator was cancelled).
     func cancel(token: UInt64) {
-        let waiters = state.withLock { state in
+        let (waiters, inKernel) = state.withLock { state in
             state.cancelled.insert(token)
-            return Self.takeWaiters(&state)
+            return (Self.takeWaiters(&state), state.kernelWaits[token])
         }
         for waiter in waiters { waiter.resume() }
+        inKernel?.cancel()
     }
 
     /// Called by the watcher thread for a shard's `IN_CLOSE_WRITE`: a holder may have let
@@ -110,6 +111,7 @@ extension SpaceLocks {
     func raiseWaitingFlag() {
         state.withLock { state in
             state.waiting += 1
+            waitingHere.add(1, ordering: .relaxed)
             if state.waiting == 1 { _ = Syscall.lock(fd, fc_F_RDLCK, Self.waitingFlagOffset, 1) }
         }
     }
@@ -117,6 +119,7 @@ extension SpaceLocks {
     func lowerWaitingFlag() {
         state.withLock { state in
             state.waiting -= 1
+            waitingHere.subtract(1, ordering: .relaxed)
             if state.waiting == 0 { _ = Syscall.lock(fd, fc_F_UNLCK, Self.waitingFlagOffset, 1) }
         }
     }

@@ -106,6 +106,8 @@ final class SpaceLocks: Sendable {
         /// Timed waits (``waitForChange(after:atMost:)``), and whether the time ran out
         /// before they parked.
         var timed: [UInt64: Bool] = [:]
+        /// Waits in the kernel, by the token of their acquisition (for ``cancel(token:)``).
+        var kernelWaits: [UInt64: KernelLockWait] = [:]
     }
 
     /// How many times a waiter that still finds a conflict after a claim file's close
@@ -148,6 +150,14 @@ final class SpaceLocks: Sendable {
     let suspended = Atomic<Bool>(false)
     /// The process left the space: nothing is kept any more.
     let closed = Atomic<Bool>(false)
+    /// Claims of this process that wait (``State/waiting``, readable outside the lock).
+    let waitingHere = Atomic<Int>(0)
+    /// Threads of this space's kernel waits still in their lock call or about to make it
+    /// (``waitInKernel(for:token:)``): what a cancelled wait leaves behind, for tests.
+    let kernelWaitsInCall = Atomic<Int>(0)
+    /// Whether a claim that has to wait waits in the kernel (``waitInKernel(for:token:)``);
+    /// else on inotify, as it does anyway when no thread or signal can be had for it.
+    let waitsInKernel: Bool
     /// At most this many shard files are kept open, unless one claim needs more.
     let shardBudget: Int
     /// Starts the space's watches (``CoordinationSpace/startWatching()``) when a claim
@@ -168,8 +178,9 @@ final class SpaceLocks: Sendable {
 
     /// `shardBudget` nil: ``defaultShardBudget()``.
     init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil,
-         owner: uid_t = geteuid()) {
+         owner: uid_t = geteuid(), waitsInKernel: Bool = KernelLockWait.signal != nil) {
         self.fd = fd
+        self.waitsInKernel = waitsInKernel
         self.owner = owner
         self.path = path
         self.directoryFD = directoryFD

@@ -39,24 +39,38 @@ extension SpaceMail {
         }
         for path in localEntries() { status.presenters.append(.init(path: path, processIdentifier: pid)) }
         let (dirFD, me) = (files.directoryFD, me)
-        let processes: [String] = try await runOnIOThread {
-            try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }
+        /// What one look at a process's record found: dead, or alive with its record (nil
+        /// when it could not be read) and its pid as this process's namespace numbers it.
+        struct Looked: Sendable {
+            var process: String
+            var alive: Bool
+            var record: SpaceProtocol.ProcessRecord?
+            var who: Visible
+        }
+        // Every record in one pass on one I/O thread (a hand-off per process made a
+        // `status` among a thousand waiting processes cost a second of hand-offs).
+        let looked: [Looked] = try await runOnIOThread {
+            try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }.map { process in
+                let named = Visible(pid: Self.pid(of: process), isForeign: false)
+                guard self.isAlive(process) else { return Looked(process: process, alive: false, who: named) }
+                let record = try? self.readRecord(of: process)
+                return Looked(process: process, alive: true, record: record,
+                              who: record.map { PIDNamespaces.visible(named.pid, in: $0.pidNamespace) } ?? named)
+            }
         }
         /// `silent`: with the process's record, which lists the claims it has held for a while.
         enum Answer: Sendable { case dead, silent(SpaceProtocol.ProcessRecord?), reply(SpaceProtocol.StatusReport) }
         /// The answer, and the process's pid as this process's namespace numbers it.
         await withTaskGroup(of: (String, Answer, PIDNamespaces.Visible).self) { group in
-            for process in processes {
+            for entry in looked {
+                let (process, record, visible) = (entry.process, entry.record, entry.who)
                 group.addTask { [self] in
-                    let named = Visible(pid: Self.pid(of: process), isForeign: false)
-                    guard (try? await runOnIOThread { self.isAlive(process) }) == true else { return (process, .dead, named) }
+                    guard entry.alive else { return (process, .dead, visible) }
                     // A process that does not read its mailbox is not asked: its record
-                    // says what it holds (see ``CoordinationSpace/claimsChanged()``).
-                    let (record, visible) = (try? await runOnIOThread { () throws -> (SpaceProtocol.ProcessRecord, Visible) in
-                        let record = try self.readRecord(of: process)
-                        return (record, PIDNamespaces.visible(named.pid, in: record.pidNamespace))
-                    }).map { ($0.0, $0.1) } ?? (nil, named)
-                    if let record, !record.listening { return (process, .reply(.init(re: 0, claims: record.claims)), visible) }
+                    // says what it holds and waits for (see ``CoordinationSpace/claimsChanged()``).
+                    if let record, !record.listening {
+                        return (process, .reply(.init(re: 0, claims: record.claims, waiting: record.waiting)), visible)
+                    }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask {
                             switch try await self.request(.status, to: process) {
@@ -92,7 +106,7 @@ extension SpaceMail {
                     // Stopped or busy: what it holds still stands in the kernel, and its
                     // presenters are still asked (their records say what they present).
                     status.unanswered.append(who.pid)
-                    if let record { add(.init(re: 0, claims: record.claims), of: who) }
+                    if let record { add(.init(re: 0, claims: record.claims, waiting: record.waiting), of: who) }
                     for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
                         addPresenter(path, of: who)
                     }
@@ -209,11 +223,18 @@ extension SpaceMail {
     /// microseconds between creating the mailbox and renaming the record into place.
     static let abandonedJoinAge: Int = 60
 
-    /// The processes that joining looks at (``cleanUp(_:)``, which cleans up after the
-    /// dead ones): every other process with a record, and what a process that died while
-    /// joining left, a mailbox with no record or a record never renamed into place
-    /// (`procs/.<process>`), once older than ``abandonedJoinAge`` seconds and its pid is
-    /// gone. Names that are not a process's are set aside. Blocking: on an I/O thread.
+    /// How many other processes' records a joining process looks at for dead ones, chosen
+    /// at random when there are more (`status` looks at all): with a thousand processes
+    /// joining at once, each looking at every other's record made a million liveness
+    /// checks.
+    static let livenessChecksOnJoin = 32
+
+    /// The processes that joining cleans up after (``cleanUp(_:)``): other processes whose
+    /// record is no longer locked (among ``livenessChecksOnJoin`` records), and what a
+    /// process that died while joining left, a mailbox with no record or a record never
+    /// renamed into place (`procs/.<process>`), once older than ``abandonedJoinAge``
+    /// seconds and its pid is gone. Names that are not a process's are set aside.
+    /// Blocking: on an I/O thread.
     func deadProcessCandidates() throws -> [String] {
         let (dirFD, me) = (files.directoryFD, me)
         var records = try Self.list(dirFD, "procs")
@@ -229,7 +250,8 @@ extension SpaceMail {
         let named = Set(processes)
         let strays = mailboxes.filter { $0 != me && !named.contains($0) }
             + records.filter { $0.hasPrefix(".") }.map { String($0.dropFirst()) }.filter { $0 != me }
-        return processes + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
+        let looked = processes.count <= Self.livenessChecksOnJoin ? processes : Array(processes.shuffled().prefix(Self.livenessChecksOnJoin))
+        return looked.filter { !isAlive($0) } + Set(strays).filter { Self.abandonedJoin($0, dirFD: dirFD) }
     }
 
     /// Cleans up after those of `candidates` (``deadProcessCandidates()``) that are

@@ -131,6 +131,9 @@ package enum SpaceProtocol {
         /// Whether it reads its mailbox (one that does not is never asked for its status).
         var listening: Bool
         var claims: [ClaimLine] = []
+        /// Claims it waits for (a process that waits in the kernel does not read its
+        /// mailbox: `status` reads them here).
+        var waiting: [ClaimLine] = []
         /// The PID namespace `pid` belongs to (``PIDNamespaces``); nil when unknown.
         var pidNamespace: UInt64? = PIDNamespaces.current
     }
@@ -272,7 +275,7 @@ extension SpaceProtocol.PresenterRecord {
 
 extension SpaceProtocol.ProcessRecord {
     func encoded() -> SpaceMessage {
-        var record = SpaceMessage(kind: "process", fields: SpaceProtocol.claimFields("claim", claims))
+        var record = SpaceMessage(kind: "process", fields: SpaceProtocol.claimFields("claim", claims) + SpaceProtocol.claimFields("waiting", waiting))
         record.set("pid", "\(pid)")
         record.set("listening", listening ? "1" : "0")
         if let pidNamespace { record.set(SpaceProtocol.pidNamespaceKey, "\(pidNamespace)") }
@@ -284,6 +287,7 @@ extension SpaceProtocol.ProcessRecord {
         pid = try record.required("pid", record.pid)
         listening = record.string("listening") != "0"
         claims = SpaceProtocol.claimLines("claim", in: record)
+        waiting = SpaceProtocol.claimLines("waiting", in: record)
         pidNamespace = record.string(SpaceProtocol.pidNamespaceKey).flatMap { UInt64($0) }
     }
 }
