@@ -21,12 +21,36 @@ enum InTheWay {
 
     /// `pid N (write claim on PATH)`, `pid N (presenter of PATH, not answering)`, one per
     /// process in the way; empty when the space names nobody (the wait ended meanwhile).
+    ///
+    /// The processes' records are read first, no process asked: a claim waiting in the
+    /// kernel reads no mailbox, and asking would make it start to listen (and a hundred
+    /// waiters would each ask every process). Only when no record names a claim in the way
+    /// (a presenter keeps the wait, or a claim is younger than the records) are the
+    /// processes asked, within `timeout`.
     static func describe(_ wanted: [Wanted], in space: CoordinationSpace, timeout: Duration) async -> [String] {
-        guard let status = try? await space.status(timeout: timeout) else { return [] }
         // Resolving links blocks: on an I/O thread.
         guard let wanted = try? await runOnIOThread({
             wanted.map { Wanted(path: FileCoordinator.claimPath(of: $0.path, followingLast: $0.followingLast), isWrite: $0.isWrite) }
         }) else { return [] }
+        if let recorded = try? await space.recordedStatus() {
+            let found = claimsInTheWay(of: wanted, in: recorded)
+            if !found.isEmpty { return found }
+        }
+        guard let status = try? await space.status(timeout: timeout) else { return [] }
+        var found = claimsInTheWay(of: wanted, in: status)
+        if !found.isEmpty { return found }
+        let me = getpid()
+        for presenter in status.presenters where presenter.processIdentifier != me {
+            guard wanted.contains(where: { related($0.path, presenter.path) }) else { continue }
+            let silent = status.unanswered.contains(presenter.processIdentifier) ? ", not answering" : ""
+            let who = StatusCommand.who(presenter.processIdentifier, nil, otherNamespace: presenter.isInAnotherPIDNamespace)
+            found.append("\(who) (presenter of \(Output.displayed(presenter.path))\(silent))")
+        }
+        return found
+    }
+
+    /// The lines for the claims of other processes that conflict with `wanted`.
+    private static func claimsInTheWay(of wanted: [Wanted], in status: CoordinationSpace.Status) -> [String] {
         let me = getpid()
         let conflicting = status.claims.filter { claim in
             claim.processIdentifier != me && wanted.contains { ($0.isWrite || claim.isWrite) && related($0.path, claim.path) }
@@ -39,13 +63,6 @@ enum InTheWay {
         for claim in answered.isEmpty ? conflicting : answered {
             let line = "\(StatusCommand.who(claim.processIdentifier, nil, otherNamespace: claim.isInAnotherPIDNamespace)) (\(claim.isWrite ? "write" : "read") claim on \(Output.displayed(claim.path)))"
             if !found.contains(line) { found.append(line) }
-        }
-        if !found.isEmpty { return found }
-        for presenter in status.presenters where presenter.processIdentifier != me {
-            guard wanted.contains(where: { related($0.path, presenter.path) }) else { continue }
-            let silent = status.unanswered.contains(presenter.processIdentifier) ? ", not answering" : ""
-            let who = StatusCommand.who(presenter.processIdentifier, nil, otherNamespace: presenter.isInAnotherPIDNamespace)
-            found.append("\(who) (presenter of \(Output.displayed(presenter.path))\(silent))")
         }
         return found
     }

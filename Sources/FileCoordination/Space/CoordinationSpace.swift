@@ -338,6 +338,13 @@ public final class CoordinationSpace: Sendable {
         try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: timeout)
     }
 
+    /// ``status(timeout:)`` from the processes' records alone, asking none (their claims
+    /// as of ``claimRecordDelay`` ago): a process that waits in the kernel, and so reads
+    /// no mailbox, says who is in its way without starting to listen, and a hundred
+    /// waiters cost no hundred requests to each process.
+    package func recordedStatus() async throws -> Status {
+        try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: .zero, asking: false)
+    }
 }
 
 /// The space's open files, checked as they are opened. Runs on an I/O thread.

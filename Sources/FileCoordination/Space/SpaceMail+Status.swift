@@ -27,8 +27,10 @@ extension SpaceMail {
         server.presented.map(\.path)
     }
 
+    /// `asking` false: no process is asked; each live one is listed from its record (and
+    /// its published presenters), none as unanswered.
     func status(localClaims: (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
-                timeout: Duration) async throws -> CoordinationSpace.Status {
+                timeout: Duration, asking: Bool = true) async throws -> CoordinationSpace.Status {
         var status = CoordinationSpace.Status()
         let pid = files.pid
         for claim in localClaims.held {
@@ -58,8 +60,11 @@ extension SpaceMail {
                               who: record.map { PIDNamespaces.visible(named.pid, in: $0.pidNamespace) } ?? named)
             }
         }
-        /// `silent`: with the process's record, which lists the claims it has held for a while.
-        enum Answer: Sendable { case dead, silent(SpaceProtocol.ProcessRecord?), reply(SpaceProtocol.StatusReport) }
+        /// `silent`: with the process's record, which lists the claims it has held for a
+        /// while; `recorded`: not asked, its record read instead.
+        enum Answer: Sendable {
+            case dead, silent(SpaceProtocol.ProcessRecord?), recorded(SpaceProtocol.ProcessRecord?), reply(SpaceProtocol.StatusReport)
+        }
         /// The answer, and the process's pid as this process's namespace numbers it.
         await withTaskGroup(of: (String, Answer, PIDNamespaces.Visible).self) { group in
             for entry in looked {
@@ -71,6 +76,7 @@ extension SpaceMail {
                     if let record, !record.listening {
                         return (process, .reply(.init(re: 0, claims: record.claims, waiting: record.waiting)), visible)
                     }
+                    guard asking else { return (process, .recorded(record), visible) }
                     let answer: Answer? = try? await withThrowingTaskGroup(of: Answer.self) { race in
                         race.addTask {
                             switch try await self.request(.status, to: process) {
@@ -102,10 +108,11 @@ extension SpaceMail {
             }
             for await (process, answer, who) in group {
                 switch answer {
-                case .silent(let record):
-                    // Stopped or busy: what it holds still stands in the kernel, and its
-                    // presenters are still asked (their records say what they present).
-                    status.unanswered.append(who.pid)
+                case .silent(let record), .recorded(let record):
+                    // Stopped or busy (or not asked): what it holds still stands in the
+                    // kernel, and its presenters are still asked (their records say what
+                    // they present).
+                    if case .silent = answer { status.unanswered.append(who.pid) }
                     if let record { add(.init(re: 0, claims: record.claims, waiting: record.waiting), of: who) }
                     for path in (try? await runOnIOThread { self.publishedPresenters(of: process) }) ?? [] {
                         addPresenter(path, of: who)
