@@ -9,7 +9,8 @@
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
 // coordination: in-process coordination cost; adapter: NSFileCoordination's blocking form
 // against FileCoordination's; callers: the same from the main actor;
-// cli: one filecoord command as a process, beside flock(1); watch: inotify latency, bursts and
+// cli: one filecoord command as a process, beside flock(1); contention: N processes x K
+// increments of one counter under filecoord exec, beside flock(1); watch: inotify latency, bursts and
 // watched deletion (watch-delete alone)
 // space: across processes (a second process of this binary presents and holds claims)
 //
@@ -54,7 +55,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "adapter", "callers", "cli", "watch", "space", "etcd"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "adapter", "callers", "cli", "contention", "watch", "space", "etcd"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -712,6 +713,8 @@ for workload in workloads {
         try await runMainActor(dataset.small)
     case "cli":
         try runCommandLine()
+    case "contention":
+        try runContention()
     case "watch":
         try await runWatch()
         try await runWatchDeletion()

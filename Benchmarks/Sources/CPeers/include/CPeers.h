@@ -29,4 +29,11 @@ int peer_inotify_round_trips(const char *directory, int rounds, int pause_micros
 /// The bytes this process's `malloc` has handed out and not had back, in all arenas and
 /// its mapped blocks (glibc's `mallinfo2`).
 size_t peer_heap_in_use(void);
+
+/// Runs the command `argv` (argv[0] a path) `runs_each` times in a row on each of
+/// `workers` threads at once, each run a process (posix_spawn, waitpid), its output and
+/// errors to /dev/null: N concurrent shell loops, as `make -j` or `xargs -P` start commands.
+/// *seconds gets the wall time of the whole, *longest_microseconds the longest single
+/// run (spawn to exit). Returns how many runs failed (did not start or exit 0).
+int peer_run_concurrently(char *const *argv, int workers, int runs_each, double *seconds, double *longest_microseconds);
 #endif
