@@ -102,19 +102,24 @@ extension SpaceLocksTests {
             let other = try holdElsewhere(plan)
             defer { for fd in other { close(fd) } }
             struct TimedOut: Error {}
+            // Seen waiting in the kernel before the deadline.
+            let waitedInKernel = Task {
+                await eventually(within: 1.5) { flagRaised() && locks.kernelWaitsInCall.load(ordering: .relaxed) == 1 }
+            }
             let start = ContinuousClock.now
             await #expect(throws: TimedOut.self) {
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask { locks.release(try await locks.acquire(plan)) }
                     group.addTask {
-                        try await Task.sleep(for: .milliseconds(300)) // ok: the claim's deadline
+                        try await Task.sleep(for: .seconds(2)) // ok: the claim's deadline
                         throw TimedOut()
                     }
                     defer { group.cancelAll() }
                     try await group.next()
                 }
             }
-            #expect(ContinuousClock.now - start < .seconds(2))
+            #expect(await waitedInKernel.value, "the claim waited in the kernel")
+            #expect(ContinuousClock.now - start < .seconds(4))
             #expect(await eventually(within: 2) { locks.kernelWaitsInCall.load(ordering: .relaxed) == 0 }, "the wait's thread ended")
             #expect(!flagRaised())
             #expect(locks.heldCount == 0)
