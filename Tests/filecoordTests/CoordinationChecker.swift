@@ -28,7 +28,7 @@ struct CoordinationCheck {
         var steps = 400
         var kills = 2
         var stops = 0
-        /// A run longer than this is a hang.
+        /// A round in which no worker writes a line for this long is a hang.
         var hangLimit: Duration = .seconds(90)
     }
 
@@ -99,10 +99,19 @@ struct CoordinationCheck {
                 }
             }
         }
-        // Every worker ends, or the run is a hang.
+        // Every worker ends, or the run is a hang: no worker wrote a line for `hangLimit`.
         let hung = Flag()
+        let logPaths = workers.map(\.log)
         let watchdog = Task {
-            try await Task.sleep(for: options.hangLimit) // ok: the bound of a hang
+            var watch = ProgressWatch(limit: options.hangLimit)
+            while true {
+                let size = logPaths.reduce(0) { total, path in
+                    var info = stat()
+                    return total + (stat(path, &info) == 0 ? Int(info.st_size) : 0)
+                }
+                if watch.observe(size: size, at: .now) { break }
+                try await Task.sleep(for: .seconds(1)) // ok: polling the workers' logs for progress
+            }
             hung.set()
             for pid in pids { kill(pid, SIGCONT); kill(pid, SIGKILL) }
         }
@@ -128,98 +137,19 @@ struct CoordinationCheck {
         injector.cancel()
         _ = await injector.result
         var problems: [String] = []
-        if hung.isSet { problems.append("hang: the workers had not ended after \(options.hangLimit)") }
+        if hung.isSet { problems.append("hang: no worker wrote a line for \(options.hangLimit)") }
         let killed = killedAt.times.withLock { $0 }
         for (pid, status) in statuses where status != 0 && killed[pid] == nil && !hung.isSet {
             let output = workers.first { $0.pid == pid }.flatMap { try? String(contentsOfFile: $0.log + ".out", encoding: .utf8) } ?? ""
             let reason = output.split(separator: "\n").first { $0.contains("Caught error") || $0.contains("rror") } ?? ""
             problems.append("worker \(pid) exited with status \(status): \(reason)")
         }
-        // The logs.
-        var intervals: [Interval] = []
-        var asks: [(presenter: Int32, item: String, asker: Int32, at: Int64)] = []
-        var completedIncrements = 0, openIncrements = 0
-        for worker in workers {
-            let text = (try? String(contentsOfFile: worker.log, encoding: .utf8)) ?? ""
-            var open: [Int: Interval] = [:]
-            var (changedAt, heardAt): (Int64?, Int64?) = (nil, nil)
-            defer {
-                // A worker that lived to the end: its presenter heard a fresh change in 1 s.
-                if killed[worker.pid] == nil, !hung.isSet {
-                    if let changedAt, let heardAt {
-                        if heardAt - changedAt > 1_000_000_000 { problems.append("worker \(worker.pid)'s presenter heard a change after \(Double(heardAt - changedAt) / 1e9) s") }
-                    } else {
-                        problems.append("worker \(worker.pid)'s presenter never heard the change made at the end (deaf)")
-                    }
-                }
-            }
-            for line in text.split(separator: "\n") {
-                let fields = line.split(separator: " ").map(String.init)
-                guard fields.count >= 2 else { continue }
-                switch fields[0] {
-                case "B" where fields.count == 6:
-                    // B <seq> <operation> <reads> <writes> <ns>
-                    let set: (String) -> Set<String> = { $0 == "-" ? [] : Set($0.split(separator: ",").map(String.init)) }
-                    open[Int(fields[1])!] = Interval(pid: worker.pid, writes: set(fields[4]), reads: set(fields[3]),
-                                                     begin: Int64(fields[5])!, end: nil, operation: fields[2])
-                case "E" where fields.count == 3:
-                    if var interval = open.removeValue(forKey: Int(fields[1])!) {
-                        interval.end = Int64(fields[2])!
-                        if interval.operation == "increment" { completedIncrements += 1 }
-                        intervals.append(interval)
-                    }
-                case "A" where fields.count == 4:
-                    asks.append((worker.pid, fields[1], Int32(fields[2])!, Int64(fields[3])!))
-                case "U": changedAt = Int64(fields[1])
-                case "H": heardAt = Int64(fields[1])
-                default: break
-                }
-            }
-            // Begun and never ended: the worker was killed inside the accessor.
-            for (_, var interval) in open {
-                interval.end = killed[worker.pid]
-                if interval.operation == "increment" { openIncrements += 1 }
-                intervals.append(interval)
-            }
-        }
-        // No writer overlaps another access to the same item.
-        var byItem: [String: [Interval]] = [:]
-        for interval in intervals {
-            for item in interval.writes.union(interval.reads) { byItem[item, default: []].append(interval) }
-        }
-        for (item, list) in byItem {
-            let sorted = list.sorted { $0.begin < $1.begin }
-            for (index, first) in sorted.enumerated() {
-                let end = first.end ?? .max
-                for second in sorted[(index + 1)...] {
-                    guard second.begin < end else { break }
-                    guard first.writes.contains(item) || second.writes.contains(item) else { continue }
-                    problems.append("overlap on \(item): \(first.operation) by \(first.pid) [\(first.begin), \(String(describing: first.end))] "
-                        + "and \(second.operation) by \(second.pid) from \(second.begin)")
-                }
-            }
-        }
-        // No update lost: the counter counts every completed increment, and at most the
-        // ones killed inside their accessor besides.
         let counter = Int((try? String(contentsOfFile: items + "/counter", encoding: .utf8)) ?? "") ?? -1
-        if counter < completedIncrements || counter > completedIncrements + openIncrements {
-            problems.append("lost update: the counter is \(counter) after \(completedIncrements) completed increments (\(openIncrements) killed inside)")
-        }
-        // A presenter is asked once per coordination: between two asks by one process
-        // for the same item, that process ran an accessor on it.
-        let beginsByPid = Dictionary(grouping: intervals, by: \.pid)
-        for group in Dictionary(grouping: asks, by: { "\($0.presenter) \($0.item) \($0.asker)" }).values {
-            let times = group.map(\.at).sorted()
-            for (first, second) in zip(times, times.dropFirst()) {
-                let ran = (beginsByPid[group[0].asker] ?? []).contains { interval in
-                    interval.begin > first && interval.begin <= second + 1_000_000_000 && interval.writes.union(interval.reads).contains(group[0].item)
-                        && interval.begin < second
-                }
-                if !ran { problems.append("presenter \(group[0].presenter) of \(group[0].item) asked twice by \(group[0].asker) for one coordination (at \(first) and \(second))") }
-            }
-        }
-        let summary = "seed \(options.seed): \(options.workers) workers, \(intervals.count) accesses, \(completedIncrements) increments, "
-            + "\(asks.count) presenter requests, \(killed.count) killed, \(options.stops) stops"
+        let logTexts = workers.map { (pid: $0.pid, text: (try? String(contentsOfFile: $0.log, encoding: .utf8)) ?? "") }
+        let found = findings(logTexts, killed: killed, hung: hung.isSet, counter: counter)
+        problems += found.problems
+        let summary = "seed \(options.seed): \(options.workers) workers, \(found.accesses) accesses, \(found.increments) increments, "
+            + "\(found.asks) presenter requests, \(killed.count) killed, \(options.stops) stops"
         return (problems, summary)
     }
 }
@@ -254,12 +184,17 @@ struct CoordinationCheck {
             self.log = log
         }
         func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
-            log.line("A \(name) \(writer.processIdentifier) \(CoordinationCheck.now())")
+            asked(by: writer)
             return nil
         }
         func relinquishPresentedItem(toReader reader: FileAccessRequest) async throws -> FileReacquirer? {
-            log.line("A \(name) \(reader.processIdentifier) \(CoordinationCheck.now())")
+            asked(by: reader)
             return nil
+        }
+        /// The asking coordinator's purpose names the coordination (one coordinator each).
+        private func asked(by request: FileAccessRequest) {
+            let purpose = request.purposeIdentifier.isEmpty ? "-" : request.purposeIdentifier.replacingOccurrences(of: " ", with: "_")
+            log.line("A \(name) \(request.processIdentifier) \(CoordinationCheck.now()) \(purpose)")
         }
         let changes = Atomic<Int>(0)
         func presentedItemDidChange() async {
@@ -276,8 +211,6 @@ struct CoordinationCheck {
         var random = SplitMix64(seed: UInt64(environment[Self.seedVariable]!)!)
         let steps = Int(environment[Self.stepsVariable]!)!
         _ = try await FileCoordinator.joinCoordinationSpace(at: FilePath(environment[Self.spaceVariable]!))
-        let coordinator = FileCoordinator()
-        coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(5), action: .proceed))
         let presented = "i\(random.next() % 4)"
         let presenter = LoggingPresenter(URL(fileURLWithPath: items + "/" + presented), name: presented, log: log)
         await FileCoordinator.addFilePresenter(presenter)
@@ -294,6 +227,10 @@ struct CoordinationCheck {
             log.line("E \(sequence) \(CoordinationCheck.now())")
         }
         for _ in 0 ..< steps {
+            // A coordinator per coordination: its purpose, unique, names the coordination
+            // in the presenters' logs.
+            let coordinator = FileCoordinator()
+            coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(5), action: .proceed))
             let (x, y) = ("i\(random.next() % 4)", "i\(random.next() % 4)")
             switch random.next() % 6 {
             case 0:
