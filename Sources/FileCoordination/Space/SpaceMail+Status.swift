@@ -174,6 +174,11 @@ extension SpaceMail {
     func cleanUpHere(_ process: String) -> Bool {
         guard Self.isProcessName(process), process != me, !isAlive(process) else { return false }
         let dirFD = files.directoryFD
+        // No record and no mailbox: it left (leaving removes the record, the process's
+        // slots, then its mailbox) or was cleaned up after already, and no slot of it is
+        // left to look for in every mailbox (with a thousand processes joining and
+        // leaving, each join's look at records that had just gone listed every mailbox).
+        let left = !exists(dirFD, "procs/" + process) && !exists(dirFD, "procs/." + process) && !exists(dirFD, "mail/" + process)
         slots.drop(process, dirFD: dirFD)
         var removedPresenters = false
         for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
@@ -183,7 +188,7 @@ extension SpaceMail {
         _ = Syscall.unlinkat(dirFD, "procs/" + process)
         _ = Syscall.unlinkat(dirFD, "procs/." + process)
         // Its slots in other processes' mailboxes (not registry entries).
-        MessageSlots.removeEmptySlots(of: process, dirFD: dirFD)
+        if !left { MessageSlots.removeEmptySlots(of: process, dirFD: dirFD) }
         // Another process may have been first: the registry of presenters, which
         // others cache, changed only if this removed some.
         if removedPresenters { files.bumpSequence() }
