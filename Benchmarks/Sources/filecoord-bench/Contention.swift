@@ -25,7 +25,7 @@ func runContention() throws {
     /// One run of `workers` x `each`: seconds, the longest single command (its wait
     /// included) in ms, and whether the counter came out right and every command exited 0.
     func measure(_ command: [String], workers: Int, each: Int) -> (seconds: Double, longest: Double, right: Bool) {
-        FileManager.default.createFile(atPath: counter, contents: Data("0\n".utf8))
+        _ = FileManager.default.createFile(atPath: counter, contents: Data("0\n".utf8))
         let argv = command.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         var seconds = 0.0, longest = 0.0
@@ -38,10 +38,11 @@ func runContention() throws {
     let execCommand = [binary, "exec", "--write", counter, "--", "sh", "-c", script]
     _ = measure(flockCommand, workers: 2, each: 5) // warm
     _ = measure(execCommand, workers: 2, each: 5)
-    let shapes = [(100, 2), (20, 10), (2, 100)]
+    // 1,000 at once: the goal there is 3x (issue's "1,000 waiters"); the others, 2x.
+    let shapes = [(1000, 1), (100, 2), (20, 10), (2, 100)]
     let contentionRounds = min(rounds, 3)
     print("\ncontention (N processes at once, each K increments of one counter, each a process; median of \(contentionRounds) rounds; \(binary))")
-    print("  N x K      flock c sh -c   filecoord exec --write c   ratio (range)        longest command: flock / filecoord   goal <= 2x")
+    print("  N x K      flock c sh -c   filecoord exec --write c   ratio (range)        longest command: flock / filecoord   goal")
     for (workers, each) in shapes {
         var flocks: [Double] = [], execs: [Double] = [], ratios: [Double] = []
         var flockLongest = 0.0, execLongest = 0.0
@@ -59,9 +60,10 @@ func runContention() throws {
         }
         func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
         let ratio = median(ratios)
+        let goal = workers >= 1000 ? 3.0 : 2.0
         let shape = "\(workers) x \(each)".padding(toLength: 9, withPad: " ", startingAt: 0)
         print(String(format: "  %@  %10.2f s  %19.2f s        %5.2fx (%.2f-%.2f)   %8.0f ms / %6.0f ms          %@", shape,
                      median(flocks), median(execs), ratio, ratios.min()!, ratios.max()!, flockLongest, execLongest,
-                     wrong.isEmpty ? (ratio <= 2 ? "met" : "NOT MET") : "FAILED: a counter was wrong or a command failed (\(Set(wrong).sorted().joined(separator: ", ")))"))
+                     wrong.isEmpty ? (ratio <= goal ? "<= \(Int(goal))x met" : "<= \(Int(goal))x NOT MET") : "FAILED: a counter was wrong or a command failed (\(Set(wrong).sorted().joined(separator: ", ")))"))
     }
 }
