@@ -19,6 +19,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        // Counters and timers for operators (docs/design.md, "Metrics and logging"); the
+        // application chooses the backend.
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         // `swift package generate-documentation` (the catalog is FileCoordination.docc).
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
@@ -50,13 +53,16 @@ let package = Package(
         ),
         .target(
             name: "FileWatching",
-            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO", "SystemCalls", .product(name: "SystemPackage", package: "swift-system")]
+            dependencies: ["CInotifyTools", "CFileCoordinationShims", "AsyncFileIO", "SystemCalls",
+                           .product(name: "CoreMetrics", package: "swift-metrics"),
+                           .product(name: "SystemPackage", package: "swift-system")]
         ),
         .target(
             name: "FileCoordination",
             dependencies: [
                 "AsyncFileIO", "FileWatching", "CFileCoordinationShims", "SystemCalls",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
@@ -71,6 +77,8 @@ let package = Package(
             name: "FileCoordinationEtcd",
             dependencies: [
                 "FileCoordination", "AsyncFileIO", "SystemCalls", "CFileCoordinationTLS",
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "SystemPackage", package: "swift-system"),
             ]
         ),
@@ -91,8 +99,12 @@ let package = Package(
         // Each test target declares every module it imports.
         .testTarget(name: "AsyncFileIOTests", dependencies: ["AsyncFileIO", "CFileCoordinationShims", "SystemCalls", "TestSupport", .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileWatchingTests", dependencies: ["AsyncFileIO", "FileWatching", "CInotifyTools", "CFileCoordinationShims", "TestSupport",
+                                                               .product(name: "MetricsTestKit", package: "swift-metrics"),
                                                                .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "FileCoordinationTests", dependencies: ["AsyncFileIO", "FileCoordination", "CFileCoordinationShims", "SystemCalls", "TestSupport",
+                                                                   .product(name: "Logging", package: "swift-log"),
+                                                                   .product(name: "CoreMetrics", package: "swift-metrics"),
+                                                                   .product(name: "MetricsTestKit", package: "swift-metrics"),
                                                                    .product(name: "SystemPackage", package: "swift-system")]),
         // Apple-style presenters and coordinators; other processes are `filecoord` and
         // this test binary again.
@@ -101,6 +113,7 @@ let package = Package(
                                                                        .product(name: "SystemPackage", package: "swift-system")]),
         .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "FileCoordinationEtcd", "filecoord", "TestSupport",
                                                           .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                                                          .product(name: "MetricsTestKit", package: "swift-metrics"),
                                                           .product(name: "SystemPackage", package: "swift-system")]),
     ]
 )

@@ -21,10 +21,13 @@ final class EtcdClient: Sendable {
     let tls: EtcdTLS?
     /// What the client accepts from the network, at most.
     let limits: EtcdLimits
+    /// Where each call's time is recorded.
+    let metrics: EtcdMetrics
     private let worker: EtcdWorker
 
     init(endpoints: [EtcdEndpoint], connectTimeout: Duration, retryLimit: Duration, auth: EtcdAuth? = nil, tls: EtcdTLS? = nil,
-         limits: EtcdLimits = EtcdLimits()) {
+         limits: EtcdLimits = EtcdLimits(), metrics: EtcdMetrics = .standard) {
+        self.metrics = metrics
         self.endpoints = endpoints
         self.connectTimeout = connectTimeout
         self.retryLimit = retryLimit
@@ -62,7 +65,7 @@ final class EtcdClient: Sendable {
                     send(path, body, again: again)
                     return
                 }
-                PresenterMessenger.logger.warning("etcd call failed", metadata: ["call": "\(path)", "error": "\(error)"])
+                FileCoordinator.logger.warning("etcd call failed", metadata: ["call": "\(path)", "error": "\(error)"])
             }
         }
     }
@@ -90,7 +93,9 @@ final class EtcdClient: Sendable {
     /// asked again in this call.
     func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, tryTimeout: Duration? = nil,
                  retryLimit: Duration? = nil) throws(EtcdFailure) -> [UInt8] {
-        let deadline = ContinuousClock.now + (retryLimit ?? self.retryLimit)
+        let start = ContinuousClock.now
+        defer { metrics.record(path, .now - start) }
+        let deadline = start + (retryLimit ?? self.retryLimit)
         var next = connection.flatMap { endpoints.firstIndex(of: $0.endpoint) } ?? 0
         var refused: Set<EtcdEndpoint> = []
         var lastFailure: EtcdFailure?

@@ -89,11 +89,12 @@ public final class EtcdCoordinationSpace: Sendable {
         keeper = EtcdLeaseKeeper(client: client, id: leaseID, ttl: configuration.leaseTTL, grantSentAt: grantSentAt)
     }
 
-    /// Joins: a lease, and this process's member key under it.
+    /// Joins: a lease, and this process's member key under it. `metrics`: where its calls
+    /// and a lost lease are counted (tests give a set of their own).
     ///
     /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
     ///   when no member answers within the connect timeout.
-    static func join(_ given: Configuration) async throws -> EtcdCoordinationSpace {
+    package static func join(_ given: Configuration, metrics: EtcdMetrics = .standard) async throws -> EtcdCoordinationSpace {
         var configuration = given
         guard configuration.root.isAbsolute else {
             throw FileCoordinationError(code: .invalidArgument, path: configuration.root, operation: "join",
@@ -132,7 +133,7 @@ public final class EtcdCoordinationSpace: Sendable {
         var limits = EtcdLimits()
         limits.answerBytes = max(64 << 10, configuration.maxAnswerBytes)
         let client = EtcdClient(endpoints: endpoints, connectTimeout: configuration.connectTimeout,
-                                retryLimit: configuration.connectTimeout, auth: auth, tls: tls, limits: limits)
+                                retryLimit: configuration.connectTimeout, auth: auth, tls: tls, limits: limits, metrics: metrics)
         do {
             let grantSentAt = ContinuousClock.now
             let lease = try await client.call("/v3/lease/grant", EtcdJSON.LeaseGrantRequest(TTL: String(ttlSeconds)),
@@ -190,7 +191,8 @@ public final class EtcdCoordinationSpace: Sendable {
     /// Called once by the lease keeper: every claim made under the lease may be
     /// another process's now. Waits end with ``FileCoordinationError/Code/claimLost``.
     func leaseLost(_ why: String) {
-        PresenterMessenger.logger.error("the etcd lease of this process is lost; its claims no longer hold",
+        client.metrics.lostLeases.increment()
+        FileCoordinator.logger.error("the etcd lease of this process is lost; its claims no longer hold",
                                         metadata: ["space": "\(address)", "why": "\(why)"])
         endClaims(because: why)
     }

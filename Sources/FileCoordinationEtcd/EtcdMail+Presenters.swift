@@ -30,7 +30,7 @@ extension EtcdMail {
         let route = hub.add(EtcdWatchHub.Route(prefix: presentersFolder, events: .all) { [weak self] events in
             self?.presentersChanged(events)
         } failed: { [weak self] failure in
-            PresenterMessenger.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
+            FileCoordinator.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
             self?.presentersLost()
         })
         state.withLock { $0.presenterRoute = route }

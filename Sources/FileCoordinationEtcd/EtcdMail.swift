@@ -82,7 +82,7 @@ final class EtcdMail: PresenterMailbox {
     /// Publishes a presenter: its key under the lease, once this process reads its mail.
     func register(_ presenter: any FilePresenter, at path: FilePath) async -> Bool {
         guard let name = names.shared(path.platformBytes) else {
-            PresenterMessenger.logger.warning("a presenter outside the etcd space's root is not published",
+            FileCoordinator.logger.warning("a presenter outside the etcd space's root is not published",
                                               metadata: ["path": "\(path)", "root": "\(names.root)"])
             return false
         }
@@ -96,7 +96,7 @@ final class EtcdMail: PresenterMailbox {
                                       as: EtcdJSON.Empty.self)
             return true
         } catch {
-            PresenterMessenger.logger.warning("a presenter could not be published in the etcd space",
+            FileCoordinator.logger.warning("a presenter could not be published in the etcd space",
                                               metadata: ["path": "\(path)", "error": "\(error)"])
             return false
         }
@@ -165,7 +165,7 @@ final class EtcdMail: PresenterMailbox {
         guard let mailRoute = hub.add(EtcdWatchHub.Route(prefix: mailbox, events: .puts) { [weak self] events in
             self?.mailArrived(events)
         } failed: { [weak self] failure in
-            PresenterMessenger.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
+            FileCoordinator.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
             self?.mailWatchFailed()
         }) else { return false }
         guard let membersRoute = hub.add(EtcdWatchHub.Route(prefix: keys.members, events: .deletions) { [weak self] events in
@@ -227,7 +227,7 @@ final class EtcdMail: PresenterMailbox {
               let message = try? SpaceProtocol.Message(decoding: decoded),
               let body = Self.mapPaths(message.body, { [names] in names.local($0).platformBytes })
         else {
-            PresenterMessenger.logger.warning("a malformed message in this process's etcd mail is ignored")
+            FileCoordinator.logger.warning("a malformed message in this process's etcd mail is ignored")
             return
         }
         let local = SpaceProtocol.Message(header: message.header, body: body)

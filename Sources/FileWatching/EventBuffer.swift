@@ -17,6 +17,9 @@ final class EventBuffer: Sendable {
         var head = 0
         /// Events were lost: a resync is owed to the consumer, after what is buffered.
         var lost: FileEvent.Resync?
+        /// The buffer has dropped events since the last resync was taken (an overflow
+        /// counts once).
+        var overflowing = false
         var finished = false
         var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
         var nextWaiter = 0
@@ -45,10 +48,12 @@ final class EventBuffer: Sendable {
     let limit: Int
     /// The event reported for a resync (the root, as a directory or not).
     private let resyncEvent: FileEvent
+    private let metrics: WatchMetrics
 
-    init(limit: Int, resyncEvent: FileEvent) {
+    init(limit: Int, resyncEvent: FileEvent, metrics: WatchMetrics = .standard) {
         self.limit = limit
         self.resyncEvent = resyncEvent
+        self.metrics = metrics
     }
 
     // MARK: Watcher thread
@@ -57,6 +62,7 @@ final class EventBuffer: Sendable {
     /// as the later one: it reports a change that may come after a sync point (a
     /// suppression that covers the earlier one must not swallow it).
     func append(_ event: FileEvent) {
+        var overflowed = false
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             guard !state.finished else { return [] }
             if event.kind == .modified, state.count > 0, state.events.last == event {
@@ -66,6 +72,8 @@ final class EventBuffer: Sendable {
             }
             if state.count >= limit {
                 Self.lose(&state, FileEvent.Resync(cause: .buffer, lostEvents: 1))
+                overflowed = !state.overflowing
+                state.overflowing = true
                 return []
             }
             state.appended += 1
@@ -74,6 +82,7 @@ final class EventBuffer: Sendable {
             return state.wakeAll()
         }
         for waiter in waiters { waiter.resume() }
+        if overflowed { metrics.bufferOverflows.increment() }
     }
 
     /// Owes the consumer a resync, delivered after what is buffered now.
@@ -138,16 +147,19 @@ final class EventBuffer: Sendable {
     /// One event with its sequence number without waiting: `.some(nil)` once finished and
     /// empty, nil when nothing is there yet.
     func take() -> (FileEvent, UInt64)?? {
-        state.withLock { state in
+        let taken: (FileEvent, UInt64)?? = state.withLock { state in
             if state.count > 0 { return .some(state.takeFirst()) }
             if let lost = state.lost {
                 state.lost = nil
+                state.overflowing = false
                 var event = resyncEvent
                 event.resync = lost
                 return .some((event, state.appended))
             }
             return state.finished ? .some(nil) : nil
         }
+        if case .some(.some((let event, _))) = taken, let resync = event.resync { metrics.resyncDelivered(resync.cause) }
+        return taken
     }
 
     /// The next event, waiting until one comes: `.some(nil)` once the buffer has

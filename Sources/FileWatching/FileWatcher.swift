@@ -79,9 +79,11 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// ``init(watching:recursive:bufferLimit:settle:filter:)`` that, with
     /// `reportingExisting`, reports what is there when watching begins as created: the
     /// root itself first, then (for a directory) every entry the first listing finds. For
-    /// an item that has just appeared, whose contents nobody has heard of yet.
+    /// an item that has just appeared, whose contents nobody has heard of yet. `metrics`:
+    /// where its overflows and resyncs are counted (tests give a set of their own).
     package init(watching path: FilePath, recursive: Bool = true, bufferLimit: Int = 65536,
-                 settle: Duration? = nil, filter: FileEventFilter = .all, reportingExisting: Bool) async throws {
+                 settle: Duration? = nil, filter: FileEventFilter = .all, reportingExisting: Bool,
+                 metrics: WatchMetrics = .standard) async throws {
         root = path.normalizedKeepingParents()
         self.bufferLimit = Swift.max(1, bufferLimit)
         self.filter = filter
@@ -103,7 +105,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
         }
         syncDirectoryIdentity = directory
         tree = WatchTree(root: root, rootIsDirectory: isDirectory, recursive: recursive && isDirectory,
-                         bufferLimit: self.bufferLimit, filter: filter)
+                         bufferLimit: self.bufferLimit, filter: filter, metrics: metrics)
         try await tree.start(reportingExisting: reportingExisting)
     }
 

@@ -75,12 +75,16 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
     private let unwatchedPaths = Locked<[FilePath]>([])
     var unwatched: [FilePath] { unwatchedPaths.withLock { $0 } }
 
-    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, filter: FileEventFilter) {
+    let metrics: WatchMetrics
+
+    init(root: FilePath, rootIsDirectory: Bool, recursive: Bool, bufferLimit: Int, filter: FileEventFilter,
+         metrics: WatchMetrics = .standard) {
         self.filter = filter == .all ? nil : filter
+        self.metrics = metrics
         translation = WatchTranslation(root: root, rootIsDirectory: rootIsDirectory, recursive: recursive)
         var resync = FileEvent(.resync, root, isDirectory: rootIsDirectory)
         resync.relativePath = rootIsDirectory ? FilePath() : FilePath(platformBytes: translation.fileName)
-        buffer = EventBuffer(limit: bufferLimit, resyncEvent: resync)
+        buffer = EventBuffer(limit: bufferLimit, resyncEvent: resync, metrics: metrics)
     }
 
     /// Adds the first watch and learns the tree, on the watcher thread (reporting what it
@@ -132,6 +136,7 @@ final class WatchTree: InotifyClient, @unchecked Sendable {
         case .cookieSeen(let name):
             buffer.cookieSeen(name)
         case .lost(let cause):
+            if cause == .kernelQueue { metrics.kernelOverflows.increment() }
             buffer.lose(FileEvent.Resync(cause: cause))
             // Syncs whose cookie exists by now are complete: whatever happened before
             // them is covered by the rescan.

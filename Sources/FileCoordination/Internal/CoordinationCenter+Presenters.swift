@@ -24,12 +24,12 @@ extension CoordinationCenter {
             // Still registered (not removed meanwhile)?
             guard state.withLock({ $0.presenters.contains(ObjectIdentifier(presenter)) }) else { return }
             guard await transport.publish(presenter, at: path) else {
-                PresenterMessenger.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
+                FileCoordinator.logger.warning("cannot watch the coordination space (the inotify instance or watch limit?); the presenter is known in this process only",
                                                   metadata: ["path": "\(path)", "space": "\(transport.address)"])
                 return
             }
         } catch {
-            PresenterMessenger.logger.warning("cannot join the coordination space; the presenter is known in this process only",
+            FileCoordinator.logger.warning("cannot join the coordination space; the presenter is known in this process only",
                                               metadata: ["path": "\(path)", "error": "\(error)"])
         }
     }

@@ -31,10 +31,14 @@ package final class CoordinationCenter: Sendable {
     let presenterCount = Atomic<Int>(0)
     /// A transport of this center's own, in place of the process's space (tests).
     private let ownTransport: (any CoordinationTransport)?
+    /// Where claims and presenters' answers are counted.
+    let metrics: CoordinationMetrics
 
-    /// A center; with `transport`, it reaches other processes through that one only.
-    init(transport: (any CoordinationTransport)? = nil) {
+    /// A center; with `transport`, it reaches other processes through that one only;
+    /// with `metrics`, it counts in a set of its own (tests).
+    init(transport: (any CoordinationTransport)? = nil, metrics: CoordinationMetrics = .standard) {
         ownTransport = transport
+        self.metrics = metrics
     }
 
     /// Whether any presenter is registered, in this process or (as last read) another.
@@ -219,6 +223,8 @@ package final class CoordinationCenter: Sendable {
         let coordinator: FileCoordinator
         let granted: Bool
         let cancellations: Int
+        /// When it was found to wait (the claim-wait timer's start).
+        let since: ContinuousClock.Instant
     }
 
     /// The synchronous start of ``acquire(_:purpose:coordinator:intents:)``: submits the
@@ -239,9 +245,11 @@ package final class CoordinationCenter: Sendable {
         for watcher in watchers { watcher.resume() }
         if granted, transport?.takeClaimsNow(claims, for: id.raw) ?? true {
             Self.trace("claim granted", id, claims, level: .trace)
+            metrics.granted(claims, waited: .zero)
             return .held(id)
         }
-        return .pending(Pending(id: id, claims: claims, coordinator: coordinator, granted: granted, cancellations: cancellations))
+        return .pending(Pending(id: id, claims: claims, coordinator: coordinator, granted: granted, cancellations: cancellations,
+                                since: .now))
     }
 
     /// Waits for a request ``submit(_:purpose:coordinator:intents:)`` could not hold.
@@ -251,6 +259,7 @@ package final class CoordinationCenter: Sendable {
             // Free here; another process holds a kernel claim.
             try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
             Self.trace("claim granted", id, claims, level: .trace)
+            metrics.granted(claims, waited: .now - pending.since)
             return (id, false)
         }
         Self.trace("claim waits for another in this process", id, claims)
@@ -270,6 +279,7 @@ package final class CoordinationCenter: Sendable {
             try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
         }
         Self.trace("claim granted after waiting", id, claims)
+        metrics.granted(claims, waited: .now - pending.since)
         return (id, true)
     }
 
@@ -279,7 +289,8 @@ package final class CoordinationCenter: Sendable {
     /// write blocked" about), at `trace` for a claim granted at once.
     static func trace(_ step: @autoclosure () -> String, _ id: RequestID, _ claims: [CoordinationRules.Claim],
                       level: Logger.Level = .debug) {
-        PresenterMessenger.logger.log(level: level, "\(step()) \(id): \(claims.map { "\($0.access) \($0.path)" }.joined(separator: ", "))")
+        guard LibraryLogger.logs(level) else { return }
+        FileCoordinator.logger.log(level: level, "\(step()) \(id): \(claims.map { "\($0.access) \($0.path)" }.joined(separator: ", "))")
     }
 
     /// Grants `claims` only if that needs no waiting here or in another process; nil
@@ -293,11 +304,11 @@ package final class CoordinationCenter: Sendable {
         let (id, unblocked) = state.withLock { $0.requests.submitIfFree(claims, purpose: purpose) }
         for waiter in unblocked { waiter.resume() }
         guard let id else { return nil }
-        guard let transport else { return id }
-        guard transport.takeClaimsForBatch(claims, for: id.raw, opening: openingShards) else {
+        if let transport, !transport.takeClaimsForBatch(claims, for: id.raw, opening: openingShards) {
             release(id)
             return nil
         }
+        metrics.granted(claims, waited: .zero)
         return id
     }
 
@@ -334,7 +345,7 @@ package final class CoordinationCenter: Sendable {
 
     /// Ends a granted request; grants whatever was waiting for it.
     func release(_ id: RequestID) {
-        PresenterMessenger.logger.trace("claim released \(id)")
+        if LibraryLogger.logs(.trace) { FileCoordinator.logger.trace("claim released \(id)") }
         transport?.releaseClaims(of: id.raw)
         let granted = state.withLock { $0.requests.release(id) }
         for waiter in granted { waiter.resume() }

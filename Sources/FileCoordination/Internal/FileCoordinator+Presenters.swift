@@ -36,12 +36,12 @@ extension FileCoordinator {
         if let known { throw known }
         guard !planned.isEmpty else { return [] }
         let plans = planned.steps
-        let (policy, purpose) = (presenterTimeoutPolicy, purposeIdentifier)
+        let (policy, purpose, metrics) = (presenterTimeoutPolicy, purposeIdentifier, center.metrics)
         // One presenter (the common case) is asked from this task; several, all at once.
-        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy) }]
+        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy, metrics: metrics) }]
             : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
             for (index, plan) in plans.enumerated() {
-                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy) }) }
+                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy, metrics: metrics) }) }
             }
             var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
             for await (index, outcome) in group { outcomes[index] = outcome }
@@ -63,8 +63,10 @@ extension FileCoordinator {
         return reacquirers
     }
 
-    private static func run(_ steps: PresenterPlan.Steps, purpose: String, policy: PresenterTimeoutPolicy) async throws -> FileReacquirer? {
-        try await steps.entry.endpoint.askBefore(steps, purpose: purpose, call: PresenterCall(policy: policy, entry: steps.entry))
+    private static func run(_ steps: PresenterPlan.Steps, purpose: String, policy: PresenterTimeoutPolicy,
+                            metrics: CoordinationMetrics) async throws -> FileReacquirer? {
+        try await steps.entry.endpoint.askBefore(steps, purpose: purpose,
+                                                 call: PresenterCall(policy: policy, entry: steps.entry, metrics: metrics))
     }
 
     // MARK: Presenters after the access
@@ -73,19 +75,20 @@ extension FileCoordinator {
         guard !messages.isEmpty else { return }
         // The change has happened; a slow presenter only delays, never fails it.
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        let metrics = center.metrics
         // One message (the common case) is sent from this task; several, all at once.
         if messages.count == 1 {
-            await Self.deliver(messages[0], policy: lenient)
+            await Self.deliver(messages[0], policy: lenient, metrics: metrics)
             return
         }
         await withTaskGroup(of: Void.self) { group in
             for message in messages {
-                group.addTask { await Self.deliver(message, policy: lenient) }
+                group.addTask { await Self.deliver(message, policy: lenient, metrics: metrics) }
             }
         }
     }
 
-    private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy) async {
+    private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy, metrics: CoordinationMetrics) async {
         let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
         switch message {
         case .didChange(let e):
@@ -103,14 +106,15 @@ extension FileCoordinator {
             let (old, new) = (from.fileURL, to.fileURL)
             (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
         }
-        _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
+        _ = try? await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, body)
     }
 
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
         guard !reacquirers.isEmpty else { return }
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
+        let metrics = center.metrics
         @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
-            _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry) { await reacquirer() }
+            _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry, metrics: metrics) { await reacquirer() }
         }
         // One (the common case) runs from this task; several, all at once.
         if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }

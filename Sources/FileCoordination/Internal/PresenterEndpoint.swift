@@ -29,11 +29,12 @@ package protocol PresenterEndpoint: Sendable {
 package struct PresenterCall: Sendable {
     let policy: PresenterTimeoutPolicy
     let entry: PresenterRegistry.Entry
+    let metrics: CoordinationMetrics
 
     func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
         do {
-            return try await PresenterMessenger.bounded(policy, name, of: entry, late: late, body)
+            return try await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, late: late, body)
         } catch {
             throw PresenterMessenger.failure(error, callback: name, entry: entry)
         }

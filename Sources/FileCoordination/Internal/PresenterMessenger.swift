@@ -6,7 +6,6 @@ import SystemPackage
 
 /// Calls presenter callbacks under a coordinator's ``PresenterTimeoutPolicy``.
 package enum PresenterMessenger {
-    package static let logger = Logger(label: "FileCoordination")
 
     /// Runs `body` (one presenter callback). Returns its value; nil when it timed out
     /// and the policy proceeds. Throws the callback's error, `FileCoordinationError`
@@ -14,12 +13,32 @@ package enum PresenterMessenger {
     /// is cancelled meanwhile.
     ///
     /// How the callback is bounded is the presenter's endpoint's (``PresenterEndpoint``).
+    /// `metrics` counts the answer's time, or the timeout.
     static func bounded<T: Sendable>(
         _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-        late: (@Sendable (T) -> Void)? = nil,
+        metrics: CoordinationMetrics, late: (@Sendable (T) -> Void)? = nil,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
-        try await entry.endpoint.bounded(policy, callback, of: entry, late: late, body)
+        let start = ContinuousClock.now
+        do {
+            let answer = try await entry.endpoint.bounded(policy, callback, of: entry, late: late, body)
+            if answer == nil {
+                metrics.presenterTimeouts.increment()
+            } else {
+                metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
+            }
+            return answer
+        } catch let error as FileCoordinationError where error.code == .timedOut && error.operation == callback {
+            // ``timeoutError(_:_:of:)``: the policy fails the coordination.
+            metrics.presenterTimeouts.increment()
+            throw error
+        } catch is CancellationError {
+            throw CancellationError()
+        } catch {
+            // A refusal is an answer too.
+            metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
+            throw error
+        }
     }
 
     /// ``bounded(_:_:of:late:_:)`` for a presenter of this process: the callback runs in a
@@ -80,7 +99,7 @@ package enum PresenterMessenger {
     /// The policy proceeds without a presenter that did not answer: say so.
     static func warnTimeout(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry) {
         let seconds = seconds(policy)
-        logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
+        FileCoordinator.logger.warning("\(name(of: entry.presenter)) did not answer \(callback) within \(seconds) s; proceeding without it",
                        metadata: ["presenter": "\(name(of: entry.presenter))", "path": "\(entry.path)",
                                   "callback": "\(callback)", "timeout": "\(seconds) s"])
     }

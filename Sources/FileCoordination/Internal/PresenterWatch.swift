@@ -149,13 +149,13 @@ package final class PresenterWatch: Sendable {
     }
 
     private static func warnUnwatchable(_ path: FilePath, _ error: any Error) {
-        PresenterMessenger.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
+        FileCoordinator.logger.warning("cannot watch a presenter's item; it will hear coordinated access only",
                                           metadata: ["path": "\(path)", "error": "\(error)"])
     }
 
     /// Logs the one warning that part of the item is not watched.
     private static func warnUnwatched(_ unwatched: [FilePath], of path: FilePath) {
-        PresenterMessenger.logger.warning(
+        FileCoordinator.logger.warning(
             "the inotify watch limit (fs.inotify.max_user_watches) is reached: \(unwatched.count) directories of a presenter's item (and all inside them) are not watched, and changes made there outside coordination are not heard; some watches were left for other processes",
             metadata: ["path": "\(path)", "unwatched": "\(unwatched.prefix(3).map(\.string).joined(separator: ", "))\(unwatched.count > 3 ? ", ..." : "")"])
     }
@@ -230,8 +230,9 @@ package final class PresenterWatch: Sendable {
         let presenter = self.presenter
         let policy = PresenterTimeoutPolicy.default
         let entry = PresenterRegistry.Entry(presenter: presenter, path: item)
+        let metrics = center.metrics
         func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
-            _ = try? await PresenterMessenger.bounded(policy, name, of: entry, body)
+            _ = try? await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, body)
         }
         // Directories left out by the watch limit, told when the watch starts and
         // whenever more are (each new directory's creation is an event of its parent's).

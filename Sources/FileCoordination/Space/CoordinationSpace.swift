@@ -131,7 +131,7 @@ public final class CoordinationSpace: Sendable {
                 } catch {
                     // Not a warning: the process works on (its waits poll); a command's
                     // stderr stays clean when hundreds of processes run at once.
-                    PresenterMessenger.logger.info("cannot watch the coordination space; this process polls instead",
+                    FileCoordinator.logger.info("cannot watch the coordination space; this process polls instead",
                                                    metadata: ["path": "\(directory)", "error": "\(error)"])
                     return false
                 }

@@ -124,7 +124,7 @@ extension SpaceLocks {
                     // even when starting the watches is slow (a record written while the
                     // disk is saturated).
                     ClaimWait.noteWaiting()
-                    PresenterMessenger.logger.debug("claim waits for another process's claim")
+                    if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("claim waits for another process's claim") }
                     // Watched before the flag is raised, so no doorbell rung after it is
                     // missed. A wait in the kernel needs no watch: the kernel wakes it.
                     if !inKernel { watched = await startWatching() }

@@ -39,7 +39,7 @@ extension SpaceMail {
                 files.bumpSequence()
             }
         } catch {
-            PresenterMessenger.logger.warning("cannot publish a presenter in the coordination space; other processes will not find it",
+            FileCoordinator.logger.warning("cannot publish a presenter in the coordination space; other processes will not find it",
                                               metadata: ["path": "\(path)", "error": "\(error)"])
         }
     }

@@ -106,7 +106,7 @@ extension SpaceMail {
     /// is one of this process's slots in `target`'s mailbox (see ``MessageSlots``), else,
     /// while every slot holds a message not read yet, a file created for this message.
     func prepare(_ body: SpaceProtocol.Body, to target: String, id: UInt64) -> @Sendable () throws -> Void {
-        PresenterMessenger.logger.debug("message \(body.kind) #\(id) to \(target)")
+        if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("message \(body.kind) #\(id) to \(target)") }
         var message = body.encoded()
         SpaceProtocol.Header(from: me, id: id, pid: files.pid).stamp(&message)
         let bytes = message.encoded()

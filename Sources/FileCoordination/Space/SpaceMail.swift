@@ -139,7 +139,7 @@ package final class SpaceMail: Sendable {
         case .failure(let reason): return Self.ignored(path, reason.rawValue)
         }
         let header = message.header
-        PresenterMessenger.logger.debug("message \(message.body.kind) #\(header.id) from \(header.from)")
+        if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("message \(message.body.kind) #\(header.id) from \(header.from)") }
         switch message.body {
         case .reply(let reply):
             // The coordination that asked goes on to its accessor, then posts its `did…`
@@ -158,7 +158,7 @@ package final class SpaceMail: Sendable {
 
     /// The one warning for a file in the space that is not a message of ours.
     static func ignored(_ path: FilePath, _ reason: String) {
-        PresenterMessenger.logger.warning("ignored a file in the coordination space", metadata: ["path": "\(path)", "reason": "\(reason)"])
+        FileCoordinator.logger.warning("ignored a file in the coordination space", metadata: ["path": "\(path)", "reason": "\(reason)"])
     }
 
     static func withCString<T>(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> T) -> T {
@@ -267,7 +267,7 @@ package final class SpaceMail: Sendable {
         let dirFD = files.directoryFD
         let hidden = ".foreign-" + name
         guard case .success = Syscall.renameat(dirFD, "\(folder)/\(name)", "\(folder)/\(hidden)") else { return }
-        PresenterMessenger.logger.warning("set aside an entry of the coordination space that is not one of ours",
+        FileCoordinator.logger.warning("set aside an entry of the coordination space that is not one of ours",
                                           metadata: ["path": "\(files.directory.appending(folder).appending(name))",
                                                      "now": "\(files.directory.appending(folder).appending(hidden))",
                                                      "reason": "\(reason)"])

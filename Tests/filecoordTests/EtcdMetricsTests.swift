@@ -1,0 +1,39 @@
+import FileCoordination
+import FileCoordinationEtcd
+import Foundation
+import MetricsTestKit
+import Testing
+import TestSupport
+
+/// The etcd space's metrics, counted into a factory of the test's own.
+@Suite("etcd space: metrics")
+struct EtcdMetricsTests {
+    @Test("each call to etcd is timed by call; a lease lost when etcd stops answering is counted once",
+          .timeLimit(.minutes(2)))
+    func callsAndLostLease() async throws {
+        let server = try await EtcdServer()
+        let metrics = TestMetrics()
+        let configuration = EtcdCoordinationSpace.Configuration(endpoints: [server.endpoint], prefix: "metrics",
+                                                                leaseTTL: .seconds(1), connectTimeout: .seconds(1))
+        let space = try await EtcdCoordinationSpace.join(configuration, metrics: EtcdMetrics(factory: metrics))
+        func calls(_ call: String) -> [Int64] {
+            metrics.timers(label: EtcdMetrics.callLabel, dimensions: [("call", call)]).flatMap(\.values)
+        }
+        func lost() -> Int64 { metrics.counterTotal(label: EtcdMetrics.lostLeasesLabel) }
+        #expect(calls("lease/grant").count == 1)
+        #expect(calls("kv/put").count >= 1, "the member's key")
+        #expect(calls("lease/grant").allSatisfy { $0 > 0 })
+        #expect(lost() == 0)
+
+        await server.stop()
+        // Lost after a TTL (1 s) without an answer; bounded at 30 s.
+        let deadline = ContinuousClock.now + .seconds(30)
+        while lost() == 0 && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50)) // ok: polling the lease keeper's thread, bounded
+        }
+        #expect(lost() == 1)
+        #expect(!calls("lease/keepalive").isEmpty, "the keep-alives that failed were timed too")
+        await space.leave()
+        #expect(lost() == 1, "leaving after the loss is not another loss")
+    }
+}
