@@ -36,10 +36,14 @@ struct SpaceOption: ParsableArguments {
                                valueName: "LEVEL"), completion: .list(Logger.Level.allCases.map(\.rawValue)))
     var logLevel: String?
 
+    @Option(name: .customLong("log-format"), help: ArgumentHelp("How diagnostics are written: text (default; each line starts with the time and filecoord[PID]) or json (one object per line, for log collectors) (default: $FILECOORD_LOG_FORMAT).",
+                               valueName: "FORMAT"), completion: .list(Logs.Format.allCases.map(\.rawValue)))
+    var logFormat: String?
+
     /// The values given, apart from the parser.
     var settings: SpaceSettings {
         SpaceSettings(space: space, root: root, leaseTTL: leaseTTL, etcdCA: etcdCA, etcdCertificate: etcdCertificate,
-                      etcdKey: etcdKey, logLevel: logLevel)
+                      etcdKey: etcdKey, logLevel: logLevel, logFormat: logFormat)
     }
 
     func validate() throws { try settings.validate() }
@@ -59,6 +63,7 @@ struct SpaceSettings: Sendable {
     var etcdCertificate: String?
     var etcdKey: String?
     var logLevel: String?
+    var logFormat: String?
 
     func validate() throws {
         try Self.validate(space)
@@ -77,6 +82,13 @@ struct SpaceSettings: Sendable {
                 throw ValidationError("\(source): no level named '\(name)'; the levels are \(Logs.levelNames)")
             }
             Logs.level = level
+        }
+        let formatVariable = environmentVariable("FILECOORD_LOG_FORMAT")
+        if let (source, name) = logFormat.map({ ("--log-format", $0) }) ?? formatVariable.map({ ("FILECOORD_LOG_FORMAT", $0) }) {
+            guard let format = Logs.Format(rawValue: name.lowercased()) else {
+                throw ValidationError("\(source): no format named '\(name)'; the formats are text, json")
+            }
+            Logs.format = format
         }
     }
 
@@ -267,53 +279,5 @@ struct CoordinationSettings: Sendable {
             }
         }
         return error
-    }
-}
-
-/// Library log messages (a presenter that did not answer in time, a malformed file in the
-/// space; at `debug`, claims, waits and messages) as one stderr line each:
-/// `filecoord: warning: <message>`, with its details from `debug` on.
-enum Logs {
-    /// From `--log-level`, else `$FILECOORD_LOG_LEVEL`, else `warning`; set while the
-    /// arguments are parsed.
-    static var level: Logger.Level {
-        get { setting.withLock { $0 } }
-        set { setting.withLock { $0 = newValue } }
-    }
-    private static let setting = Locked(Logger.Level.warning)
-
-    private static let once: Void = {
-        let level = Self.level
-        LoggingSystem.bootstrap { _ in StderrLogHandler(logLevel: level) }
-    }()
-
-    static func bootstrap() { _ = once }
-
-    /// Every level's name, from the quietest, as an error lists them.
-    static var levelNames: String { Logger.Level.allCases.reversed().map(\.rawValue).joined(separator: ", ") }
-
-    /// The level a `--log-level` or `FILECOORD_LOG_LEVEL` value names.
-    static func level(named name: String) -> Logger.Level? {
-        Logger.Level(rawValue: name.lowercased())
-    }
-
-    struct StderrLogHandler: LogHandler {
-        var metadata: Logger.Metadata = [:]
-        var logLevel: Logger.Level
-
-        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-            get { metadata[key] }
-            set { metadata[key] = newValue }
-        }
-
-        func log(event: LogEvent) {
-            // Each thing said once: details the message already gives are left out (all of
-            // them from debug on).
-            let message = "\(event.message)"
-            let details = metadata.merging(event.metadata ?? [:]) { $1 }
-                .filter { logLevel <= .debug || !message.contains("\($0.value)") }
-                .sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-            Output.error("\(event.level): \(Output.words(message))" + (details.isEmpty ? "" : " (\(details))"))
-        }
     }
 }

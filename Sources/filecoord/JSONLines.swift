@@ -89,8 +89,12 @@ enum JSONLines {
         }
     }
 
-    /// `status --json`.
+    /// `status --json`: a stable schema (docs/cli.md), whose ``version`` changes only if a
+    /// field changes meaning or goes; fields may be added within a version.
     struct Status: Encodable {
+        /// The schema's version.
+        static let schemaVersion = 1
+
         struct Claim: Encodable {
             var path: String
             var pathBase64: String?
@@ -115,5 +119,6 @@ enum JSONLines {
         var presenters: [Presenter]
         var unanswered: [Int32]
         var cleanedUp: [Int32]
+        var version = Status.schemaVersion
     }
 }

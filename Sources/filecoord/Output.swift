@@ -15,7 +15,13 @@ enum Output {
     /// `filecoord: <message>` on stderr, one line: a control character in the message (a
     /// newline in a name it quotes, say) is escaped as in ``displayed(_:)``.
     static func error(_ message: String) {
-        var line = "filecoord: "
+        line("filecoord: ", message)
+    }
+
+    /// `prefix` and `message` on stderr, one line: a control character in the message is
+    /// escaped as in ``displayed(_:)``.
+    static func line(_ prefix: String, _ message: String) {
+        var line = prefix
         for scalar in message.unicodeScalars {
             if scalar.value < 0x20 || scalar.value == 0x7f { line += escaped(UInt8(scalar.value)) } else { line.unicodeScalars.append(scalar) }
         }

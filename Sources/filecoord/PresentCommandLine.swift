@@ -11,7 +11,7 @@ enum PresentCommandLine {
     static let optionsTakingValues: Set<String> = [
         "--fromfile", "--format", "--timefmt", "--ack-delay", "--settle", "--count", "--timeout", "-e", "--event",
         "--include", "--exclude", "--on-busy", "--space", "--root", "--lease-ttl", "--etcd-cacert", "--etcd-cert",
-        "--etcd-key", "--log-level",
+        "--etcd-key", "--log-level", "--log-format",
     ]
 
     /// The command after the first terminator of a `present` command line.

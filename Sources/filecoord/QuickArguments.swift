@@ -89,7 +89,7 @@ enum QuickArguments {
         var strict = false, nonblock = false, append = false, noCoordination = false
         var cat = false, json = false, nullSeparated = false, fromList: String?, concurrency: String?, engine: String?
         var conflictExitCode: String?, presenterTimeout: String?, timeout: String?
-        var space: String?, root: String?, leaseTTL: String?, logLevel: String?
+        var space: String?, root: String?, leaseTTL: String?, logLevel: String?, logFormat: String?
         var etcdCA: String?, etcdCertificate: String?, etcdKey: String?
 
         init(subcommand: Subcommand) { self.subcommand = subcommand }
@@ -119,7 +119,7 @@ enum QuickArguments {
             case "--read", "--write", "--delete", "-E", "--conflict-exit-code": subcommand == .exec
             case "--from-list", "--concurrency", "--engine": subcommand == .read
             case "--presenter-timeout", "--timeout", "-w", "--wait", "--space", "--root", "--lease-ttl", "--etcd-cacert",
-                 "--etcd-cert", "--etcd-key", "--log-level":
+                 "--etcd-cert", "--etcd-key", "--log-level", "--log-format":
                 true
             default: false
             }
@@ -154,6 +154,7 @@ enum QuickArguments {
             case ("--root", _): return Self.set(&root, value)
             case ("--lease-ttl", _): return Self.set(&leaseTTL, value)
             case ("--log-level", _): return Self.set(&logLevel, value)
+            case ("--log-format", _): return Self.set(&logFormat, value)
             case ("--etcd-cacert", _): return Self.set(&etcdCA, value)
             case ("--etcd-cert", _): return Self.set(&etcdCertificate, value)
             case ("--etcd-key", _): return Self.set(&etcdKey, value)
@@ -204,7 +205,8 @@ enum QuickArguments {
                   let timeout = Self.parsed(timeout, as: CommandDuration.init(argument:))
             else { return nil }
             let space = SpaceSettings(space: space, root: root, leaseTTL: leaseTTL, etcdCA: etcdCA,
-                                      etcdCertificate: etcdCertificate, etcdKey: etcdKey, logLevel: logLevel)
+                                      etcdCertificate: etcdCertificate, etcdKey: etcdKey, logLevel: logLevel,
+                                      logFormat: logFormat)
             let coordination = CoordinationSettings(space: space,
                                                     presenterTimeout: presenterTimeout ?? CoordinationOptions.defaultPresenterTimeout,
                                                     strict: strict, timeout: timeout, nonblock: nonblock)

@@ -14,7 +14,8 @@ struct StatusCommand: AsyncParsableCommand {
             in the space list them). \
             Entries left by dead processes are cleaned up, not listed. With --json one \
             object, keys sorted: {"claims":[{"access":"read"|"write","path":P,"pid":N}],\
-            "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"waiting":[...]}. \
+            "cleanedUp":[N],"presenters":[{"path":P,"pid":N}],"unanswered":[N],"version":1,"waiting":[...]}, \
+            a stable schema (docs/cli.md): version changes only if a field changes meaning or goes. \
             A pid is as this process's PID namespace numbers it; a process of another \
             namespace that this one does not show (a container's) keeps its own pid, with \
             "otherPidNamespace":true (in text: "pid N in another PID namespace").

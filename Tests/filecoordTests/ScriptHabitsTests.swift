@@ -153,8 +153,8 @@ struct ScriptHabitsTests: CrossProcessFixture {
         let traced = try await run(filecoordBinary, ["exec", "--space", space, "--write", file, "--", "true"],
                                    environment: ["FILECOORD_LOG_LEVEL": "trace"])
         #expect(traced.status == 0)
-        #expect(traced.errorText.contains("filecoord: trace: claim granted #1: writing \(file)"), "\(traced.errorText)")
-        #expect(traced.errorText.contains("filecoord: trace: claim released #1"), "\(traced.errorText)")
+        #expect(!logLines(traced.errorText).filter { $0.text == "trace: claim granted #1: writing \(file)" }.isEmpty, "\(traced.errorText)")
+        #expect(!logLines(traced.errorText).filter { $0.text == "trace: claim released #1" }.isEmpty, "\(traced.errorText)")
         let plain = try await filecoord("exec", "--space", space, "--write", file, "--", "true")
         #expect(plain.status == 0 && plain.errorText.isEmpty, "\(plain.errorText)")
         let wrong = try await filecoord("exec", "--space", space, "--log-level", "loud", "--write", file, "--", "true")
