@@ -24,15 +24,15 @@ final class Flag: Sendable {
 struct CrossProcessTests: CrossProcessFixture {
     let scratch = Scratch()
 
-    @Test("8 processes x 250 increments under exec --write: the counter ends at exactly 2,000")
+    @Test("8 processes x 125 increments under exec --write: the counter ends at exactly 1,000")
     func counter() async throws {
         let counter = scratch.write("counter", "0")
         // A claim that waits over a second says who is in the way; with eight writers on
-        // a loaded machine one of the 2,000 can. Errors still reach stderr at this level.
+        // a loaded machine one of the 1,000 can. Errors still reach stderr at this level.
         let script = """
             export FILECOORD_LOG_LEVEL=error
             for p in 1 2 3 4 5 6 7 8; do
-              ( i=0; while [ $i -lt 250 ]; do
+              ( i=0; while [ $i -lt 125 ]; do
                   "$FILECOORD" exec --space '\(space)' --write '\(counter)' -- sh -c 'n=$(cat "$0"); echo $((n+1)) > "$0"' '\(counter)' || echo "exec failed: $?" >&2
                   i=$((i+1)); done ) &
             done
@@ -41,14 +41,14 @@ struct CrossProcessTests: CrossProcessFixture {
         let result = try await shell(script)
         #expect(result.status == 0 && result.errorText.isEmpty, "\(result.errorText)")
         let value = try String(contentsOfFile: counter, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(value == "2000")
+        #expect(value == "1000")
         // The same loop without coordination, for the record: it usually loses updates.
         let loose = scratch.write("loose", "0")
         _ = try await shell("""
-            for p in 1 2 3 4 5 6 7 8; do ( i=0; while [ $i -lt 250 ]; do n=$(cat '\(loose)'); echo $((n+1)) > '\(loose)'; i=$((i+1)); done ) & done; wait
+            for p in 1 2 3 4 5 6 7 8; do ( i=0; while [ $i -lt 125 ]; do n=$(cat '\(loose)'); echo $((n+1)) > '\(loose)'; i=$((i+1)); done ) & done; wait
             """)
         let lost = (try? String(contentsOfFile: loose, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? "?"
-        print("counter without coordination: \(lost) of 2000")
+        print("counter without coordination: \(lost) of 1000")
     }
 
     @Test("a coordinated read under ulimit -n 40 (few claim shards, claimed on the workers) waits for a writer in another process",
