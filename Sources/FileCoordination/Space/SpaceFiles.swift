@@ -1,0 +1,135 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import CFileCoordinationShims
+@_spi(FileCoordinationInternal) import FileWatching
+import Foundation
+import Synchronization
+import SystemCalls
+import SystemPackage
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The space's open files, checked as they are opened. Runs on an I/O thread.
+struct SpaceFiles: Sendable {
+    let directory: FilePath
+    let processName: String
+    /// This process's id, and the effective uid the space was checked against when it
+    /// joined: the owner of every file in it. Kept, so that each message written does not
+    /// ask the kernel for its `pid`, nor each message read for the file's expected owner.
+    let pid = getpid()
+    let owner = geteuid()
+    let directoryFD: Int32
+    let lockFD: Int32
+    let processFD: Int32
+    let mailboxFD: Int32
+    let sequenceFD: Int32
+    nonisolated(unsafe) let sequence: UnsafeMutablePointer<UInt64>
+    var mailboxPath: FilePath { directory.appending("mail").appending(processName) }
+
+    init(directory: FilePath, processName: String) throws {
+        self.directory = directory
+        self.processName = processName
+        var opened: [Int32] = []
+        // What this process made of its own, removed again if joining fails: nobody else
+        // should have to clean up after a process that never joined.
+        var made: (mailbox: Bool, hidden: Bool) = (false, false)
+        var dirFD: Int32 = -1
+        func undoJoin() {
+            if made.hidden { _ = Syscall.unlinkat(dirFD, "procs/.\(processName)") }
+            if made.mailbox { _ = Syscall.unlinkat(dirFD, "mail/\(processName)", directory: true) }
+            for fd in opened { _ = Syscall.close(fd) }
+        }
+        func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
+            undoJoin()
+            return FileCoordinationError(operation, errno: code, path: path)
+        }
+        /// Opens a folder or file of the space (`name` relative to the space), refusing
+        /// one that is not ours alone.
+        func openOwned(_ name: String, _ flags: Int32, kind: OwnedFiles.Kind) throws -> Int32 {
+            let path = name.isEmpty ? directory : directory.appending(name)
+            switch OwnedFiles.open(name.isEmpty ? fc_AT_FDCWD : dirFD, name.isEmpty ? directory.string : name, flags,
+                                   kind: kind, privateOnly: true) {
+            case .success(let fd):
+                opened.append(fd)
+                return fd
+            case .failure(.system(let errno)) where name.isEmpty && (errno == .tooManySymbolicLinkLevels || errno == .notDirectory):
+                undoJoin()
+                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "open", errno: errno,
+                                            message: "the coordination space is not a directory (a symbolic link?)")
+            case .failure(.system(let errno)):
+                throw fail("open", path, errno)
+            case .failure(let problem):
+                undoJoin()
+                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
+                                            message: "refused: it \(problem.text)")
+            }
+        }
+        func make(_ name: String, mayExist: Bool) throws {
+            let path = name.isEmpty ? directory : directory.appending(name)
+            let result = name.isEmpty ? Syscall.mkdirat(fc_AT_FDCWD, directory.string, 0o700) : Syscall.mkdirat(dirFD, name, 0o700)
+            if case .failure(let errno) = result, !(mayExist && errno == .fileExists) { throw fail("mkdir", path, errno) }
+        }
+        // The space itself, then its folders: created 0700, refused if not ours alone.
+        try make("", mayExist: true)
+        dirFD = try openOwned("", O_RDONLY, kind: .directory)
+        directoryFD = dirFD
+        for name in ["procs", "mail", "presenters", "claims"] {
+            try make(name, mayExist: true)
+            let fd = try openOwned(name, O_RDONLY, kind: .directory)
+            opened.removeLast()
+            _ = Syscall.close(fd)
+        }
+        lockFD = try openOwned("claims.lock", O_CREAT | O_RDWR, kind: .regularFile)
+        let seqFD = try openOwned("registry.seq", O_CREAT | O_RDWR, kind: .regularFile)
+        sequenceFD = seqFD
+        let size = (try? Syscall.fstat(seqFD).get().st_size) ?? 0
+        if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
+            throw fail("ftruncate", directory.appending("registry.seq"), errno)
+        }
+        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending("registry.seq"), Errno(rawValue: errno)) }
+        sequence = map.assumingMemoryBound(to: UInt64.self)
+        // The mailbox first, then this process's record, locked for as long as it lives.
+        // The record is locked under a hidden name and renamed into place, so no other
+        // process can find it unlocked (and take this process for dead).
+        let mailbox = "mail/\(processName)"
+        try make(mailbox, mayExist: false)
+        made.mailbox = true
+        mailboxFD = try openOwned(mailbox, O_RDONLY, kind: .directory)
+        let hidden = "procs/.\(processName)"
+        let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
+        made.hidden = true
+        processFD = procFD
+        let bytes = SpaceProtocol.ProcessRecord(pid: pid, listening: false).encoded().encoded()
+        switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
+        case .success(let written) where written == bytes.count: break
+        case .success: throw fail("write", directory.appending(hidden), .noSpace)
+        case .failure(let errno): throw fail("write", directory.appending(hidden), errno)
+        }
+        if case .failure(let errno) = Syscall.lock(procFD, fc_F_WRLCK, 0, 1) { throw fail("F_OFD_SETLK", directory.appending(hidden), errno) }
+        if case .failure(let errno) = Syscall.renameat(dirFD, hidden, "procs/\(processName)") {
+            throw fail("rename", directory.appending("procs/\(processName)"), errno)
+        }
+    }
+
+    func close() {
+        for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { _ = Syscall.close(fd) }
+    }
+
+    /// Rewrites this process's record in place (its descriptor holds the liveness lock).
+    /// Blocking. Through ``CoordinationSpace/writeRecord(listening:claims:)``.
+    func writeRecord(_ record: SpaceProtocol.ProcessRecord) throws {
+        let bytes = record.encoded().encoded()
+        let path = directory.appending("procs/\(processName)")
+        switch bytes.withUnsafeBytes({ Syscall.pwrite(processFD, $0.baseAddress!, $0.count, 0) }) {
+        case .success(let count) where count == bytes.count: break
+        case .success: throw FileCoordinationError("write", errno: .noSpace, path: path)
+        case .failure(let errno): throw FileCoordinationError("write", errno: errno, path: path)
+        }
+        try Syscall.ftruncate(processFD, Int64(bytes.count)).mapError("ftruncate", path).get()
+    }
+
+
+    /// The registry's change counter (shared memory).
+    func loadSequence() -> UInt64 { fc_atomic_load_u64(sequence) }
+    func bumpSequence() { _ = fc_atomic_add_u64(sequence, 1) }
+}
