@@ -108,7 +108,7 @@ extension CrossProcessFixture {
         spaceEntries(folder).filter { !$0.hasPrefix(".") }
     }
 
-    /// How many writers ``UserLimitTests/manyProcessesUnderInstanceLimit()`` runs at once
+    /// How many writers ``CrossProcessTests/UserLimitTests/manyProcessesUnderInstanceLimit()`` runs at once
     /// (`FILECOORD_MANY_WRITERS`; `make limits` runs 1,000).
     static var manyWriters: Int { Int(ProcessInfo.processInfo.environment["FILECOORD_MANY_WRITERS"] ?? "") ?? 150 }
 

@@ -2,15 +2,18 @@ import Foundation
 import Testing
 import TestSupport
 
-/// Per-user kernel limits (inotify instances, inotify watches) exhausted by a dedicated
-/// unprivileged uid each. Their limits are nobody else's, so these run beside the other
-/// suites, not in the serialized one across processes.
-@Suite("per-user kernel limits, each under a uid of its own")
-struct UserLimitTests: CrossProcessFixture {
-    let scratch = Scratch()
+extension CrossProcessTests {
+    /// Per-user kernel limits (inotify instances, inotify watches) exhausted by a dedicated
+    /// unprivileged uid each. Their limits are nobody else's, but the hundreds of processes
+    /// and the 190,000 directories they make load the machine: they run in the serialized
+    /// suite, not beside the timing-sensitive ones.
+    @Suite("per-user kernel limits, each under a uid of its own")
+    struct UserLimitTests: CrossProcessFixture {
+        let scratch = Scratch()
+    }
 }
 
-extension UserLimitTests {
+extension CrossProcessTests.UserLimitTests {
     @Test("under a user's inotify instance limit (128), with 125 presenters running: concurrent exec writers (each waits) all succeed with no lost update, and write and status still work",
           .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(10)))
     func manyProcessesUnderInstanceLimit() async throws {
@@ -58,7 +61,7 @@ extension UserLimitTests {
     }
 }
 
-extension UserLimitTests {
+extension CrossProcessTests.UserLimitTests {
     @Test("a presenter of a tree with more directories than the user's watch limit says which part is unwatched (a warning, and a callback at the start and for each directory created later), and leaves watches for the user's other processes",
           .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(5)))
     func watchLimitIsReportedWithHeadroom() async throws {
