@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Logging
 import Synchronization
 
@@ -32,7 +33,7 @@ extension FileCoordinator {
 package enum LibraryLogger {
     /// nil until first read or set: the default is made then, after any
     /// `LoggingSystem.bootstrap` the application made at start.
-    private static let logger = Mutex<Logger?>(nil)
+    private static let logger = Locked<Logger?>(nil)
     /// The logger's level (``Logger/Level`` in its order, from `trace` = 0); `unknown`
     /// until the logger is made.
     private static let level = Atomic<Int>(unknown)

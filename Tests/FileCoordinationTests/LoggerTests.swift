@@ -1,3 +1,4 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
 import Foundation
 import Logging
 import Synchronization
@@ -7,7 +8,7 @@ import TestSupport
 
 /// A log handler that keeps every line: "LEVEL MESSAGE", then its metadata's values.
 private final class Captured: Sendable {
-    let lines = Mutex<[String]>([])
+    let lines = Locked<[String]>([])
 
     func handler(level: Logger.Level) -> some LogHandler { Handler(captured: self, logLevel: level) }
 
