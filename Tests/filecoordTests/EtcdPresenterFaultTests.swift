@@ -40,7 +40,8 @@ struct EtcdPresenterFaultTests {
         // save the request asked for is not made: nobody is going to write).
         let givenBack = await nextLine(of: presenter, &lines, within: .seconds(20))
         #expect(givenBack == "reacquire \(doc)")
-        // Not coordinated: heard through the presenter's watch, which no longer drops it.
+        // Not coordinated: heard through the presenter's watch, which suppresses nothing
+        // once the item is given back.
         try await offThePool { try Data("changed outside".utf8).write(to: URL(fileURLWithPath: doc), options: .atomic) }
         let heard = await nextLine(of: presenter, &lines, within: .seconds(20))
         #expect(heard == "didChange \(doc)")
