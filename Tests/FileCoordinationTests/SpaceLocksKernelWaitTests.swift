@@ -119,7 +119,9 @@ extension SpaceLocksTests {
                 }
             }
             #expect(await waitedInKernel.value, "the claim waited in the kernel")
-            #expect(ContinuousClock.now - start < .seconds(4))
+            // The other claim is held until the test ends: any end well inside the time limit is
+            // the deadline's (a loaded machine has taken 5 s to run the 2 s group).
+            #expect(ContinuousClock.now - start < .seconds(30))
             #expect(await eventually(within: 2) { locks.kernelWaitsInCall.load(ordering: .relaxed) == 0 }, "the wait's thread ended")
             #expect(!flagRaised())
             #expect(locks.heldCount == 0)
