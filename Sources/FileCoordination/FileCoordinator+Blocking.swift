@@ -222,7 +222,7 @@ extension FileCoordinator {
     private func prepareBatch(
         _ readingURLs: [URL], _ readingOptions: ReadingOptions, _ writingURLs: [URL], _ writingOptions: WritingOptions
     ) async throws -> (PreparedBatch, @Sendable () async -> Void) {
-        var items: [CoordinationSession.Item] = []
+        var items: [CoordinationMachine.Item] = []
         for url in readingURLs {
             items.append(.init(path: await CanonicalPaths.canonical(try Self.normalizedPath(url), followingLast: true),
                                request: .reading(url, readingOptions), url: url, subtree: false))

@@ -75,42 +75,46 @@ final class PreparedBatch: Sendable {
     init(presenters: Set<ObjectIdentifier>) { self.presenters = presenters }
 }
 
-/// A coordination between its two halves: claims held, presenters messaged.
+/// A coordination between its two halves (``FileCoordinator/begin(_:intents:claimPath:)``
+/// and ``FileCoordinator/finish(_:accessorSucceeded:)``): its machine, and what its
+/// driver holds for it.
 final class CoordinationSession: Sendable {
-    struct Item: Sendable {
-        var path: FilePath
-        var request: ItemRequest
-        /// The URL to hand the accessor: the caller's own, unless the item moved or a
-        /// symbolic link was resolved (then made from `path`).
-        var url: URL
-        var subtree: Bool
-        /// For writes with container presenters: whether the item existed before.
-        var existedBefore: Bool?
-
-        var isWrite: Bool { if case .writing = request { true } else { false } }
-        var writingOptions: FileCoordinator.WritingOptions {
-            if case .writing(_, let options) = request { options } else { [] }
-        }
-        var readingOptions: FileCoordinator.ReadingOptions {
-            if case .reading(_, let options) = request { options } else { [] }
-        }
-    }
-
-    let request: CoordinationRules.RequestID?
-    let items: [Item]
-    let reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]
     let context: CoordinationContext
-    /// Presenter watches told to drop this write's own inotify events, until `finish`.
-    let suppressions: [(PresenterWatch, Int)]
+    /// The caller's intents, which follow their items.
+    let intents: [FileAccessIntent]
+    /// The coordinator's cancellations when the coordination began: a `cancel()` after
+    /// that ends it before its accessor.
+    let cancellations: Int
+    private let state = Locked(State())
 
-    init(request: CoordinationRules.RequestID?, items: [Item], reacquirers: [(PresenterRegistry.Entry, FileReacquirer)],
-         context: CoordinationContext, suppressions: [(PresenterWatch, Int)] = []) {
-        self.request = request
-        self.items = items
-        self.reacquirers = reacquirers
-        self.context = context
-        self.suppressions = suppressions
+    private struct State {
+        var machine = CoordinationMachine(items: [], owner: nil)
+        /// Presenter watches told to drop this write's own inotify events, until the end.
+        var suppressions: [(PresenterWatch, Int)] = []
     }
 
-    var urls: [URL] { items.map(\.url) }
+    init(coordinator: FileCoordinator, intents: [FileAccessIntent]) {
+        context = CoordinationContext(coordinator: coordinator)
+        self.intents = intents
+        cancellations = coordinator.cancellations.load(ordering: .relaxed)
+    }
+
+    /// The machine as the first half left it (the accessor may run).
+    var machine: CoordinationMachine {
+        get { state.withLock { $0.machine } }
+        set { state.withLock { $0.machine = newValue } }
+    }
+
+    var suppressions: [(PresenterWatch, Int)] {
+        get { state.withLock { $0.suppressions } }
+        set { state.withLock { $0.suppressions = newValue } }
+    }
+
+    func suppress(_ watch: PresenterWatch, _ token: Int) {
+        state.withLock { $0.suppressions.append((watch, token)) }
+    }
+
+    var items: [CoordinationMachine.Item] { machine.items }
+    var request: CoordinationRules.RequestID? { machine.request }
+    var urls: [URL] { machine.urls }
 }

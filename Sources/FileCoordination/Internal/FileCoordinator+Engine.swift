@@ -179,14 +179,107 @@ extension FileCoordinator {
         }
     }
 
-    /// Takes the claims, then messages the presenters before the access. On failure
-    /// everything taken is given back (reacquirers run, claims released). `claimPath`: the
-    /// one request's claim path, already resolved by a caller that checked it for the
-    /// plain path (following the last component, as a plain request does).
+    /// The first half of a coordination that may concern presenters: resolves the items,
+    /// then carries out its ``CoordinationMachine`` until the accessor may run (claims
+    /// held, presenters asked). On failure everything taken is given back (reacquirers
+    /// run, claims released) before it throws. `claimPath`: the one request's claim path,
+    /// already resolved by a caller that checked it for the plain path (following the
+    /// last component, as a plain request does).
     func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = [],
                claimPath resolved: FilePath? = nil) async throws -> CoordinationSession {
         try await center.prepareSpace()
-        var items: [CoordinationSession.Item] = []
+        let items = try await resolve(requests, claimPath: resolved)
+        let session = CoordinationSession(coordinator: self, intents: intents)
+        var machine = CoordinationMachine(items: items, owner: filePresenter.map(ObjectIdentifier.init), intents: intents.count)
+        let next = machine.start()
+        if let error = await drive(&machine, from: next, session) { throw error }
+        session.machine = machine
+        return session
+    }
+
+    /// The second half: after the accessor, the machine's `did…` messages, reacquirers
+    /// and release.
+    func finish(_ session: CoordinationSession, accessorSucceeded: Bool) async {
+        var machine = session.machine
+        let next = machine.handle(.accessorEnded(succeeded: accessorSucceeded, moved: session.context.movedPresenters,
+                                                 deferred: session.context.takeDeferred()))
+        _ = await drive(&machine, from: next, session)
+    }
+
+    /// Carries out `machine`'s actions from `action` until the accessor may run or the
+    /// coordination ends; returns the error it ended with.
+    private func drive(_ machine: inout CoordinationMachine, from action: CoordinationMachine.Action,
+                       _ session: CoordinationSession) async -> (any Error)? {
+        var action = action
+        while true {
+            switch action {
+            case .takeClaims(let claims):
+                let intents = zip(machine.items, session.intents).map { ($0.path, $1) }
+                do {
+                    let (id, waited) = try await acquire(claims, path: machine.items.first?.path, intents: intents)
+                    action = machine.handle(.granted(id, current: waited ? center.claims(of: id).map(\.path) : nil))
+                } catch {
+                    action = machine.handle(.failed(error))
+                }
+            case .updateIntents(let paths):
+                for (intent, path) in zip(session.intents, paths) { intent.update(path.fileURL) }
+                action = machine.handle(.done)
+            case .lookUpPresenters(let accesses):
+                let found = accesses.map { center.presenters(for: $0.path, subtree: $0.subtree, excluding: nil) }
+                action = machine.handle(.presenters(found, silent: UnansweredPresenters.current?.outcomes ?? [:],
+                                                    prepared: PreparedBatch.current?.presenters ?? []))
+            case .ask(let steps):
+                action = machine.handle(.answered(await ask(steps)))
+            case .checkExistence(let paths):
+                do {
+                    var answers: [Bool] = []
+                    for path in paths { answers.append(try await Self.exists(path)) }
+                    action = machine.handle(.existence(answers))
+                } catch {
+                    action = machine.handle(.failed(error))
+                }
+            case .suppress(let pairs):
+                for (presenter, path) in pairs {
+                    if let watch = center.watch(of: presenter) { session.suppress(watch, watch.beginSuppressing(path)) }
+                }
+                action = machine.handle(.done)
+            case .checkCancellation:
+                let cancelled: CoordinationMachine.Cancellation? = Task.isCancelled ? .task
+                    : cancellations.load(ordering: .relaxed) != session.cancellations ? .coordinator : nil
+                action = machine.handle(.cancellation(cancelled))
+            case .runAccessor:
+                return nil
+            case .checkExistenceAfter(let paths):
+                var answers: [Bool] = []
+                for path in paths { answers.append((try? await Self.exists(path)) ?? true) }
+                action = machine.handle(.existence(answers))
+            case .endSuppressing:
+                for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
+                session.suppressions = []
+                action = machine.handle(.done)
+            case .tell(let messages):
+                await deliver(messages)
+                action = machine.handle(.done)
+            case .giveBack(let reacquirers):
+                await runReacquirers(reacquirers)
+                action = machine.handle(.done)
+            case .release(let id):
+                // Once every message posted to other processes' presenters (a `reacquire`
+                // above all) is written: none may reach its presenter after another
+                // coordination's request for the same item.
+                await center.messagesWritten()
+                center.release(id)
+                action = machine.handle(.done)
+            case .end(let error):
+                return error
+            }
+        }
+    }
+
+    /// The items as claimed: canonical paths, a symbolic link resolved where asked, and
+    /// whether a delete, move or replace covers a directory's subtree.
+    private func resolve(_ requests: [ItemRequest], claimPath resolved: FilePath?) async throws -> [CoordinationMachine.Item] {
+        var items: [CoordinationMachine.Item] = []
         for request in requests {
             // A delete, move or replace acts on the name itself: a link there is the item.
             let followingLast = if case .writing(_, let options) = request {
@@ -198,115 +291,24 @@ extension FileCoordinator {
                 try await claimPath(request.url, followingLast: followingLast).path
             }
             var subtree = false
+            var url = request.url
             switch request {
             case .reading(_, let options):
-                if options.contains(.resolvesSymbolicLink) { path = try await Self.resolveLink(path) }
+                if options.contains(.resolvesSymbolicLink) {
+                    path = try await Self.resolveLink(path)
+                    url = path.fileURL
+                }
             case .writing(_, let options):
                 if !options.isDisjoint(with: [.forDeleting, .forMoving, .forReplacing]) {
                     subtree = try await Self.isDirectory(path)
                 }
             }
-            let resolved = path
-            items.append(.init(path: resolved, request: request, url: request.url, subtree: subtree))
-            if case .reading(_, let options) = request, options.contains(.resolvesSymbolicLink) {
-                items[items.count - 1].url = resolved.fileURL
-            }
-        }
-        let claims = items.map {
-            CoordinationRules.Claim(path: $0.path, access: $0.isWrite ? .writing : .reading, scope: $0.subtree ? .subtree : .item)
-        }
-        let generation = cancellations.load(ordering: .relaxed)
-        let (id, waited) = try await acquire(claims, path: items.first?.path, intents: zip(items, intents).map { ($0.path, $1) })
-        do {
-            // The items may have moved while the claims waited.
-            if waited {
-                for (index, claim) in center.claims(of: id).enumerated() where index < items.count && claim.path != items[index].path {
-                    items[index].path = claim.path
-                    items[index].url = claim.path.fileURL
-                }
-            }
-            for (index, intent) in intents.enumerated() where index < items.count { intent.update(items[index].path.fileURL) }
-            let reacquirers = try await messageBefore(items)
-            let recorded: [CoordinationSession.Item]
-            do {
-                recorded = try await recordExistence(items)
-            } catch {
-                await runReacquirers(reacquirers)
-                throw error
-            }
-            let session = CoordinationSession(request: id, items: recorded, reacquirers: reacquirers,
-                                              context: CoordinationContext(coordinator: self),
-                                              suppressions: beginSuppressing(items))
-            if Task.isCancelled || cancellations.load(ordering: .relaxed) != generation {
-                for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
-                await runReacquirers(session.reacquirers)
-                if Task.isCancelled { throw CancellationError() }
-                throw FileCoordinationError.coordinatorCancelled(path: items.first?.path)
-            }
-            return session
-        } catch {
-            await release(id)
-            throw error
-        }
-    }
-
-    /// Releases the claims of `id` once every message posted to other processes' presenters
-    /// (a `reacquire` above all) is written: none may reach its presenter after another
-    /// coordination's request for the same item.
-    private func release(_ id: CoordinationRules.RequestID) async {
-        await center.messagesWritten()
-        center.release(id)
-    }
-
-    /// After the accessor: the `did…` messages, then the reacquirers, then the claims go.
-    func finish(_ session: CoordinationSession, accessorSucceeded: Bool) async {
-        var messages: [PendingMessage] = []
-        if accessorSucceeded {
-            let exclude = filePresenter.map(ObjectIdentifier.init)
-            let moved = session.context.movedPresenters
-            for item in session.items where item.isWrite && !item.writingOptions.contains(.forDeleting) {
-                let concerned = center.presenters(for: item.path, subtree: false, excluding: exclude)
-                messages += await PresenterPlan.after(write: item.path, options: item.writingOptions, existedBefore: item.existedBefore,
-                                                      concerned: concerned, moved: moved) {
-                    (try? await Self.exists(item.path)) ?? true
-                }
-            }
-        }
-        // The write's own inotify events are in the presenters' watches by now: stop
-        // dropping that path's events after them.
-        for (watch, token) in session.suppressions { await watch.endSuppressing(token) }
-        messages += session.context.takeDeferred()
-        await deliver(messages)
-        await runReacquirers(session.reacquirers)
-        if let request = session.request { await release(request) }
-    }
-
-    /// Presenters watching written items would see the write again through inotify (the
-    /// writer's own presenter included): their watches drop those events from now until
-    /// `finish`, which reports the write itself.
-    private func beginSuppressing(_ items: [CoordinationSession.Item]) -> [(PresenterWatch, Int)] {
-        guard center.hasPresenters else { return [] }
-        var result: [(PresenterWatch, Int)] = []
-        for item in items where item.isWrite {
-            let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: nil)
-            for entry in concerned.item + concerned.containers + concerned.inside {
-                if let watch = center.watch(of: entry.id) { result.append((watch, watch.beginSuppressing(item.path))) }
-            }
-        }
-        return result
-    }
-
-    // MARK: File-system questions (on the I/O threads)
-
-    private func recordExistence(_ items: [CoordinationSession.Item]) async throws -> [CoordinationSession.Item] {
-        var items = items
-        let exclude = filePresenter.map(ObjectIdentifier.init)
-        for index in items.indices where items[index].isWrite {
-            let containers = center.presenters(for: items[index].path, subtree: false, excluding: exclude).containers
-            if !containers.isEmpty { items[index].existedBefore = try await Self.exists(items[index].path) }
+            items.append(.init(path: path, request: request, url: url, subtree: subtree))
         }
         return items
     }
+
+    // MARK: File-system questions (on the I/O threads)
 
     static func exists(_ path: FilePath) async throws -> Bool {
         try await FileSystemQueries.exists(path)

@@ -11,47 +11,18 @@ import Glibc
 extension FileCoordinator {
     // MARK: Presenters before the access
 
-    /// Asks every concerned presenter to relinquish (and save, or accommodate a
-    /// deletion), all presenters at once, each one's steps in order. Returns their
-    /// reacquirers; on any failure runs the ones collected and throws.
-    func messageBefore(_ items: [CoordinationSession.Item]) async throws -> [(PresenterRegistry.Entry, FileReacquirer)] {
+    /// Asks the presenters of `items` (the batch's, for ``prepare(forReadingItemsAt:options:writingItemsAt:options:isolation:byAccessor:)``),
+    /// with no claims: their reacquirers; on any failure runs the ones collected and throws.
+    func messageBefore(_ items: [CoordinationMachine.Item]) async throws -> [(PresenterRegistry.Entry, FileReacquirer)] {
         let exclude = filePresenter.map(ObjectIdentifier.init)
-        let prepared = PreparedBatch.current?.presenters ?? []
-        let unanswered = UnansweredPresenters.current
-        var known: FileCoordinationError?
-        var planned = PresenterPlan()
-        for item in items {
-            let concerned = center.presenters(for: item.path, subtree: item.subtree, excluding: exclude)
-            guard !concerned.isEmpty else { continue }
-            planned.add(item.path, item.request, concerned: concerned) { entry in
-                guard !prepared.contains(entry.id) else { return false }
-                // Silent earlier in the same batch: not asked again.
-                if let outcome = unanswered?.outcome(of: entry.id) {
-                    if let error = outcome { known = known ?? error }
-                    return false
-                }
-                return true
-            }
-        }
-        if let known { throw known }
-        guard !planned.isEmpty else { return [] }
-        let plans = planned.steps
-        let (policy, purpose, metrics) = (presenterTimeoutPolicy, purposeIdentifier, center.metrics)
-        // One presenter (the common case) is asked from this task; several, all at once.
-        let outcomes = plans.count == 1 ? [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy, metrics: metrics) }]
-            : await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
-            for (index, plan) in plans.enumerated() {
-                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy, metrics: metrics) }) }
-            }
-            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
-            for await (index, outcome) in group { outcomes[index] = outcome }
-            return outcomes.map { $0! }
-        }
+        let concerned = items.map { center.presenters(for: $0.path, subtree: $0.subtree, excluding: exclude) }
+        let steps = try CoordinationMachine.plan(items, concerned: concerned, silent: UnansweredPresenters.current?.outcomes ?? [:],
+                                                 prepared: PreparedBatch.current?.presenters ?? []).get()
         var reacquirers: [(PresenterRegistry.Entry, FileReacquirer)] = []
         var failure: (any Error)?
-        for (index, outcome) in outcomes.enumerated() {
+        for (steps, outcome) in zip(steps, await ask(steps)) {
             switch outcome {
-            case .success(let reacquirer?): reacquirers.append((plans[index].entry, reacquirer))
+            case .success(let reacquirer?): reacquirers.append((steps.entry, reacquirer))
             case .success(nil): break
             case .failure(let error): failure = failure ?? error
             }
@@ -61,6 +32,23 @@ extension FileCoordinator {
             throw failure
         }
         return reacquirers
+    }
+
+    /// Asks each presenter its steps (relinquish, then save or accommodate a deletion),
+    /// all presenters at once, each one's steps in order: their answers, in order.
+    func ask(_ plans: [PresenterPlan.Steps]) async -> [Result<FileReacquirer?, any Error>] {
+        guard !plans.isEmpty else { return [] }
+        let (policy, purpose, metrics) = (presenterTimeoutPolicy, purposeIdentifier, center.metrics)
+        // One presenter (the common case) is asked from this task; several, all at once.
+        if plans.count == 1 { return [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy, metrics: metrics) }] }
+        return await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
+            for (index, plan) in plans.enumerated() {
+                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy, metrics: metrics) }) }
+            }
+            var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
+            for await (index, outcome) in group { outcomes[index] = outcome }
+            return outcomes.map { $0! }
+        }
     }
 
     private static func run(_ steps: PresenterPlan.Steps, purpose: String, policy: PresenterTimeoutPolicy,

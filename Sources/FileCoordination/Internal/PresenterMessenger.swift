@@ -191,8 +191,6 @@ final class UnansweredPresenters: Sendable {
         state.withLock { $0[presenter] = error }
     }
 
-    /// nil: not known to be silent; `.some(nil)`: skip it; `.some(error)`: fail with it.
-    func outcome(of presenter: ObjectIdentifier) -> FileCoordinationError?? {
-        state.withLock { $0[presenter] }
-    }
+    /// Every presenter found silent so far, with its outcome.
+    var outcomes: [ObjectIdentifier: FileCoordinationError?] { state.withLock { $0 } }
 }

@@ -3,8 +3,8 @@ import SystemPackage
 
 /// What a coordination asks each presenter before its access: Apple's order table
 /// (`docs/design.md`, "Message order") as a pure function of the items accessed and the
-/// presenters each concerns. No I/O and no awaits: `FileCoordinator+Engine` carries the
-/// plan out (each presenter's steps in order, all presenters at once).
+/// presenters each concerns. No I/O and no awaits: ``CoordinationMachine`` asks for the
+/// plan, and its driver carries it out (each presenter's steps in order, all presenters at once).
 package struct PresenterPlan {
     /// One presenter's steps: relinquish (to a reader or a writer), then save or
     /// accommodate the deletion, then one step per deleted subitem.
@@ -73,17 +73,16 @@ extension PresenterPlan {
     /// `didMove` the move sends, and not those that moved with it), and the presenters
     /// of containing directories `subitemDidAppear` for a new item or `subitemDidChange`
     /// for a changed one. A deletion sends nothing here (its presenters accommodated it
-    /// before). `existsAfter` is asked only when a container's presenter is concerned.
+    /// before). `existsAfter` matters only when a container's presenter is concerned.
     static func after(write path: FilePath, options: FileCoordinator.WritingOptions, existedBefore: Bool?,
                       concerned: PresenterRegistry.Concerned, moved: Set<ObjectIdentifier>,
-                      existsAfter: () async -> Bool) async -> [PendingMessage] {
+                      existsAfter exists: Bool) -> [PendingMessage] {
         guard !options.contains(.forDeleting) else { return [] }
         var messages: [PendingMessage] = []
         if !options.contains(.forMoving) {
             messages += concerned.item.filter { !moved.contains($0.id) }.map { .didChange($0) }
         }
         guard !concerned.containers.isEmpty else { return messages }
-        let exists = await existsAfter()
         if existedBefore == false && exists {
             messages += concerned.containers.map { .subitemDidAppear($0, path) }
         } else if !options.contains(.forMoving) && exists {
