@@ -174,7 +174,7 @@ public final class FileCoordinator: Sendable {
     @discardableResult
     public static func joinCoordinationSpace(at directory: FilePath? = nil) async throws -> CoordinationSpace {
         let directory = directory ?? CoordinationSpace.defaultDirectory()
-        return try await CoordinationCenter.shared.join { try await CoordinationSpace.join(directory) }
+        return try await CoordinationCenter.shared.join { hooks in try await CoordinationSpace.join(directory, hooks: hooks) }
     }
 
     /// Leaves the coordination space: from now on this process coordinates within itself

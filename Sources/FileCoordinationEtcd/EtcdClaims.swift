@@ -109,7 +109,7 @@ extension EtcdCoordinationSpace {
 
     /// Puts the request's key and reads every claim in one transaction, then waits for
     /// the earlier conflicting ones to be deleted (the process's watch stream tells).
-    func take(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    func take(_ claims: [CoordinationRules.Claim], for id: UInt64, whenWaiting: @Sendable () -> Void = {}) async throws {
         if let why = state.withLock({ $0.lostBecause }) { throw lostError(why, path: claims.first?.path) }
         let named = try shared(claims)
         let key = keys.claim(id)
@@ -158,7 +158,7 @@ extension EtcdCoordinationSpace {
                                      endpoints: configuration.endpoints)
                 }
                 // The claim timeout counts from here (`FileCoordinator.setClaimTimeout`).
-                ClaimWait.noteWaiting()
+                whenWaiting()
                 try await wait(id)
             } catch {
                 release(key)
@@ -249,13 +249,13 @@ extension EtcdCoordinationSpace {
 }
 
 /// The etcd space as the center's transport. Claims always take a round trip to etcd
-/// (``takeClaimsNow(_:for:)`` says no, so the center awaits ``takeClaims(_:for:)``).
+/// (``takeClaimsNow(_:for:)`` says no, so the center awaits ``takeClaims(_:for:whenWaiting:)``).
 extension EtcdCoordinationSpace: CoordinationTransport {
     package func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool { false }
 
-    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64, whenWaiting: @escaping @Sendable () -> Void) async throws {
         defer { state.withLock { _ = $0.cancelled.remove(id) } }
-        try await take(claims, for: id)
+        try await take(claims, for: id, whenWaiting: whenWaiting)
     }
 
     package func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool { false }

@@ -76,7 +76,8 @@ public final class EtcdCoordinationSpace: Sendable {
     }
     let running = Locked(Running())
 
-    init(configuration: Configuration, client: EtcdClient, leaseID: Int64, host: String, grantSentAt: ContinuousClock.Instant) {
+    init(configuration: Configuration, client: EtcdClient, leaseID: Int64, host: String, grantSentAt: ContinuousClock.Instant,
+         hooks: SpaceHooks) {
         self.configuration = configuration
         self.client = client
         self.leaseID = leaseID
@@ -84,7 +85,7 @@ public final class EtcdCoordinationSpace: Sendable {
         keys = EtcdKeys(prefix: configuration.prefix, member: leaseID)
         names = EtcdNames(root: configuration.root.platformBytes)
         hub = EtcdWatchHub(client: client, prefix: keys.base)
-        mail = EtcdMail(client: client, hub: hub, keys: keys, names: names, leaseID: leaseID, host: host)
+        mail = EtcdMail(client: client, hub: hub, keys: keys, names: names, leaseID: leaseID, host: host, hooks: hooks)
         address = (configuration.tls == nil ? "etcd://" : "etcds://") + configuration.endpoints.joined(separator: ",") + "/" + configuration.prefix
         keeper = EtcdLeaseKeeper(client: client, id: leaseID, ttl: configuration.leaseTTL, grantSentAt: grantSentAt)
     }
@@ -94,7 +95,7 @@ public final class EtcdCoordinationSpace: Sendable {
     ///
     /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
     ///   when no member answers within the connect timeout.
-    package static func join(_ given: Configuration, metrics: EtcdMetrics = .standard) async throws -> EtcdCoordinationSpace {
+    package static func join(_ given: Configuration, metrics: EtcdMetrics = .standard, hooks: SpaceHooks) async throws -> EtcdCoordinationSpace {
         var configuration = given
         guard configuration.root.isAbsolute else {
             throw FileCoordinationError(code: .invalidArgument, path: configuration.root, operation: "join",
@@ -142,7 +143,7 @@ public final class EtcdCoordinationSpace: Sendable {
                 throw EtcdFailure.answer(EtcdAnswer(status: 200, code: nil, message: lease.error ?? "no lease granted"))
             }
             let space = EtcdCoordinationSpace(configuration: configuration, client: client, leaseID: id, host: host,
-                                              grantSentAt: grantSentAt)
+                                              grantSentAt: grantSentAt, hooks: hooks)
             space.keeper.start { [weak space] why in space?.leaseLost(why) }
             let member = EtcdMember(host: host, pid: getpid(), root: EtcdJSON.base64(configuration.root.platformBytes))
             do {

@@ -55,9 +55,10 @@ final class EtcdMail: PresenterMailbox {
     /// The requests sent whose replies are awaited.
     let replies = AwaitedReplies()
     /// This process's presenters, and the requests of other processes it serves for them.
-    let server = PresenterServer()
+    let server: PresenterServer
 
-    init(client: EtcdClient, hub: EtcdWatchHub, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String) {
+    init(client: EtcdClient, hub: EtcdWatchHub, keys: EtcdKeys, names: EtcdNames, leaseID: Int64, host: String, hooks: SpaceHooks) {
+        server = PresenterServer(hooks: hooks)
         self.client = client
         self.hub = hub
         self.keys = keys
@@ -139,11 +140,11 @@ final class EtcdMail: PresenterMailbox {
         put(bytes, to: target, id: id)
     }
 
-    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
+    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?) async throws -> SpaceProtocol.Body? {
         guard await startMail() else { return nil }
         let id = nextID()
         guard let bytes = wire(message, id: id) else { return nil }
-        return try await replies.request(id, to: target, timeout: RemoteDeadline.timeout) {
+        return try await replies.request(id, to: target, timeout: timeout) {
             put(bytes, to: target, id: id)
         }
     }

@@ -10,7 +10,7 @@ extension FileCoordinator {
     @discardableResult
     public static func joinCoordinationSpace(_ configuration: EtcdCoordinationSpace.Configuration) async throws -> EtcdCoordinationSpace {
         EtcdCoordinationSpace.register()
-        return try await CoordinationCenter.shared.join { try await EtcdCoordinationSpace.join(configuration) }
+        return try await CoordinationCenter.shared.join { hooks in try await EtcdCoordinationSpace.join(configuration, hooks: hooks) }
     }
 
     /// The etcd coordination space this process has joined, if any.
@@ -27,8 +27,8 @@ extension EtcdCoordinationSpace {
     /// space explicitly does it too.
     public static func register() {
         for scheme in ["etcd://", "etcds://"] {
-            SpaceKinds.register(scheme: scheme) { address, environment in
-                try await EtcdCoordinationSpace.join(try Configuration(address: address, environment: environment))
+            SpaceKinds.register(scheme: scheme) { address, environment, hooks in
+                try await EtcdCoordinationSpace.join(try Configuration(address: address, environment: environment), hooks: hooks)
             }
         }
     }

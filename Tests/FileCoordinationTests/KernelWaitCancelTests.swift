@@ -37,7 +37,8 @@ final class HeldElsewhere: CoordinationTransport {
         return false
     }
 
-    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64, whenWaiting: @escaping @Sendable () -> Void) async throws {
+        whenWaiting()
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 try await withTaskCancellationHandler {

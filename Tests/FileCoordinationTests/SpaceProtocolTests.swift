@@ -132,7 +132,7 @@ struct SpaceKindsTests {
         #expect(try SpaceKinds.joiner(for: "/odd/a://b") == nil)
         let error = try #require(throws: FileCoordinationError.self) { try SpaceKinds.joiner(for: "nosuch://h/p") }
         #expect(error.code == .invalidArgument && error.message.contains("'nosuch'"), "\(error.message)")
-        SpaceKinds.register(scheme: "test-kind://") { _, _ in throw CancellationError() }
+        SpaceKinds.register(scheme: "test-kind://") { _, _, _ in throw CancellationError() }
         #expect(try SpaceKinds.joiner(for: "test-kind://h/p") != nil)
     }
 }

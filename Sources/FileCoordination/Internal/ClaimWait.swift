@@ -6,8 +6,9 @@ import Synchronization
 /// included (as `flock -n`). A timer started with the claim would race the first claim of
 /// a process (which opens its claim shards on an I/O thread), and often win.
 ///
-/// Set as a task-local around an acquisition; the in-process center and the space's locks
-/// call ``noteWaiting()`` where they park.
+/// Set as a task-local around an acquisition; the in-process center calls
+/// ``noteWaiting()`` where it parks, and hands the space ``notifier()`` (the space takes
+/// no task-local).
 package final class ClaimWait: Sendable {
     @TaskLocal static var current: ClaimWait?
 
@@ -18,6 +19,16 @@ package final class ClaimWait: Sendable {
     package static func noteWaiting() {
         current?.started()
         WaitObserver.current?.notify()
+    }
+
+    /// What the current acquisition calls where it is about to park, for a space to call.
+    static func notifier() -> @Sendable () -> Void {
+        let (wait, observer) = (current, WaitObserver.current)
+        if wait == nil && observer == nil { return {} }
+        return {
+            wait?.started()
+            observer?.notify()
+        }
     }
 
     private func started() {

@@ -88,11 +88,11 @@ package final class CoordinationCenter: Sendable {
 
     /// The space named by the environment: `FILECOORD_SPACE` as the address of a kind of
     /// space registered (``SpaceKinds``: the etcd space's `etcd://`), else the local default.
-    static func joinDefault() async throws -> any CoordinationTransport {
+    func joinDefault() async throws -> any CoordinationTransport {
         if let named = environmentVariable("FILECOORD_SPACE"), let join = try SpaceKinds.joiner(for: named) {
-            return try await join(named, ProcessInfo.processInfo.environment)
+            return try await join(named, ProcessInfo.processInfo.environment, hooks)
         }
-        return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory())
+        return try await CoordinationSpace.join(CoordinationSpace.defaultDirectory(), hooks: hooks)
     }
 
     /// The space to coordinate through: joins the default one on first use, unless the
@@ -106,7 +106,7 @@ package final class CoordinationCenter: Sendable {
             case .local: return .ready(nil)
             case .joining(let task): return .wait(task)
             case .automatic:
-                let task = Task { try await Self.joinDefault() }
+                let task = Task { try await self.joinDefault() }
                 setting = .joining(task)
                 return .wait(task)
             }
@@ -130,8 +130,8 @@ package final class CoordinationCenter: Sendable {
     }
 
     /// Joins the space that `join` makes (leaving the current one).
-    package func join<Space: CoordinationTransport>(_ join: () async throws -> Space) async throws -> Space {
-        let space = try await join()
+    package func join<Space: CoordinationTransport>(_ join: (SpaceHooks) async throws -> Space) async throws -> Space {
+        let space = try await join(hooks)
         let previous = Self.spaceSetting.withLock { setting -> (any CoordinationTransport)? in
             defer { setting = .joined(space) }
             if case .joined(let old) = setting { return old }
@@ -140,6 +140,20 @@ package final class CoordinationCenter: Sendable {
         await previous?.leave()
         for (presenter, path) in state.withLock({ $0.presenters.entries }) { _ = await space.publish(presenter, at: path) }
         return space
+    }
+
+    /// What the spaces this center joins call back: its claims, its presenters' watches,
+    /// and following a presenter moved by another process.
+    package var hooks: SpaceHooks {
+        SpaceHooks(
+            claims: { [self] in statusClaims() },
+            suppress: { [self] presenter, path in
+                guard let watch = watch(of: ObjectIdentifier(presenter)) else { return nil }
+                let token = watch.beginSuppressing(path)
+                return EchoSuppression(end: { await watch.endSuppressing(token) },
+                                       endOnWatcherThread: { watch.endSuppressingOnWatcherThread(token) })
+            },
+            presenterMoved: { [self] presenter, from, to in await presenterMoved(presenter, from: from, to: to) })
     }
 
     /// Coordinates within this process only from now on.
@@ -329,7 +343,7 @@ package final class CoordinationCenter: Sendable {
             if coordinator.cancellations.load(ordering: .relaxed) != cancellations {
                 throw FileCoordinationError.coordinatorCancelled()
             }
-            try await transport.takeClaims(claims, for: id.raw)
+            try await transport.takeClaims(claims, for: id.raw, whenWaiting: ClaimWait.notifier())
             state.withLock { $0.requests.endTakingKernelClaims(id) }
         } catch {
             state.withLock { $0.requests.endTakingKernelClaims(id) }

@@ -101,16 +101,16 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
     }
 }
 
-/// A presenter of another process: each callback is a request with a deadline, made from
-/// the coordinating task (no task for it, no timer racing it), and the steps before an
-/// access go in one request: one round trip.
+/// A presenter of another process: the steps before an access go in one request, with the
+/// policy's deadline, made from the coordinating task (no task for it, no timer racing
+/// it): one round trip. Every other callback is a message with no answer.
 extension RemotePresenter: PresenterEndpoint {
     package var isRegisteredHere: Bool { false }
 
     package func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
                               late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
         do {
-            return try await RemoteDeadline.$timeout.withValue(policy.timeout) { try await body() }
+            return try await body()
         } catch is RemoteNoAnswer {
             let error = PresenterMessenger.timeoutError(policy, callback, of: entry)
             UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
@@ -122,8 +122,10 @@ extension RemotePresenter: PresenterEndpoint {
 
     package func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let then: FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil
+        let timeout = call.policy.timeout
         let answer = try await call(PresenterCall.relinquishName(steps.kind), late: PresenterCall.late) {
-            try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions)
+            try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions,
+                                      timeout: timeout)
         }
         guard case .some(let reacquirer) = answer else { return nil }
         return reacquirer

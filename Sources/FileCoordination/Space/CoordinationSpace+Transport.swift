@@ -12,10 +12,11 @@ extension CoordinationSpace: CoordinationTransport {
         return true
     }
 
-    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws {
+    package func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64, whenWaiting: @escaping @Sendable () -> Void) async throws {
         // Once it waits, the record lists the wait (a process waiting in the kernel does
         // not read its mailbox, and `status` reads its record).
-        hold(try await locks.acquire(locks.cachedPlan(for: claims), token: id, waits: { [weak self] in self?.claimsChanged() }), for: id)
+        hold(try await locks.acquire(locks.cachedPlan(for: claims), token: id, waits: { [weak self] in self?.claimsChanged() },
+                                     parks: whenWaiting), for: id)
     }
 
     package func batchCanTake(_ claims: [CoordinationRules.Claim]) -> Bool {

@@ -162,13 +162,13 @@ public final class CoordinationSpace: Sendable {
     }
 
     /// Opens (creating if needed) the space at `directory` and joins it.
-    static func join(_ directory: FilePath) async throws -> CoordinationSpace {
+    static func join(_ directory: FilePath, hooks: SpaceHooks) async throws -> CoordinationSpace {
         let directory = FileCoordinator.normalized(directory)
         let processName = "\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 16))"
         // One hand-off to an I/O thread for the files and the look for dead processes.
         let (files, mail, candidates) = try await runOnIOThread {
             let files = try SpaceFiles(directory: directory, processName: processName)
-            let mail = SpaceMail(files: files)
+            let mail = SpaceMail(files: files, hooks: hooks)
             return (files, mail, (try? mail.deadProcessCandidates()) ?? [])
         }
         let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
@@ -187,7 +187,7 @@ public final class CoordinationSpace: Sendable {
     /// that then starts its command, so that both take one hand-off.
     @_spi(FileCoordinationInternal)
     public func claimsRecordWrite() -> @Sendable () -> Void {
-        let claims = CoordinationCenter.shared.statusClaims()
+        let claims = mail.server.hooks.claims()
         return { _ = try? self.writeRecord(claims: Self.claimLines(claims.held), waiting: Self.claimLines(claims.waiting)) }
     }
 
@@ -212,7 +212,7 @@ public final class CoordinationSpace: Sendable {
         while true {
             try? await Task.sleep(for: Self.claimRecordDelay) // ok: the debounce of record writes
             let seen = claimsGeneration.load(ordering: .acquiring)
-            let claims = CoordinationCenter.shared.statusClaims()
+            let claims = mail.server.hooks.claims()
             let (held, waiting) = (Self.claimLines(claims.held), Self.claimLines(claims.waiting))
             _ = try? await runOnIOThread { try self.writeRecord(claims: held, waiting: waiting) }
             if claimsGeneration.load(ordering: .acquiring) != seen { continue }
@@ -335,7 +335,7 @@ public final class CoordinationSpace: Sendable {
     /// Asks every live process in the space for its claims and presenters, and cleans up
     /// after dead ones.
     public func status(timeout: Duration = .seconds(2)) async throws -> Status {
-        try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: timeout)
+        try await mail.status(localClaims: mail.server.hooks.claims(), timeout: timeout)
     }
 
     /// ``status(timeout:)`` from the processes' records alone, asking none (their claims
@@ -343,6 +343,6 @@ public final class CoordinationSpace: Sendable {
     /// no mailbox, says who is in its way without starting to listen, and a hundred
     /// waiters cost no hundred requests to each process.
     package func recordedStatus() async throws -> Status {
-        try await mail.status(localClaims: CoordinationCenter.shared.statusClaims(), timeout: .zero, asking: false)
+        try await mail.status(localClaims: mail.server.hooks.claims(), timeout: .zero, asking: false)
     }
 }

@@ -20,9 +20,11 @@ package protocol CoordinationTransport: AnyObject, Sendable {
     /// never waits and never suspends (a caller on the main actor stays there).
     func takeClaimsNow(_ claims: [CoordinationRules.Claim], for id: UInt64) -> Bool
 
-    /// Takes `claims` for request `id`, waiting for other processes to let go. Throws
-    /// when ``cancelWaiting(for:)`` is called, or when the claims cannot be had.
-    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64) async throws
+    /// Takes `claims` for request `id`, waiting for other processes to let go; calls
+    /// `whenWaiting` where it is about to wait (perhaps more than once: the claim
+    /// deadline counts from the first). Throws when ``cancelWaiting(for:)`` is called, or
+    /// when the claims cannot be had.
+    func takeClaims(_ claims: [CoordinationRules.Claim], for id: UInt64, whenWaiting: @escaping @Sendable () -> Void) async throws
 
     /// Whether ``takeClaimsForBatch(_:for:opening:)`` with `opening` can take `claims` at
     /// all (a process with few descriptors may not hold every claim file open at once).
@@ -36,7 +38,7 @@ package protocol CoordinationTransport: AnyObject, Sendable {
     /// every claim is a round trip to a server): the batch's consumer asks only then.
     var takesClaimsForBatch: Bool { get }
 
-    /// Ends a wait of ``takeClaims(_:for:)``.
+    /// Ends a wait of ``takeClaims(_:for:whenWaiting:)``.
     func cancelWaiting(for id: UInt64)
 
     /// Gives back what request `id` took (nothing when it took nothing).

@@ -14,9 +14,9 @@ package final class PresenterServer: Sendable {
     /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
     package struct KeptRelinquish {
         package var reacquirer: FileReacquirer?
-        package var suppression: (watch: PresenterWatch, token: Int)?
+        package var suppression: EchoSuppression?
 
-        package init(reacquirer: FileReacquirer?, suppression: (watch: PresenterWatch, token: Int)? = nil) {
+        package init(reacquirer: FileReacquirer?, suppression: EchoSuppression? = nil) {
             (self.reacquirer, self.suppression) = (reacquirer, suppression)
         }
     }
@@ -45,8 +45,10 @@ package final class PresenterServer: Sendable {
     let incoming: AsyncStream<Incoming>.Continuation
     let incomingStream: AsyncStream<Incoming>
     let executor = ServingExecutor()
+    let hooks: SpaceHooks
 
-    package init() {
+    package init(hooks: SpaceHooks) {
+        self.hooks = hooks
         (incomingStream, incoming) = AsyncStream.makeStream(of: Incoming.self)
     }
 
@@ -143,15 +145,15 @@ package final class PresenterServer: Sendable {
     /// suppression not kept yet (a reacquire sent on a timeout, while the relinquish is
     /// still running) is ended when the reacquire is served.
     private func endSuppressionOnWatcherThread(of key: Key) {
-        let suppression = state.withLock { state -> (watch: PresenterWatch, token: Int)? in
-            var ended: (watch: PresenterWatch, token: Int)?
+        let suppression = state.withLock { state -> EchoSuppression? in
+            var ended: EchoSuppression?
             state.ledger.update(key) { kept in
                 ended = kept.suppression
                 kept.suppression = nil
             }
             return ended
         }
-        if let suppression { suppression.watch.endSuppressingOnWatcherThread(suppression.token) }
+        suppression?.endOnWatcherThread()
     }
 
     /// Hands a request to the serving task; returns whether it was served here, on the
@@ -221,9 +223,7 @@ package final class PresenterServer: Sendable {
                     throw error
                 }
                 var kept = KeptRelinquish(reacquirer: reacquirer)
-                if writing, let watch = CoordinationCenter.shared.watch(of: ObjectIdentifier(presenter)) {
-                    kept.suppression = (watch, watch.beginSuppressing(request.path))
-                }
+                if writing { kept.suppression = hooks.suppress(presenter, request.path) }
                 // Its asker died while the presenter relinquished: nobody will reacquire.
                 if let orphan = state.withLock({ $0.ledger.relinquished(key, keeping: kept) }) { return await undo(orphan) }
                 // The steps that follow a relinquish, when the request carries them.
@@ -248,11 +248,11 @@ package final class PresenterServer: Sendable {
             // Usually ended on arrival (``received(_:onWatcherThread:)``). Otherwise ending
             // it waits for the watch to catch up (a sync through inotify); the next request
             // need not wait behind it.
-            if let (watch, token) = kept.suppression { Task { await watch.endSuppressing(token) } }
+            if let suppression = kept.suppression { Task { await suppression.end() } }
             await kept.reacquirer?()
         case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
              .subitemDidChange, .subitemDidMove:
-            await request.deliver(to: presenter, replying: replying)
+            await request.deliver(to: presenter, hooks: hooks, replying: replying)
         }
     }
 
@@ -264,7 +264,7 @@ package final class PresenterServer: Sendable {
 
     /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.
     func undo(_ kept: KeptRelinquish) async {
-        if let (watch, token) = kept.suppression { await watch.endSuppressing(token) }
+        await kept.suppression?.end()
         await kept.reacquirer?()
     }
 
@@ -279,8 +279,9 @@ package final class PresenterServer: Sendable {
 extension SpaceProtocol.PresenterMessage {
     /// Delivers a call that no ledger keeps (every call but a relinquish and a reacquire)
     /// to `presenter` (nil: it was unregistered); a request's answer goes through
-    /// `replying`. For the mailbox of either space.
-    package func deliver(to presenter: (any FilePresenter)?, replying: (() async throws -> Void) async -> Void) async {
+    /// `replying`; a move goes through `hooks` first. For the mailbox of either space.
+    package func deliver(to presenter: (any FilePresenter)?, hooks: SpaceHooks,
+                         replying: (() async throws -> Void) async -> Void) async {
         var url: URL { path.fileURL }
         switch call {
         case .save:
@@ -293,7 +294,7 @@ extension SpaceProtocol.PresenterMessage {
             await presenter?.presentedItemDidChange()
         case .didMove(let to):
             guard let presenter else { return }
-            await CoordinationCenter.shared.presenterMoved(presenter, from: path, to: to)
+            await hooks.presenterMoved(presenter, path, to)
             await presenter.presentedItemDidMove(to: to.fileURL)
         case .subitemDidAppear:
             await presenter?.presentedSubitemDidAppear(at: url)

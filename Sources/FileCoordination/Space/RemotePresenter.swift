@@ -8,15 +8,7 @@ import SystemPackage
 import Glibc
 #endif
 
-/// How long a request to another process's presenter may wait for its answer: set by
-/// ``PresenterMessenger/bounded(_:_:of:late:_:)`` around the callback, which then runs in
-/// the coordinating task itself (a remote callback is a request and a reply, so it cannot
-/// hang the task past its deadline).
-package enum RemoteDeadline {
-    @TaskLocal package static var timeout: Duration?
-}
-
-/// A request to another process was not answered within ``RemoteDeadline/timeout``.
+/// A request to another process was not answered within its deadline.
 package struct RemoteNoAnswer: Error {
     package init() {}
 }
@@ -26,8 +18,8 @@ package struct RemoteNoAnswer: Error {
 /// FileCoordinationEtcd).
 package protocol PresenterMailbox: Sendable {
     /// Sends a request and waits for its reply; nil when the target process is gone.
-    /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
-    func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body?
+    /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``.
+    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?) async throws -> SpaceProtocol.Body?
     /// Posts a message that has no reply, in order behind those posted before it.
     func tell(_ message: SpaceProtocol.Body, to target: String)
     /// A number unique among this process's messages.
@@ -62,11 +54,11 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     /// Sends and waits; throws the presenter's own error text when it refused, and says
     /// that the request could not be delivered when the sending failed (a full space).
-    private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil) async throws -> Bool {
+    private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil, timeout: Duration? = nil) async throws -> Bool {
         WaitObserver.current?.notify()
         let answer: SpaceProtocol.Body?
         do {
-            answer = try await mail.request(message(call, path: path), to: process)
+            answer = try await mail.request(message(call, path: path), to: process, timeout: timeout)
         } catch let error as FileCoordinationError where error.code != .timedOut && error.code != .cancelled {
             throw FileCoordinationError(code: error.code, path: path ?? self.path, operation: call.kind, errno: error.errno,
                                         message: "the request could not be delivered to \(self): \(error)", cause: error)
@@ -87,15 +79,16 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     typealias FollowUp = SpaceProtocol.Relinquish.FollowUp
 
-    /// Relinquish, then the follow-up step and the subitem deletions, in one round trip.
-    /// Returns nil when the presenter's process is gone.
+    /// Relinquish, then the follow-up step and the subitem deletions, in one round trip,
+    /// answered within `timeout` (when given) or ``RemoteNoAnswer`` is thrown. Returns nil
+    /// when the presenter's process is gone.
     func relinquish(_ item: FilePath, kind: FileAccessRequest.Kind, purpose: String, then followUp: FollowUp? = nil,
-                    subitemDeletions: [FilePath] = []) async throws -> FileReacquirer? {
+                    subitemDeletions: [FilePath] = [], timeout: Duration? = nil) async throws -> FileReacquirer? {
         let re = mail.nextID()
         let request = SpaceProtocol.Relinquish(access: kind == .writing ? .write : .read, purpose: purpose, re: re,
                                                then: followUp, subitemDeletions: subitemDeletions)
         do {
-            guard try await ask(.relinquish(request), path: item) else { return nil }
+            guard try await ask(.relinquish(request), path: item, timeout: timeout) else { return nil }
         } catch let error where error is CancellationError || error is RemoteNoAnswer {
             // Given up on (the presenter timeout, or the coordination was cancelled): the
             // presenter may still relinquish later, and must then get its item back.

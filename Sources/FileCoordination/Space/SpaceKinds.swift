@@ -7,7 +7,8 @@ import Foundation
 /// `FILECOORD_SPACE` names one of them, or a directory.
 package enum SpaceKinds {
     /// Joins the space at an address, with the settings the environment gives.
-    package typealias Join = @Sendable (_ address: String, _ environment: [String: String]) async throws -> any CoordinationTransport
+    package typealias Join = @Sendable (_ address: String, _ environment: [String: String], _ hooks: SpaceHooks) async throws
+        -> any CoordinationTransport
 
     private struct Kind: Sendable {
         let scheme: String

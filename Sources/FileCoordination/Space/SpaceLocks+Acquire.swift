@@ -81,8 +81,9 @@ extension SpaceLocks {
     ///
     /// `token` names the wait for ``cancel(token:)``, which ends it with
     /// `FileCoordinationError.Code.cancelled`; `waits` is called once, when the claim
-    /// starts to wait.
-    func acquire(_ plan: Plan, token: UInt64? = nil, waits: (() -> Void)? = nil) async throws -> Held {
+    /// starts to wait, and `parks` each time it is about to wait (the claim deadline
+    /// counts from the first).
+    func acquire(_ plan: Plan, token: UInt64? = nil, waits: (() -> Void)? = nil, parks: () -> Void = {}) async throws -> Held {
         // Pinned, the plan's shards stay open from their opening to the attempt (a shard
         // it needs is not closed to make room for another claim meanwhile); not while it
         // sleeps on inotify or for a byte it does not take, so that waiters do not keep
@@ -123,7 +124,7 @@ extension SpaceLocks {
                     // The claim waits from its first conflict: the deadline counts from here
                     // even when starting the watches is slow (a record written while the
                     // disk is saturated).
-                    ClaimWait.noteWaiting()
+                    parks()
                     if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("claim waits for another process's claim") }
                     // Watched before the flag is raised, so no doorbell rung after it is
                     // missed. A wait in the kernel needs no watch: the kernel wakes it.
@@ -139,7 +140,7 @@ extension SpaceLocks {
                     ringDoorbell()
                     continue
                 }
-                ClaimWait.noteWaiting()
+                parks()
                 if inKernel {
                     if !blocker.isQueue {
                         pin(needed, by: -1)

@@ -160,11 +160,11 @@ extension SpaceMail {
     /// The message is written on an I/O thread that this task does not wait for: the task
     /// parks once, until the reply (or the write's failure, or the target's death) arrives.
     ///
-    /// Within ``RemoteDeadline/timeout`` (when set), else it throws ``RemoteNoAnswer``.
-    package func request(_ message: SpaceProtocol.Body, to target: String) async throws -> SpaceProtocol.Body? {
+    /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``.
+    package func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration? = nil) async throws -> SpaceProtocol.Body? {
         let watched = await startWatching()
         let id = nextID()
-        return try await replies.request(id, to: target, timeout: RemoteDeadline.timeout) {
+        return try await replies.request(id, to: target, timeout: timeout) {
             if !watched { pollForReply(id, from: target) }
             let write = prepare(message, to: target, id: id)
             post(to: target) { [self] in

@@ -16,7 +16,7 @@ extension SpaceMail {
     // MARK: Status
 
     func answerStatus(_ query: SpaceProtocol.Header) async {
-        let claims = CoordinationCenter.shared.statusClaims()
+        let claims = server.hooks.claims()
         let report = SpaceProtocol.StatusReport(re: query.id, claims: CoordinationSpace.claimLines(claims.held),
                                                 waiting: claims.waiting.map { .init(isWrite: $0.access == .writing, path: $0.path) },
                                                 presenters: localEntries())

@@ -43,10 +43,11 @@ package final class SpaceMail: Sendable {
     let replies = AwaitedReplies()
     let slots: MessageSlots
     /// This process's presenters, and the requests of other processes it serves for them.
-    let server = PresenterServer()
+    let server: PresenterServer
 
-    init(files: SpaceFiles) {
+    init(files: SpaceFiles, hooks: SpaceHooks) {
         self.files = files
+        server = PresenterServer(hooks: hooks)
         slots = MessageSlots(me: files.processName)
     }
 

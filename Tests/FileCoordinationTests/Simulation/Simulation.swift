@@ -17,15 +17,18 @@ struct SeededRandom: RandomNumberGenerator {
 /// Several processes sharing a coordination space, run step by step by a seeded
 /// scheduler, with processes killed or stopped and sends failing at any step.
 ///
-/// What is the library's own code: the center's requests and the in-process rules
-/// (``CenterRequests``, ``CoordinationRules``), each claim's bytes and its tries across
-/// processes (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``), the
-/// ledger of what a process owes other processes' coordinators (``ServingLedger``) and
-/// the protocol's codec (``SpaceProtocol``, every message is encoded and decoded). What
-/// is simulated: the kernel (byte locks that die with their process, ``MemoryLocks``;
-/// one ordered inotify queue per process), the space's files (records, mailboxes, presenter records) and the
-/// drivers around the state machines, which follow `SpaceMail`'s receive, serve and
-/// process-ended paths step for step.
+/// What is the library's own code: each coordination is the production machine
+/// (``CoordinationMachine``, with ``PresenterPlan`` and the order it keeps), whose actions
+/// `Simulation+Coordinating` carries out one per step; the center's requests and the
+/// in-process rules (``CenterRequests``, ``CoordinationRules``); the presenter lookup
+/// (``PresenterRegistry``); each claim's bytes and its tries across processes
+/// (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``); the ledger of
+/// what a process owes other processes' coordinators (``ServingLedger``); and the
+/// protocol's codec (``SpaceProtocol``, every message is encoded and decoded). What is
+/// simulated: the kernel (byte locks that die with their process, ``MemoryLocks``; one
+/// ordered inotify queue per process), the space's files (records, mailboxes, presenter
+/// records), and the serving side around the ledger, which follows `PresenterServer`'s
+/// receive and serve paths and `SpaceMail`'s process-ended path.
 ///
 /// The invariants of `docs/reliability.md` are checked after every step, and once the
 /// run has settled.
@@ -43,6 +46,8 @@ final class Simulation {
         /// A process's inotify queue overflows: its queued events are lost.
         var overflowPercent = 1
         var refusePercent = 5
+        /// A coordinator's `cancel()` while one of its coordinations holds its claims.
+        var cancelPercent = 1
         /// Leaves out giving back what a dead asker left relinquished (the driver's half
         /// of the deaf-presenter fix): the simulator must find that.
         var forgetsDeadAskers = false
@@ -72,29 +77,53 @@ final class Simulation {
         var heardChanges = 0
     }
 
-    enum Target: Equatable {
+    enum Target: Hashable {
         case local(Int)
         case remote(process: String, number: UInt64, path: String)
     }
 
-    enum Phase: Equatable { case rules, kernel, asking, accessing, done(String) }
+    /// Where the driver of a coordination is: taking its claims (the center's rules, then
+    /// the kernel's bytes), carrying out its machine's next action, waiting for its
+    /// presenters' answers, in its accessor, or done.
+    enum Phase: Equatable { case rules, kernel, driving, asking, accessing, done(String) }
 
     struct Coordinator {
         var id: Int
-        var item: String
+        var paths: [String]
         var write: Bool
-        var phase: Phase = .rules
+        /// The production machine of this coordination, and its next action.
+        var machine: CoordinationMachine
+        var action: CoordinationMachine.Action
+        var phase: Phase = .driving
         var since = 0
         var rulesID: CoordinationRules.RequestID?
         /// Writers' queue bytes kept between tries, then the claim's bytes once taken.
         var queued: [SpaceLocks.Byte] = []
         var held: SpaceLocks.Held?
-        var pending: [Target] = []
-        var waiting: (target: Target, id: UInt64, re: UInt64, since: Int)?
-        var relinquished: [(target: Target, re: UInt64)] = []
-        var claim: CoordinationRules.Claim {
-            .init(path: FilePath(item), access: write ? .writing : .reading, scope: write && item == "/d" ? .subtree : .item)
+        /// Its claims are held (from the kernel's grant to their release).
+        var holds = false
+        var cancelled = false
+        /// Whether it was cancelled when the driver last checked.
+        var cancelledAtCheck = false
+        /// The presenters it looked up (kept alive: the machine knows them by identity).
+        var stubs: [SimulatedPresenter] = []
+        /// The asks of the current `ask` action, answered one by one.
+        var asks: [Ask] = []
+        /// How many times each presenter was asked.
+        var asked: [Target: Int] = [:]
+        /// Presenters that relinquished and have not got their item back yet.
+        var owed: Set<Target> = []
+        /// Each remote presenter's relinquish number, for its `reacquire`.
+        var relinquishes: [Target: UInt64] = [:]
+        /// The presenters of the items themselves, and those of them still to hear `didChange`.
+        var itemPresenters: Set<Target> = []
+        var toTell: Set<Target> = []
+
+        init(id: Int, paths: [String], write: Bool, machine: CoordinationMachine, action: CoordinationMachine.Action, since: Int) {
+            (self.id, self.paths, self.write, self.machine, self.action, self.since) = (id, paths, write, machine, action, since)
         }
+
+        var claims: [CoordinationRules.Claim] { machine.items.map(\.claim) }
     }
 
     /// One entry of a process's inotify queue: a message closed in its mailbox, or a
@@ -147,6 +176,9 @@ final class Simulation {
     /// with it (the same seed, the same run), so that passing seeds build no strings.
     var tracing = false
     var trace: [String] = []
+    /// Broken invariants found while carrying out actions, reported after the step.
+    var cancelledButRan: [String] = []
+    var releasedEarly: [String] = []
 
     init(seed: UInt64, options: Options = Options()) {
         self.seed = seed
@@ -231,6 +263,10 @@ final class Simulation {
             log("\(processes[victim].name) stopped until \(processes[victim].stoppedUntil)")
             return true
         }
+        if faults, Int.random(in: 0 ..< 100, using: &random) < options.cancelPercent,
+           let victim = liveIndices.randomElement(using: &random), cancel(in: victim) {
+            return true
+        }
         if faults, Int.random(in: 0 ..< 100, using: &random) < options.overflowPercent,
            let victim = liveIndices.filter({ !processes[$0].events.isEmpty }).randomElement(using: &random) {
             // The kernel's queue was full: what it held is lost, and one overflow event says so.
@@ -262,7 +298,9 @@ final class Simulation {
     var nextDeadline: Int? {
         liveIndices.flatMap { index in
             processes[index].coordinators.compactMap { coordinator -> Int? in
-                if let waiting = coordinator.waiting { return waiting.since + options.presenterTimeout + 1 }
+                if let since = coordinator.asks.filter({ $0.answer == nil }).map(\.since).min() {
+                    return since + options.presenterTimeout + 1
+                }
                 if coordinator.phase == .kernel { return coordinator.since + options.claimTimeout + 1 }
                 return nil
             }
@@ -344,8 +382,10 @@ final class Simulation {
 
     /// The processes whose answers `index`'s coordinations wait for.
     func waitedFor(in index: Int) -> [String] {
-        processes[index].coordinators.compactMap { coordinator in
-            if case .remote(let process, _, _)? = coordinator.waiting?.target { process } else { nil }
+        processes[index].coordinators.flatMap { coordinator in
+            coordinator.asks.compactMap { ask in
+                if ask.answer == nil, case .remote(let process, _, _) = ask.target { process } else { nil }
+            }
         }
     }
 
@@ -362,7 +402,7 @@ final class Simulation {
         let from = message.header.from
         switch message.body {
         case .reply(let reply):
-            resolve(reply.re, with: reply.failure == nil ? .ok : .refused, in: index)
+            resolve(reply.re, refused: reply.failure != nil, in: index)
         case .presenter(let request):
             switch request.call {
             case .reacquire(let re): processes[index].ledger.reacquireArrived(.init(process: from, request: re))
@@ -382,28 +422,7 @@ final class Simulation {
         if processes[index].ledger.owes(name), processes[index].ledger.senderDied(name), !options.forgetsDeadAskers {
             processes[index].serving.append(.senderGone(name))
         }
-        var waited = false
-        for position in processes[index].coordinators.indices {
-            if case .remote(let process, _, _)? = processes[index].coordinators[position].waiting?.target, process == name {
-                processes[index].coordinators[position].waiting = nil
-                waited = true
-            }
-        }
-        if waited { cleanUp(name) }
-    }
-
-    enum Answer { case ok, refused }
-
-    func resolve(_ id: UInt64, with answer: Answer, in index: Int) {
-        guard let position = processes[index].coordinators.firstIndex(where: { $0.waiting?.id == id }) else { return }
-        let waiting = processes[index].coordinators[position].waiting!
-        processes[index].coordinators[position].waiting = nil
-        switch answer {
-        case .ok:
-            processes[index].coordinators[position].relinquished.append((waiting.target, waiting.re))
-        case .refused:
-            finish(position, in: index, outcome: "failed: a presenter refused")
-        }
+        if endAsks(to: name, in: index) { cleanUp(name) }
     }
 
     // MARK: Serving (each process's serving task), as SpaceMail.serve
@@ -467,161 +486,7 @@ final class Simulation {
         }
     }
 
-    // MARK: Coordinating
-
-    func startCoordination(in index: Int) {
-        started += 1
-        let coordinator = Coordinator(id: started, item: Self.items.randomElement(using: &random)!, write: Bool.random(using: &random),
-                                      since: now)
-        log("\(processes[index].name) starts #\(coordinator.id) \(coordinator.write ? "write" : "read") \(coordinator.item)")
-        processes[index].coordinators.append(coordinator)
-    }
-
-    func canAdvance(_ coordinator: Coordinator, in index: Int) -> Bool {
-        switch coordinator.phase {
-        case .rules: coordinator.rulesID == nil || processes[index].requests.rules.isGranted(coordinator.rulesID!)
-        case .kernel: true
-        case .asking: coordinator.waiting == nil
-        case .accessing: true
-        case .done: false
-        }
-    }
-
-    func concerns(_ path: String, _ coordinator: Coordinator) -> Bool {
-        path == coordinator.item || (coordinator.claim.scope == .subtree && FilePath.isAtOrInside(Array(path.utf8), Array(coordinator.item.utf8)))
-    }
-
-    func advance(_ position: Int, in index: Int) {
-        var coordinator = processes[index].coordinators[position]
-        let me = processes[index].name
-        switch coordinator.phase {
-        case .rules:
-            if let id = coordinator.rulesID {
-                precondition(processes[index].requests.rules.isGranted(id))
-            } else {
-                let (id, granted) = processes[index].requests.submit([coordinator.claim], purpose: "#\(coordinator.id)", owner: Self.owner)
-                coordinator.rulesID = id
-                guard granted else {
-                    // Its task parks at once; a later release resumes it.
-                    let parked = processes[index].requests.park(id, coordinator.id)
-                    precondition({ if case .waiting = parked { true } else { false } }())
-                    processes[index].coordinators[position] = coordinator
-                    return
-                }
-            }
-            coordinator.phase = .kernel
-            coordinator.since = now
-        case .kernel:
-            let plan = SpaceLocks.plan(for: [coordinator.claim])
-            guard case .held(let held)? = try? SpaceLocks.attempt(plan, queued: &coordinator.queued, calls: kernel.process(index)) else {
-                processes[index].coordinators[position] = coordinator
-                if now - coordinator.since > options.claimTimeout { finish(position, in: index, outcome: "timed out waiting for a claim") }
-                return
-            }
-            coordinator.held = held
-            coordinator.pending = presenters.indices.filter { presenters[$0].process == index && concerns(presenters[$0].path, coordinator) }
-                .map { .local($0) }
-            coordinator.pending += space.presenterRecords.filter { $0.process != me && concerns($0.path, coordinator) }
-                .map { .remote(process: $0.process, number: $0.number, path: $0.path) }
-            coordinator.phase = .asking
-            log("\(me) #\(coordinator.id) claimed; asks \(coordinator.pending.count) presenters")
-        case .asking:
-            guard !coordinator.pending.isEmpty else {
-                coordinator.phase = .accessing
-                break
-            }
-            let target = coordinator.pending.removeFirst()
-            switch target {
-            case .local(let presenter):
-                presenters[presenter].relinquished += 1
-                coordinator.relinquished.append((target, 0))
-            case .remote(let process, let number, let path):
-                let re = processes[index].newID(), id = processes[index].newID()
-                let request = SpaceProtocol.Relinquish(access: coordinator.write ? .write : .read, purpose: "#\(coordinator.id)", re: re)
-                let sent = send(.presenter(.init(presenter: number, path: FilePath(path), call: .relinquish(request))),
-                                from: index, to: process, id: id, mayFail: true)
-                if sent, isAlive(process) {
-                    coordinator.waiting = (target, id, re, now)
-                } else if space.mailboxes[process] == nil || !isAlive(process) {
-                    // Gone, or dead after the write: skipped, and cleaned up after.
-                    cleanUp(process)
-                } else {
-                    processes[index].coordinators[position] = coordinator
-                    return finish(position, in: index, outcome: "failed: a request could not be sent")
-                }
-            }
-        case .accessing:
-            processes[index].coordinators[position] = coordinator
-            return finish(position, in: index, outcome: "ok")
-        case .done:
-            break
-        }
-        processes[index].coordinators[position] = coordinator
-    }
-
-    /// The coordination ends: the change is told, every presenter it relinquished gets its
-    /// item back, its claims end.
-    func finish(_ position: Int, in index: Int, outcome: String) {
-        let coordinator = processes[index].coordinators[position]
-        for (target, re) in coordinator.relinquished {
-            switch target {
-            case .local(let presenter):
-                if coordinator.write, outcome == "ok" { presenters[presenter].heardChanges += 1 }
-                presenters[presenter].relinquished -= 1
-            case .remote(let process, let number, let path):
-                if coordinator.write, outcome == "ok" {
-                    tell(.presenter(.init(presenter: number, path: FilePath(path), call: .didChange)), from: index, to: process)
-                }
-                tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: re))), from: index, to: process)
-            }
-        }
-        kernel.process(index).release(coordinator.held ?? SpaceLocks.Held(bytes: coordinator.queued))
-        if let id = coordinator.rulesID {
-            if processes[index].requests.rules.isGranted(id) {
-                // The tasks its end grants were parked; they find their grant when they next run.
-                for waiter in processes[index].requests.release(id) { log("\(processes[index].name) #\(waiter) granted") }
-            } else {
-                let ended = processes[index].requests.withdraw(id, because: CancellationError())
-                precondition(ended.failed.map(\.0) == [coordinator.id], "the withdrawn task is resumed with its error")
-            }
-        }
-        processes[index].coordinators[position].phase = .done(outcome)
-        processes[index].coordinators[position].relinquished = []
-        log("\(processes[index].name) #\(coordinator.id) ends: \(outcome)")
-    }
-
-    /// Coordinators that waited too long for a presenter give up on it, send `reacquire`
-    /// (the presenter may relinquish later, and must then get its item back) and go on.
-    func timeOut() {
-        for index in liveIndices where processes[index].stoppedUntil <= now {
-            for position in processes[index].coordinators.indices {
-                guard let waiting = processes[index].coordinators[position].waiting, now - waiting.since > options.presenterTimeout,
-                      case .remote(let process, let number, let path) = waiting.target else { continue }
-                processes[index].coordinators[position].waiting = nil
-                log("\(processes[index].name) #\(processes[index].coordinators[position].id) gives up on \(process)")
-                tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: waiting.re))), from: index, to: process)
-            }
-        }
-    }
-
     // MARK: Invariants
-
-    /// No two coordinations of one item hold it at once when either writes, subtrees
-    /// included, in one process or across processes.
-    func checkExclusion() throws(Failure) {
-        var holding: [(process: Int, coordinator: Coordinator)] = []
-        for index in liveIndices {
-            for coordinator in processes[index].coordinators where coordinator.phase == .asking || coordinator.phase == .accessing {
-                holding.append((index, coordinator))
-            }
-        }
-        for (a, first) in holding.enumerated() {
-            for second in holding[(a + 1)...] where CoordinationRules.conflict(first.coordinator.claim, second.coordinator.claim) {
-                throw fail("#\(first.coordinator.id) in \(processes[first.process].name) and #\(second.coordinator.id) in "
-                    + "\(processes[second.process].name) hold \(first.coordinator.item) and \(second.coordinator.item) at once")
-            }
-        }
-    }
 
     /// Once settled: every request ended, every presenter of a live process has its item
     /// back and nothing is owed, and after one cleanup nothing of a dead process is left.

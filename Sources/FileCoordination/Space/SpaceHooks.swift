@@ -1,0 +1,37 @@
+@_spi(FileCoordinationInternal) import AsyncFileIO
+import SystemPackage
+
+/// What a space needs from the process above it, handed in when the space is joined:
+/// nothing below the seam reaches up to the coordination center.
+package struct SpaceHooks: Sendable {
+    /// This process's claims, held and waiting (its record in the space, and `status`).
+    let claims: @Sendable () -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim])
+    /// A writer in another process relinquished `presenter`'s item at the path: its watch
+    /// drops the write's own events until the suppression returned ends (nil: no watch).
+    let suppress: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> EchoSuppression?
+    /// A writer in another process moved `presenter`'s item: this process follows it.
+    let presenterMoved: @Sendable (_ presenter: any FilePresenter, _ from: FilePath, _ to: FilePath) async -> Void
+
+    package init(claims: @escaping @Sendable () -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
+                 suppress: @escaping @Sendable (any FilePresenter, FilePath) -> EchoSuppression?,
+                 presenterMoved: @escaping @Sendable (any FilePresenter, FilePath, FilePath) async -> Void) {
+        self.claims = claims
+        self.suppress = suppress
+        self.presenterMoved = presenterMoved
+    }
+}
+
+/// A presenter watch's suppression of a remote write's own events, and the two ways it
+/// ends.
+package struct EchoSuppression: Sendable {
+    /// Ends it once the watch has seen every event so far (a sync through inotify).
+    let end: @Sendable () async -> Void
+    /// Ends it on the watcher thread, at the events already read: the write's own came
+    /// through the same inotify queue before the message being handled.
+    let endOnWatcherThread: @Sendable () -> Void
+
+    package init(end: @escaping @Sendable () async -> Void, endOnWatcherThread: @escaping @Sendable () -> Void) {
+        self.end = end
+        self.endOnWatcherThread = endOnWatcherThread
+    }
+}
