@@ -18,7 +18,7 @@ extension FileCoordinator {
         claimPath resolved: FilePath? = nil,
         isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
     ) async throws -> T {
-        try await center.prepareSpace()
+        if !center.spaceIsPrepared { try await center.prepareSpace() }
         var resolved = resolved
         if !skippingPlain, requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]) {
             let (path, key) = try await claimPath(requests[0].url, followingLast: true)
@@ -187,7 +187,7 @@ extension FileCoordinator {
     /// last component, as a plain request does).
     func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = [],
                claimPath resolved: FilePath? = nil) async throws -> CoordinationSession {
-        try await center.prepareSpace()
+        if !center.spaceIsPrepared { try await center.prepareSpace() }
         let items = try await resolve(requests, claimPath: resolved)
         let session = CoordinationSession(coordinator: self, intents: intents)
         var machine = CoordinationMachine(items: items, owner: filePresenter.map(ObjectIdentifier.init), intents: intents.count)
