@@ -11,7 +11,7 @@ struct SpaceCleanUpTests {
     @Test("a process that left (no record, no mailbox) lists no mailbox; one that died with its mailbox has its slots in others' removed")
     func leftAndDead() async throws {
         let root = sandbox.url.path + "/space"
-        let space = try await CoordinationSpace.join(FilePath(root), hooks: CoordinationCenter.shared.hooks)
+        let space = try await CoordinationSpace.join(FilePath(root), hooks: CoordinationCenter.spaceHooks)
         // Another process's mailbox (pids above any pid_max: never alive), holding an
         // empty slot of each.
         let other = root + "/mail/4194302-d"

@@ -15,7 +15,7 @@ struct EtcdMetricsTests {
         let metrics = TestMetrics()
         let configuration = EtcdCoordinationSpace.Configuration(endpoints: [server.endpoint], prefix: "metrics",
                                                                 leaseTTL: .seconds(1), connectTimeout: .seconds(1))
-        let space = try await EtcdCoordinationSpace.join(configuration, metrics: EtcdMetrics(factory: metrics), hooks: CoordinationCenter.shared.hooks)
+        let space = try await EtcdCoordinationSpace.join(configuration, metrics: EtcdMetrics(factory: metrics), hooks: CoordinationCenter.spaceHooks)
         func calls(_ call: String) -> [Int64] {
             metrics.timers(label: EtcdMetrics.callLabel, dimensions: [("call", call)]).flatMap(\.values)
         }

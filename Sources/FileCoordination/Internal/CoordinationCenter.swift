@@ -88,7 +88,8 @@ package final class CoordinationCenter: Sendable {
 
     /// The space named by the environment: `FILECOORD_SPACE` as the address of a kind of
     /// space registered (``SpaceKinds``: the etcd space's `etcd://`), else the local default.
-    func joinDefault() async throws -> any CoordinationTransport {
+    static func joinDefault() async throws -> any CoordinationTransport {
+        let hooks = spaceHooks
         if let named = environmentVariable("FILECOORD_SPACE"), let join = try SpaceKinds.joiner(for: named) {
             return try await join(named, ProcessInfo.processInfo.environment, hooks)
         }
@@ -106,7 +107,7 @@ package final class CoordinationCenter: Sendable {
             case .local: return .ready(nil)
             case .joining(let task): return .wait(task)
             case .automatic:
-                let task = Task { try await self.joinDefault() }
+                let task = Task { try await Self.joinDefault() }
                 setting = .joining(task)
                 return .wait(task)
             }
@@ -131,7 +132,7 @@ package final class CoordinationCenter: Sendable {
 
     /// Joins the space that `join` makes (leaving the current one).
     package func join<Space: CoordinationTransport>(_ join: (SpaceHooks) async throws -> Space) async throws -> Space {
-        let space = try await join(hooks)
+        let space = try await join(Self.spaceHooks)
         let previous = Self.spaceSetting.withLock { setting -> (any CoordinationTransport)? in
             defer { setting = .joined(space) }
             if case .joined(let old) = setting { return old }
@@ -142,7 +143,11 @@ package final class CoordinationCenter: Sendable {
         return space
     }
 
-    /// What the spaces this center joins call back: its claims, its presenters' watches,
+    /// What the process's space calls back, whichever center joined it: the process's
+    /// center (``shared``), as the space is the process's (tests' private centers share it).
+    package static var spaceHooks: SpaceHooks { shared.hooks }
+
+    /// What a space serving this center calls back: its claims, its presenters' watches,
     /// and following a presenter moved by another process.
     package var hooks: SpaceHooks {
         SpaceHooks(

@@ -94,7 +94,7 @@ extension FileCoordinator {
             let (old, new) = (from.fileURL, to.fileURL)
             (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
         }
-        _ = try? await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, body)
+        _ = try? await PresenterCall(policy: policy, entry: entry, metrics: metrics)(name, body)
     }
 
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
@@ -102,7 +102,7 @@ extension FileCoordinator {
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
         let metrics = center.metrics
         @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
-            _ = try? await PresenterMessenger.bounded(lenient, "reacquirer", of: entry, metrics: metrics) { await reacquirer() }
+            _ = try? await PresenterCall(policy: lenient, entry: entry, metrics: metrics)("reacquirer") { await reacquirer() }
         }
         // One (the common case) runs from this task; several, all at once.
         if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }

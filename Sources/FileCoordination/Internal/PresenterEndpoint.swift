@@ -24,18 +24,37 @@ package protocol PresenterEndpoint: Sendable {
     var isRegisteredHere: Bool { get }
 }
 
-/// One callback of a plan's presenter: under the coordinator's policy, a failure as the
-/// coordination's error.
+/// One callback of a presenter under the coordinator's policy, bounded as its endpoint
+/// bounds it (``PresenterEndpoint/bounded(_:_:of:late:_:)``), counted in `metrics` (the
+/// answer's time, or the timeout), a failure wrapped as the coordination's error.
 package struct PresenterCall: Sendable {
     let policy: PresenterTimeoutPolicy
     let entry: PresenterRegistry.Entry
     let metrics: CoordinationMetrics
 
+    /// `body`'s value; nil when it was not answered in time and the policy proceeds.
+    /// Throws the callback's error, `FileCoordinationError` `.timedOut` when the policy
+    /// fails, or `CancellationError` if the coordinating task is cancelled meanwhile.
     func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        let start = ContinuousClock.now
         do {
-            return try await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, late: late, body)
+            let answer = try await entry.endpoint.bounded(policy, name, of: entry, late: late, body)
+            if answer == nil {
+                metrics.presenterTimeouts.increment()
+            } else {
+                metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
+            }
+            return answer
+        } catch let error as FileCoordinationError where error.code == .timedOut && error.operation == name {
+            // ``PresenterMessenger/timeoutError(_:_:of:)``: the policy fails the coordination.
+            metrics.presenterTimeouts.increment()
+            throw error
+        } catch is CancellationError {
+            throw CancellationError()
         } catch {
+            // A refusal is an answer too.
+            metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
             throw PresenterMessenger.failure(error, callback: name, entry: entry)
         }
     }

@@ -4,44 +4,11 @@ import Logging
 import Synchronization
 import SystemPackage
 
-/// Calls presenter callbacks under a coordinator's ``PresenterTimeoutPolicy``.
+/// How a presenter of this process is called under a coordinator's
+/// ``PresenterTimeoutPolicy``, and how a presenter's silence or failure is told.
 package enum PresenterMessenger {
 
-    /// Runs `body` (one presenter callback). Returns its value; nil when it timed out
-    /// and the policy proceeds. Throws the callback's error, `FileCoordinationError`
-    /// `.timedOut` when the policy fails, or `CancellationError` if the coordinating task
-    /// is cancelled meanwhile.
-    ///
-    /// How the callback is bounded is the presenter's endpoint's (``PresenterEndpoint``).
-    /// `metrics` counts the answer's time, or the timeout.
-    static func bounded<T: Sendable>(
-        _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-        metrics: CoordinationMetrics, late: (@Sendable (T) -> Void)? = nil,
-        _ body: @escaping @Sendable () async throws -> T
-    ) async throws -> T? {
-        let start = ContinuousClock.now
-        do {
-            let answer = try await entry.endpoint.bounded(policy, callback, of: entry, late: late, body)
-            if answer == nil {
-                metrics.presenterTimeouts.increment()
-            } else {
-                metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
-            }
-            return answer
-        } catch let error as FileCoordinationError where error.code == .timedOut && error.operation == callback {
-            // ``timeoutError(_:_:of:)``: the policy fails the coordination.
-            metrics.presenterTimeouts.increment()
-            throw error
-        } catch is CancellationError {
-            throw CancellationError()
-        } catch {
-            // A refusal is an answer too.
-            metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
-            throw error
-        }
-    }
-
-    /// ``bounded(_:_:of:late:_:)`` for a presenter of this process: the callback runs in a
+    /// ``PresenterEndpoint/bounded(_:_:of:late:_:)`` for a presenter of this process: the callback runs in a
     /// task of its own, raced against a timer, so a presenter that never returns is left
     /// behind (and cancelled), never waited for.
     static func race<T: Sendable>(

@@ -232,7 +232,7 @@ package final class PresenterWatch: Sendable {
         let entry = PresenterRegistry.Entry(presenter: presenter, path: item)
         let metrics = center.metrics
         func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
-            _ = try? await PresenterMessenger.bounded(policy, name, of: entry, metrics: metrics, body)
+            _ = try? await PresenterCall(policy: policy, entry: entry, metrics: metrics)(name, body)
         }
         // Directories left out by the watch limit, told when the watch starts and
         // whenever more are (each new directory's creation is an event of its parent's).
