@@ -13,18 +13,15 @@ public struct BatchFileContents {
     /// The file, as given (made when asked for: a file given as a URL is read without one).
     public var path: FilePath { platformPath.filePath }
     /// The file's path as the kernel took it.
-    @_spi(FileCoordinationInternal)
-    public let platformPath: PlatformPath
+        package let platformPath: PlatformPath
     /// The whole content, or why it could not be read.
     public let bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>
 
-    @_spi(FileCoordinationInternal)
-    public init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+        package init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.init(index: index, platformPath: PlatformPath(path), bytes: bytes)
     }
 
-    @_spi(FileCoordinationInternal)
-    public init(index: Int, platformPath: PlatformPath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+        package init(index: Int, platformPath: PlatformPath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.index = index
         self.platformPath = platformPath
         self.bytes = bytes
@@ -39,8 +36,7 @@ public struct BatchFileContents {
 /// (`O_NOFOLLOW`): the gate may claim the name itself, and a file that turns out to be a
 /// symbolic link is not read there but skipped (``skip(_:)``), for the owner to read
 /// through its target's claim.
-@_spi(FileCoordinationInternal)
-public protocol InPlaceGate: Sendable {
+package protocol InPlaceGate: Sendable {
     /// Before a group of files (index, path) is read: a token for ``leave(_:)`` when all
     /// of them may be read now. Nil for a group of several: each is then asked alone. Nil
     /// for one file: it is skipped (neither read nor handed to the body; the gate's owner
@@ -62,8 +58,7 @@ public protocol InPlaceGate: Sendable {
 }
 
 /// What ``InPlaceGate/enterWithoutBlocking(_:)`` answers.
-@_spi(FileCoordinationInternal)
-public enum GateAdmission: Sendable {
+package enum GateAdmission: Sendable {
     /// All of the files may be read now: the token for ``InPlaceGate/leave(_:)``.
     case admitted(UInt64)
     /// Something stands in the way: the files go back to the workers, which ask for each.
@@ -73,12 +68,11 @@ public enum GateAdmission: Sendable {
     case notKnownYet
 }
 
-@_spi(FileCoordinationInternal)
 extension InPlaceGate {
     /// A gate admits nothing without blocking unless it says so.
-    public var admitsWithoutBlocking: Bool { false }
+    package var admitsWithoutBlocking: Bool { false }
     /// Refuses: the workers ask ``enter(_:)``.
-    public func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .refused }
+    package func enterWithoutBlocking(_ files: [(index: Int, path: PlatformPath)]) -> GateAdmission { .refused }
 }
 
 extension FileBatchReader {
@@ -124,8 +118,7 @@ extension FileBatchReader {
 
     /// ``forEachFile(perWorker:_:)`` with a gate asked on the worker before each file
     /// (the thread-pool engine only).
-    @_spi(FileCoordinationInternal)
-    public func forEachFile<Partial: Sendable>(
+        package func forEachFile<Partial: Sendable>(
         perWorker initial: Partial, gate: (any InPlaceGate)?,
         _ body: @escaping @Sendable (inout Partial, BatchFileContents) -> Void
     ) async throws -> [Partial] {

@@ -13,8 +13,7 @@ public struct BatchReadResult: Sendable {
     /// batch given URLs reads without one).
     public var path: FilePath { platformPath.filePath }
     /// The file's path as the kernel took it.
-    @_spi(FileCoordinationInternal)
-    public let platformPath: PlatformPath
+        package let platformPath: PlatformPath
     /// The file's whole content, or why it could not be read.
     public let result: Result<Data, FileCoordinationError>
 
@@ -29,8 +28,7 @@ public struct BatchReadResult: Sendable {
         self.init(index: index, platformPath: PlatformPath(path), result: result)
     }
 
-    @_spi(FileCoordinationInternal)
-    public init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
+        package init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
         self.index = index
         self.platformPath = platformPath
         self.result = result
@@ -183,8 +181,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
     /// An iterator whose workers ask `gate` before each file (the thread-pool engine
     /// only). A file the gate refuses is not read: its result is a failure with code
     /// ``FileCoordinationError/Code/cancelled``, which the gate's owner replaces.
-    @_spi(FileCoordinationInternal)
-    public func makeAsyncIterator(gate: any InPlaceGate) -> Iterator {
+        package func makeAsyncIterator(gate: any InPlaceGate) -> Iterator {
         Iterator(storage: BatchStorage(inputs: inputs, options: options, gate: gate))
     }
 
@@ -205,8 +202,7 @@ public struct FileBatchReader: AsyncSequence, Sendable {
         }
 
         /// How many files the consumer read itself so far (for tests).
-        @_spi(FileCoordinationInternal)
-        public var filesReadByConsumer: Int { storage.filesReadByConsumer }
+                package var filesReadByConsumer: Int { storage.filesReadByConsumer }
 
         deinit {
             storage.cancel()

@@ -5,14 +5,12 @@ import Glibc
 
 extension FilePath {
     /// The path's bytes, exactly as the kernel sees them (no terminating NUL).
-    @_spi(FileCoordinationInternal)
-    public var platformBytes: [UInt8] {
+        package var platformBytes: [UInt8] {
         withPlatformString { Array(UnsafeRawBufferPointer(start: $0, count: strlen($0))) }
     }
 
     /// A path from its bytes (which must not contain NUL), names that are not UTF-8 included.
-    @_spi(FileCoordinationInternal)
-    public init(platformBytes bytes: some Collection<UInt8>) {
+        package init(platformBytes bytes: some Collection<UInt8>) {
         if let path = bytes.withContiguousStorageIfAvailable({ FilePath(platformBuffer: UnsafeRawBufferPointer($0)) }) {
             self = path
         } else {
@@ -21,8 +19,7 @@ extension FilePath {
     }
 
     /// A path from the bytes in `buffer` (which must not contain NUL), copied once.
-    @_spi(FileCoordinationInternal)
-    public init(platformBuffer buffer: UnsafeRawBufferPointer) {
+        package init(platformBuffer buffer: UnsafeRawBufferPointer) {
         self = withUnsafeTemporaryAllocation(of: CChar.self, capacity: buffer.count + 1) { chars in
             if let base = buffer.baseAddress { memcpy(chars.baseAddress!, base, buffer.count) }
             chars[buffer.count] = 0
@@ -33,8 +30,7 @@ extension FilePath {
     /// Whether the normalized absolute path `inner` is `outer` or inside it: a byte prefix
     /// that ends at a separator. (`FilePath.starts(with:)` gives the same answer at many
     /// times the cost, and the coordination rules ask for every pair of claims.)
-    @_spi(FileCoordinationInternal)
-    public static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
+        package static func isAtOrInside(_ inner: [UInt8], _ outer: [UInt8]) -> Bool {
         guard inner.count >= outer.count else { return false }
         guard !outer.isEmpty else { return true }
         let prefix = inner.withUnsafeBytes { i in outer.withUnsafeBytes { o in memcmp(i.baseAddress!, o.baseAddress!, o.count) == 0 } }

@@ -66,8 +66,7 @@ extension FilePath {
     /// This path with the symbolic links of its last component followed, as a write
     /// follows them (for the claim of a write to name the file that changes). Blocks:
     /// call it on an I/O thread.
-    @_spi(FileCoordinationInternal)
-    public func resolvingSymbolicLinks() throws(FileCoordinationError) -> FilePath {
+        package func resolvingSymbolicLinks() throws(FileCoordinationError) -> FilePath {
         try AtomicReplacement.resolvingLinks(self).get()
     }
 
@@ -95,8 +94,7 @@ extension FilePath {
 extension Array where Element == UInt8 {
     /// Appends `byte` as `%XY` (upper-case hex): the escape of file URLs, and of the
     /// coordination space's messages.
-    @_spi(FileCoordinationInternal)
-    public mutating func appendPercentEscape(_ byte: UInt8) {
+        package mutating func appendPercentEscape(_ byte: UInt8) {
         func digit(_ nibble: UInt8) -> UInt8 { nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "A") + nibble - 10 }
         append(UInt8(ascii: "%"))
         append(digit(byte >> 4))
@@ -108,8 +106,7 @@ extension Array where Element == UInt8 {
 /// open files through one without making a `FilePath` (swift-system normalizes the
 /// separators of every new one, byte by byte: a few percent of a batch of small files);
 /// ``filePath`` makes one when it is asked for.
-@_spi(FileCoordinationInternal)
-public struct PlatformPath: Sendable {
+package struct PlatformPath: Sendable {
     private enum Storage: Sendable {
         case path(FilePath)
         /// NUL-terminated.

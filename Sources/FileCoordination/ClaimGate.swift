@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Synchronization
 
 /// Takes each file's read claim on the batch's worker when it is free at once, and notes

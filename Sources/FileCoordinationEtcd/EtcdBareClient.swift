@@ -5,7 +5,7 @@ import Synchronization
 /// The etcd space's own client, with no coordination around it: the peer that `make bench`
 /// measures the etcd space against (a bare transaction, a bare watch round trip), with the
 /// same connection, thread and JSON as the space's calls.
-@_spi(FileCoordinationInternal)
+@_spi(Benchmarks)
 public final class EtcdBareClient: Sendable {
     let client: EtcdClient
 

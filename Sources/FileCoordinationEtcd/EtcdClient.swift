@@ -1,5 +1,5 @@
 import FileCoordination
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 
 /// etcd's v3 API through its JSON gateway: the calls the etcd space makes, run in order on

@@ -1,5 +1,5 @@
 import FileCoordination
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemPackage
 
 /// Other processes' presenters: read once, then followed through a route of the

@@ -1,5 +1,5 @@
 import FileCoordination
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 import SystemPackage
 #if canImport(Glibc)

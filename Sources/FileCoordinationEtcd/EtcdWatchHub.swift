@@ -1,5 +1,5 @@
 import FileCoordination
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 
 /// Every watch of a process on one stream: one ``EtcdWatch`` over the whole space
 /// (`<prefix>/`, every event), its events handed to routes by key prefix and event type on

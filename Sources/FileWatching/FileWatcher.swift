@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Synchronization
 import SystemCalls
 import SystemPackage
@@ -302,16 +302,14 @@ public final class FileWatcher: AsyncSequence, Sendable {
 
     /// The next event with its sequence number (for the coordination module's presenter
     /// watching, which drops the events of writes it has already reported).
-    @_spi(FileCoordinationInternal)
-    public func nextSequenced() async throws -> (FileEvent, UInt64)? {
+        package func nextSequenced() async throws -> (FileEvent, UInt64)? {
         guard case .event(let event, let sequence) = try await nextEvent(deadline: nil) else { return nil }
         return (event, sequence)
     }
 
     /// Syncs, then returns the sequence number up to which every event caused before the
     /// call has been buffered.
-    @_spi(FileCoordinationInternal)
-    public func syncMark() async throws -> UInt64 {
+        package func syncMark() async throws -> UInt64 {
         try await sync()
         return tree.buffer.appendedCount
     }
@@ -320,8 +318,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// without a sync. On the watcher thread, while it handles an event, this covers every
     /// event of this watcher that the kernel queued before that one: the process has one
     /// inotify queue, read in order.
-    @_spi(FileCoordinationInternal)
-    public var bufferedMark: UInt64 { tree.buffer.appendedCount }
+        package var bufferedMark: UInt64 { tree.buffer.appendedCount }
 
     // MARK: Lifetime
 

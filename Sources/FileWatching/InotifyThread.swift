@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import CFileCoordinationShims
 import CInotifyTools
 import Synchronization
@@ -9,8 +9,7 @@ import Glibc
 #endif
 
 /// One inotify event as the watcher thread read it, detached from libinotifytools' buffer.
-@_spi(FileCoordinationInternal)
-public struct InotifyEvent: Sendable, Equatable {
+package struct InotifyEvent: Sendable, Equatable {
     /// The watch descriptor the event arrived on (-1 for a queue overflow).
     public var wd: Int32
     /// The `IN_*` bits.
@@ -44,8 +43,7 @@ protocol InotifyClient: AnyObject, Sendable {
 /// send commands through a queue and ring a doorbell: an unnamed `O_TMPFILE` on tmpfs
 /// that the thread itself watches, so the thread sleeps in `inotifytools_next_event`
 /// with no timeout and wakes for either a file-system event or a command, never polling.
-@_spi(FileCoordinationInternal)
-public final class InotifyThread: @unchecked Sendable {
+package final class InotifyThread: @unchecked Sendable {
     /// Started on first use; lives as long as the process.
     public static let shared = InotifyThread()
 

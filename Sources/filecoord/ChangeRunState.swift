@@ -1,6 +1,6 @@
 import FileCoordination
 import Foundation
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 
 /// When `present PATH... -- COMMAND` runs its command: the decisions, with no I/O, no
 /// lock and no clock. ``ChangeRunner`` feeds it what happened and carries out the actions.

@@ -1,5 +1,5 @@
 import CFilecoordCommand
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import FileCoordination
 import Foundation
 

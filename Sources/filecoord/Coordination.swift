@@ -1,6 +1,6 @@
 import ArgumentParser
 import CFilecoordCommand
-@_spi(FileCoordinationInternal) import FileCoordination
+import FileCoordination
 import FileCoordinationEtcd
 import Foundation
 import Logging

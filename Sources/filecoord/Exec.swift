@@ -1,7 +1,7 @@
 import ArgumentParser
 import CFilecoordCommand
-@_spi(FileCoordinationInternal) import AsyncFileIO
-@_spi(FileCoordinationInternal) import FileCoordination
+import AsyncFileIO
+import FileCoordination
 import Foundation
 
 struct Exec: AsyncParsableCommand {

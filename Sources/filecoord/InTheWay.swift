@@ -1,5 +1,5 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
-@_spi(FileCoordinationInternal) import FileCoordination
+import AsyncFileIO
+import FileCoordination
 import Foundation
 
 /// Who keeps a claim waiting: the processes holding conflicting claims, else the

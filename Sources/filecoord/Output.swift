@@ -1,6 +1,6 @@
 import CFilecoordCommand
 import FileCoordination
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 
 /// Everything the tool prints.

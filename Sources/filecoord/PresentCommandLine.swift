@@ -1,5 +1,5 @@
 import ArgumentParser
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import FileCoordination
 
 /// `present PATH... -- COMMAND`: the command after the terminator, split off before the

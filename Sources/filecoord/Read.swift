@@ -1,5 +1,5 @@
 import ArgumentParser
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import FileCoordination
 import Foundation
 

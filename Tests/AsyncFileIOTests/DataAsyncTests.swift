@@ -1,7 +1,7 @@
 import Foundation
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import AsyncFileIO
+@testable import AsyncFileIO
 import TestSupport
 
 /// A verdict on the root found at once, on the caller's thread (tests may block).

@@ -1,7 +1,7 @@
 import Foundation
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import AsyncFileIO
+@testable import AsyncFileIO
 import TestSupport
 
 /// A pseudo-terminal: a character device whose read, at its far end, waits until the

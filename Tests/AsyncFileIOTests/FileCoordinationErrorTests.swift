@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) @testable import AsyncFileIO
+@testable import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage

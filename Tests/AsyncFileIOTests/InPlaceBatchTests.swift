@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import AsyncFileIO
+@testable import AsyncFileIO
 
 @Suite("FileBatchReader.forEachFile (in place)")
 struct InPlaceBatchTests {

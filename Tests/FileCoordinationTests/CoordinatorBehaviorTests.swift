@@ -3,7 +3,7 @@ import Synchronization
 import SystemCalls
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 @testable import FileCoordination
 import TestSupport
 

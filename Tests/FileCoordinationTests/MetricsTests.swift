@@ -1,6 +1,6 @@
 import CoreMetrics
 import Foundation
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import MetricsTestKit
 import SystemPackage
 import Testing

@@ -1,7 +1,7 @@
 import Foundation
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// A fresh directory; removed at the end.
 final class WatchedDirectory: Sendable {

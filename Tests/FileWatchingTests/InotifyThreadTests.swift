@@ -2,7 +2,7 @@ import CInotifyTools
 import Foundation
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 @Suite("The inotify watcher thread")
 struct InotifyThreadTests {

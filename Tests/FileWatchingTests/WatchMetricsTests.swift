@@ -2,7 +2,7 @@ import Foundation
 import MetricsTestKit
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// A watcher's overflows and resyncs, counted into a factory of the test's own.
 @Suite("Watch metrics")

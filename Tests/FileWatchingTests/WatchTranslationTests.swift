@@ -1,8 +1,8 @@
 import CInotifyTools
 import SystemPackage
 import Testing
-@_spi(FileCoordinationInternal) import AsyncFileIO
-@_spi(FileCoordinationInternal) @testable import FileWatching
+import AsyncFileIO
+@testable import FileWatching
 
 /// The translation of inotify deliveries into events (``WatchTranslation``), driven with a
 /// tree in memory: each case is a race or a limit that real processes meet only by chance

@@ -3,7 +3,7 @@ import Foundation
 import SystemPackage
 import Testing
 import TestSupport
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// The API a test author reaches for: settle, bounded waits, filters, relative paths,
 /// scoped watchers and leak counts.

@@ -2,7 +2,7 @@ import Foundation
 import SystemPackage
 import Testing
 import TestSupport
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// What a test author does to a watched directory (reused names, `mkdir -p` races, links,
 /// cancellation, several consumers), each of which once broke the watcher.

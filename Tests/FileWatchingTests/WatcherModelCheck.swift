@@ -2,7 +2,7 @@ import Foundation
 import SystemPackage
 import Testing
 import TestSupport
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// A randomized checker over the public API: seeded random creates, writes, renames,
 /// reused names, subtrees moved out and back, and deletions in a watched directory. After

@@ -3,7 +3,7 @@ import Synchronization
 import SystemPackage
 import Testing
 import TestSupport
-@_spi(FileCoordinationInternal) @testable import FileWatching
+@testable import FileWatching
 
 /// Kernel queue overflows. A process has one inotify queue, so an overflow reaches every
 /// watcher of the process: these tests run in a child process of their own (this test

@@ -1,6 +1,6 @@
 import ArgumentParser
 import Foundation
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 @testable import filecoord
 import SystemPackage
 import Testing

@@ -1,7 +1,7 @@
 // Coordination across hosts through etcd, beside the same client's bare calls.
 import Dispatch
 import FileCoordination
-@_spi(FileCoordinationInternal) import FileCoordinationEtcd
+@_spi(Benchmarks) import FileCoordinationEtcd
 import Foundation
 
 /// A single-member etcd on loopback ports, its data in `directory`; nil without etcd.

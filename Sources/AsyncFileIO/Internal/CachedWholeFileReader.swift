@@ -369,8 +369,7 @@ final class RootVerdict: Sendable {
 /// Whether the directory at `path` lies on a local disk's file system, where a batch's
 /// consumer and `Data(asyncContentsOf:)` read cached files on the caller's thread (for
 /// tests that need such a directory).
-@_spi(FileCoordinationInternal)
-public func isOnLocalDisk(_ path: String) -> Bool {
+package func isOnLocalDisk(_ path: String) -> Bool {
     let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     guard fd >= 0 else { return false }
     defer { close(fd) }

@@ -150,8 +150,7 @@ final class IOThreadPool: @unchecked Sendable {
 /// `stackSize` bytes, else the system's default. A bare pthread, not Foundation's
 /// `Thread`, which is slow to start the first time (a short command starts its threads
 /// once). Returns `pthread_create`'s result: 0, or the error (nothing then runs).
-@_spi(FileCoordinationInternal)
-public func startDetachedThread(named name: String, stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) -> Int32 {
+package func startDetachedThread(named name: String, stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) -> Int32 {
     let context = Unmanaged.passRetained(DetachedThreadContext(name: name, body: body))
     var attributes = pthread_attr_t()
     pthread_attr_init(&attributes)
@@ -255,28 +254,24 @@ private final class CancellableJob<T: Sendable>: Sendable {
 
 /// Runs blocking `body` on the library's I/O threads (for the FileCoordination module,
 /// which needs the same guarantee for its own file-system questions).
-@_spi(FileCoordinationInternal)
-public func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+package func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await IOThreadPool.shared.run(body)
 }
 
 /// Work for the I/O threads is expected within `microseconds`: one of them stays awake
 /// for it (see `IOThreadPool.expectWork(withinMicroseconds:)`).
-@_spi(FileCoordinationInternal)
-public func expectIOWork(withinMicroseconds microseconds: Int) {
+package func expectIOWork(withinMicroseconds microseconds: Int) {
     IOThreadPool.shared.expectWork(withinMicroseconds: microseconds)
 }
 
 /// The work announced by ``expectIOWork(withinMicroseconds:)`` has come.
-@_spi(FileCoordinationInternal)
-public func endExpectedIOWork() {
+package func endExpectedIOWork() {
     IOThreadPool.shared.endExpectedWork()
 }
 
 /// Runs blocking `work` on the library's I/O threads without waiting for it (the caller
 /// learns of its outcome some other way).
-@_spi(FileCoordinationInternal)
-public func submitToIOThread(_ work: @escaping @Sendable () -> Void) {
+package func submitToIOThread(_ work: @escaping @Sendable () -> Void) {
     IOThreadPool.shared.submit(work)
 }
 
@@ -292,5 +287,4 @@ extension IOThreadPool: TaskExecutor {
 
 /// The library's I/O threads as a task executor, for tasks of the FileCoordination
 /// module whose work alternates between awaiting and small blocking system calls.
-@_spi(FileCoordinationInternal)
-public var ioThreadTaskExecutor: any TaskExecutor { IOThreadPool.shared }
+package var ioThreadTaskExecutor: any TaskExecutor { IOThreadPool.shared }

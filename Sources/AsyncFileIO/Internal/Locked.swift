@@ -7,8 +7,7 @@ import Synchronization
 /// reports. Each critical section acquires the Mutex's address on entry and releases it
 /// on exit; outside sanitizer builds the two calls do nothing
 /// (`fc_tsan_acquire`). Every lock of the library is one of these (`docs/reliability.md`).
-@_spi(FileCoordinationInternal)
-public struct Locked<Value: ~Copyable>: ~Copyable {
+package struct Locked<Value: ~Copyable>: ~Copyable {
     @usableFromInline let mutex: Mutex<Value>
 
     /// A lock protecting `initialValue`.

@@ -233,8 +233,7 @@ final class StreamStorage: Sendable {
 
 extension Result {
     /// Captures the outcome of an async throwing body.
-    @_spi(FileCoordinationInternal)
-    public init(catching body: () async throws(Failure) -> Success) async {
+        package init(catching body: () async throws(Failure) -> Success) async {
         do { self = .success(try await body()) } catch { self = .failure(error) }
     }
 }

@@ -7,11 +7,10 @@ import Glibc
 import Musl
 #endif
 
-@_spi(FileCoordinationInternal)
 extension Result where Failure == Errno {
     /// Turns the errno into a ``FileCoordinationError`` naming the operation and path.
     @inline(__always)
-    public func mapError(_ operation: String, _ path: FilePath?) -> Result<Success, FileCoordinationError> {
+    package func mapError(_ operation: String, _ path: FilePath?) -> Result<Success, FileCoordinationError> {
         mapError { FileCoordinationError(operation, errno: $0, path: path) }
     }
 }

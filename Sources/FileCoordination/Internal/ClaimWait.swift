@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Synchronization
 
 /// Tells a claim's timeout when the claim starts to wait, so that the timeout runs only
@@ -66,8 +66,7 @@ package final class ClaimWait: Sendable {
 /// builds (in `swift_task_localValuePush`; two lines reproduce it:
 /// `enum L { @TaskLocal static var f: () -> Void = {} }` and
 /// `L.$f.withValue({}) { L.f() }`, built with `swiftc -O`).
-@_spi(FileCoordinationInternal)
-public final class WaitObserver: Sendable {
+package final class WaitObserver: Sendable {
     /// The observer of the coordinations run with it set.
     @TaskLocal public static var current: WaitObserver?
 

@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 import SystemPackage
 #if canImport(Glibc)
@@ -23,8 +23,7 @@ extension FileCoordinator {
     /// The path that claims and presenters of the item at `path` meet on, as `status`
     /// names them (``CanonicalPaths``): for `filecoord`'s diagnostics. Blocking (it may
     /// resolve links): on an I/O thread.
-    @_spi(FileCoordinationInternal)
-    public static func claimPath(of path: FilePath, followingLast: Bool) -> FilePath {
+        package static func claimPath(of path: FilePath, followingLast: Bool) -> FilePath {
         CanonicalPaths.canonicalNow(normalized(path), followingLast: followingLast)
     }
 

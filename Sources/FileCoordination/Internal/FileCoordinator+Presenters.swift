@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 import Synchronization
 import SystemPackage

@@ -1,5 +1,5 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
-@_spi(FileCoordinationInternal) import FileWatching
+import AsyncFileIO
+import FileWatching
 import Foundation
 import Synchronization
 import SystemPackage

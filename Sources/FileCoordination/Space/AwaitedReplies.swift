@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 
 /// The requests a process has sent and whose replies it waits for: which process each
 /// awaits, and the meeting of a reply with the task that waits for it, which may come in

@@ -1,6 +1,6 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import CFileCoordinationShims
-@_spi(FileCoordinationInternal) import FileWatching
+import FileWatching
 import Foundation
 import Synchronization
 import SystemCalls
@@ -185,8 +185,7 @@ public final class CoordinationSpace: Sendable {
     /// (`filecoord exec`, before its command runs: the command inherits the claims).
     /// Returns the write, a blocking call for an I/O thread: `exec` makes it on the thread
     /// that then starts its command, so that both take one hand-off.
-    @_spi(FileCoordinationInternal)
-    public func claimsRecordWrite() -> @Sendable () -> Void {
+        package func claimsRecordWrite() -> @Sendable () -> Void {
         let claims = mail.server.hooks.claims()
         return { _ = try? self.writeRecord(claims: Self.claimLines(claims.held), waiting: Self.claimLines(claims.waiting)) }
     }
@@ -257,8 +256,7 @@ public final class CoordinationSpace: Sendable {
     /// Removes this process's files from the space at once, on the calling thread, and
     /// leaves its claims to the kernel: for a process about to die of a signal
     /// (`filecoord` on SIGHUP, SIGINT, SIGQUIT or SIGTERM), whose claims end with it.
-    @_spi(FileCoordinationInternal)
-    public func removeFilesBeforeExit() {
+        package func removeFilesBeforeExit() {
         mail.removeFilesNow()
     }
 
@@ -274,8 +272,7 @@ public final class CoordinationSpace: Sendable {
     /// The descriptors that hold this process's claims in the space (`claims.lock` and
     /// the claim shards it holds bytes in): `filecoord exec` passes them on to its
     /// command, so the claims last as long as the command, as `flock(1)`'s lock does.
-    @_spi(FileCoordinationInternal)
-    public var claimDescriptors: [Int32] { locks.descriptorsHoldingClaims() }
+        package var claimDescriptors: [Int32] { locks.descriptorsHoldingClaims() }
 
     /// What ``status(timeout:)`` reports.
     public struct Status: Sendable {

@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemPackage
 
 /// What coordination needs from the other processes that share its items: claims they

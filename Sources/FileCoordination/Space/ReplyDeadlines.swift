@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Synchronization
 
 /// The deadlines of the requests this process waits on, kept by one sleeping task for all

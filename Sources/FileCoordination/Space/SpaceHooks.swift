@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemPackage
 
 /// What a space needs from the process above it, handed in when the space is joined:

@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import Foundation
 
 /// The kinds of coordination space a process can name by an address, beside the local

@@ -1,7 +1,7 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemCalls
 import CFileCoordinationShims
-@_spi(FileCoordinationInternal) import FileWatching
+import FileWatching
 import Foundation
 import Synchronization
 import SystemPackage

@@ -1,6 +1,6 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import CFileCoordinationShims
-@_spi(FileCoordinationInternal) import FileWatching
+import FileWatching
 import Foundation
 import Synchronization
 import SystemCalls

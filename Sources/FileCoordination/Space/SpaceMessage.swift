@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemPackage
 
 /// One file of the coordination space's protocol: a request, a reply, a presenter's

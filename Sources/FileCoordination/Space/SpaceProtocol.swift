@@ -1,4 +1,4 @@
-@_spi(FileCoordinationInternal) import AsyncFileIO
+import AsyncFileIO
 import SystemPackage
 
 /// The messages and records of the cross-process protocol (`docs/protocol.md`) as types,
