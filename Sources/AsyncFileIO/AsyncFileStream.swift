@@ -144,8 +144,7 @@ extension FilePath {
     {
         let path = self
         if options.contains(.atomic) && options.contains(.append) {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "open",
-                                        message: "an atomic write replaces the file and cannot append to it")
+            throw FileCoordinationError(.open, code: .invalidArgument, path: path, message: "an atomic write replaces the file and cannot append to it")
         }
         let sync = !options.contains(.skipSync)
         if options.contains(.atomic) {

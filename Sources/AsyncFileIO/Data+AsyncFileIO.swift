@@ -66,8 +66,7 @@ extension Data {
         }
         let bytes = self
         if options.contains(.atomic) && options.contains(.append) {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "open",
-                                        message: "an atomic write replaces the file and cannot append to it")
+            throw FileCoordinationError(.open, code: .invalidArgument, path: path, message: "an atomic write replaces the file and cannot append to it")
         }
         try await IOThreadPool.shared.run { () -> Result<Void, FileCoordinationError> in
             let sync = !options.contains(.skipSync)
@@ -87,7 +86,7 @@ extension Data {
             return FileOperations.openForWriting(path, flags: flags).flatMap { file in
                 var result = FileOperations.writeAll(fd: file.fd, path: path, offset: nil, bytes).map { _ in () }
                 if sync, case .success = result { result = FileOperations.fsync(fd: file.fd, path: path) }
-                let closed = Syscall.close(file.fd).mapError("close", path)
+                let closed = Syscall.close(file.fd).mapError(.close, path)
                 return result.flatMap { closed }
             }
         }

@@ -125,6 +125,55 @@ public struct FileCoordinationError: Error, Sendable, CustomStringConvertible {
         self.cause = cause
     }
 
+    /// The operations the package's own errors name, each spelled once: a system call, or
+    /// a step of the library. (``operation`` holds its text.)
+    package enum Operation: String, Sendable {
+        case open
+        case read
+        case write
+        case close
+        case stat
+        case fstat
+        case readlink
+        case fsync
+        case fcntl
+        case fchmod
+        case ftruncate
+        case link
+        case rename
+        case opendir
+        case mkdtemp
+        case pipe
+        case waitpid
+        case sigaction
+        case pthreadCreate = "pthread_create"
+        case exec
+        case inotifyAddWatch = "inotify_add_watch"
+        case inotifyInit = "inotify_init"
+        case coordinate
+        case join
+        case joinTheSpace = "join the coordination space"
+        case sync
+        case status
+        case present
+        case readTheList = "read the list"
+        case waitForAnEvent = "wait for an event"
+        case zip
+        case copy
+        case atomicReplace = "atomic replace"
+    }
+
+    /// An error of `operation`, from its parts.
+    package init(_ operation: Operation, code: Code, path: FilePath?, errno: Errno? = nil, message: String,
+                 cause: (any Error & Sendable)? = nil) {
+        self.init(code: code, path: path, operation: operation.rawValue, errno: errno, message: message, cause: cause)
+    }
+
+    /// A failed system call of `operation`: the code and message derive from `errno`.
+    package init(_ operation: Operation, errno: Errno, path: FilePath?) {
+        self.init(operation.rawValue, errno: errno, path: path)
+    }
+
     /// An error for a failed system call: the code and message derive from `errno`.
     public init(_ operation: String, errno: Errno, path: FilePath?) {
         self.init(code: Code(errno), path: path, operation: operation, errno: errno,

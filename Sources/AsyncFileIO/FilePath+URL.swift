@@ -123,8 +123,7 @@ package struct PlatformPath: Sendable {
     /// separators as the URL has them: the kernel takes `a//b` as `a/b`).
     public init(fileURL url: URL) throws(FileCoordinationError) {
         guard url.isFileURL else {
-            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
-                                        message: "\(url.absoluteString) is not a file URL")
+            throw FileCoordinationError(.open, code: .notFileURL, path: nil, message: "\(url.absoluteString) is not a file URL")
         }
         let encoded = url.baseURL == nil ? url.path(percentEncoded: true) : url.absoluteURL.path(percentEncoded: true)
         var chars: [CChar] = []
@@ -153,8 +152,7 @@ package struct PlatformPath: Sendable {
             }
         }
         guard !chars.isEmpty, !chars.contains(0) else {
-            throw FileCoordinationError(code: .notFileURL, path: nil, operation: "open",
-                                        message: "\(url.absoluteString) has no usable file-system path")
+            throw FileCoordinationError(.open, code: .notFileURL, path: nil, message: "\(url.absoluteString) has no usable file-system path")
         }
         // Foundation keeps a trailing slash for directory URLs; a path does not need it.
         if chars.count > 1, chars.last == CChar(bitPattern: UInt8(ascii: "/")) { chars.removeLast() }

@@ -64,12 +64,11 @@ public final class RandomAccessFile: Sendable {
     /// the bytes up to the end; one starting past it returns empty `Data`.
     public func read(byteRange: Range<Int64>) async throws -> Data {
         guard byteRange.lowerBound >= 0 else {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
-                                        message: "the range \(byteRange) starts before the beginning of the file")
+            throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "the range \(byteRange) starts before the beginning of the file")
         }
         guard byteRange.count <= Int.max, !byteRange.isEmpty else { return Data() }
         guard lease.acquire() else {
-            throw FileCoordinationError(code: .closed, path: path, operation: "read", message: "the file is closed")
+            throw FileCoordinationError(.read, code: .closed, path: path, message: "the file is closed")
         }
         defer { lease.release() }
         let offset = byteRange.lowerBound
@@ -102,12 +101,11 @@ public final class RandomAccessFile: Sendable {
     /// call returns.
     public func read(fromOffset offset: Int64, into buffer: UnsafeMutableRawBufferPointer) async throws -> Int {
         guard offset >= 0 else {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
-                                        message: "the offset \(offset) is before the beginning of the file")
+            throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "the offset \(offset) is before the beginning of the file")
         }
         guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
         guard lease.acquire() else {
-            throw FileCoordinationError(code: .closed, path: path, operation: "read", message: "the file is closed")
+            throw FileCoordinationError(.read, code: .closed, path: path, message: "the file is closed")
         }
         defer { lease.release() }
         let count = buffer.count
@@ -135,7 +133,7 @@ public final class RandomAccessFile: Sendable {
                 switch Syscall.pread(fd, target + got, remaining - got, start + Int64(got)) {
                 case .success(0): return .success(got)
                 case .success(let n): got += n
-                case .failure(let errno): return .failure(FileCoordinationError("read", errno: errno, path: path))
+                case .failure(let errno): return .failure(FileCoordinationError(.read, errno: errno, path: path))
                 }
             }
             return .success(got)
@@ -160,14 +158,14 @@ public final class RandomAccessFile: Sendable {
         if let channel {
             guard lease.close({}) else { return }
             if let errno = await channel.close(stop: false) {
-                throw FileCoordinationError("close", errno: errno, path: path)
+                throw FileCoordinationError(.close, errno: errno, path: path)
             }
             return
         }
         let fd = self.fd
         let result: Result<Void, FileCoordinationError>? = await withCheckedContinuation { continuation in
             let accepted = lease.close {
-                IOThreadPool.shared.submit { continuation.resume(returning: Syscall.close(fd).mapError("close", path)) }
+                IOThreadPool.shared.submit { continuation.resume(returning: Syscall.close(fd).mapError(.close, path)) }
             }
             if !accepted { continuation.resume(returning: nil) }
         }

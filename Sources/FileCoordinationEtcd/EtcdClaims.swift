@@ -90,8 +90,7 @@ extension EtcdCoordinationSpace {
     func shared(_ claims: [CoordinationRules.Claim]) throws -> [CoordinationRules.Claim] {
         try claims.map { claim in
             guard let name = names.shared(claim.key.bytes) else {
-                throw FileCoordinationError(code: .invalidArgument, path: claim.path, operation: "coordinate",
-                                            message: "outside the coordination space's root \(configuration.root)")
+                throw FileCoordinationError(.coordinate, code: .invalidArgument, path: claim.path, message: "outside the coordination space's root \(configuration.root)")
             }
             return CoordinationRules.Claim(key: PathKey(name), access: claim.access, scope: claim.scope)
         }
@@ -131,14 +130,13 @@ extension EtcdCoordinationSpace {
             // It may have reached etcd before the connection failed: the key must not stay.
             release(key)
             guard let failure = error as? EtcdFailure else { throw error }
-            throw Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)
+            throw Self.error(failure, operation: .coordinate, endpoints: configuration.endpoints)
         }
         let kvs = answer.responses?.last?.response_range?.kvs ?? []
         let all = entries(kvs)
         guard let mine = all.first(where: { $0.key == key }) else {
             state.withLock { $0.waits.transactionFailed(id) }
-            throw FileCoordinationError(code: .io, path: claims.first?.path, operation: "coordinate",
-                                        message: "etcd did not keep this process's claim (its lease may be gone)")
+            throw FileCoordinationError(.coordinate, code: .io, path: claims.first?.path, message: "etcd did not keep this process's claim (its lease may be gone)")
         }
         let found = EtcdClaimOrder.blockers(of: named, revision: mine.revision, member: keys.memberName, among: all)
         let waits = state.withLock { state -> Bool in
@@ -154,7 +152,7 @@ extension EtcdCoordinationSpace {
                         state.waits.forget(id)
                         state.waiting[id] = nil
                     }
-                    throw Self.error(.connection(client.endpoints[0], "the watch on the space is down"), operation: "coordinate",
+                    throw Self.error(.connection(client.endpoints[0], "the watch on the space is down"), operation: .coordinate,
                                      endpoints: configuration.endpoints)
                 }
                 // The claim timeout counts from here (`FileCoordinator.setClaimTimeout`).
@@ -220,7 +218,7 @@ extension EtcdCoordinationSpace {
             guard let self else { return }
             // Deletions may be lost meanwhile: every wait fails, as its own watch would have.
             let waiting = state.withLock { $0.waiting.keys.sorted() }
-            let error = Self.error(failure, operation: "coordinate", endpoints: configuration.endpoints)
+            let error = Self.error(failure, operation: .coordinate, endpoints: configuration.endpoints)
             for id in waiting { finishWait(id, .failure(error)) }
         })
     }
@@ -332,7 +330,7 @@ extension EtcdCoordinationSpace {
         do {
             answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
         } catch let failure as EtcdFailure {
-            throw Self.error(failure, operation: "status", endpoints: configuration.endpoints)
+            throw Self.error(failure, operation: .status, endpoints: configuration.endpoints)
         }
         let ranges = answer.responses ?? []
         var members: [String: EtcdMember] = [:]

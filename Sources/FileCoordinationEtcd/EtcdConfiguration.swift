@@ -67,8 +67,7 @@ extension EtcdCoordinationSpace {
         /// - Throws: `FileCoordinationError` with code `.invalidArgument` naming what is wrong.
         public init(address: String, root: FilePath = "/") throws {
             func invalid(_ why: String) -> FileCoordinationError {
-                FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
-                                      message: "\(address): \(why); the form is etcd://HOST:PORT[,HOST:PORT...]/PREFIX (etcds:// for TLS)")
+                FileCoordinationError(.join, code: .invalidArgument, path: nil, message: "\(address): \(why); the form is etcd://HOST:PORT[,HOST:PORT...]/PREFIX (etcds:// for TLS)")
             }
             let secure = address.hasPrefix("etcds://")
             guard address.hasPrefix("etcd://") || secure else { throw invalid("not an etcd address") }

@@ -98,13 +98,11 @@ public final class EtcdCoordinationSpace: Sendable {
     package static func join(_ given: Configuration, metrics: EtcdMetrics = .standard, hooks: SpaceHooks) async throws -> EtcdCoordinationSpace {
         var configuration = given
         guard configuration.root.isAbsolute else {
-            throw FileCoordinationError(code: .invalidArgument, path: configuration.root, operation: "join",
-                                        message: "the space's root must be an absolute path")
+            throw FileCoordinationError(.join, code: .invalidArgument, path: configuration.root, message: "the space's root must be an absolute path")
         }
         let endpoints = configuration.endpoints.compactMap { EtcdEndpoint(Substring($0)) }
         guard !endpoints.isEmpty, endpoints.count == configuration.endpoints.count else {
-            throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
-                                        message: "etcd endpoints must be HOST:PORT: \(configuration.endpoints.joined(separator: ","))")
+            throw FileCoordinationError(.join, code: .invalidArgument, path: nil, message: "etcd endpoints must be HOST:PORT: \(configuration.endpoints.joined(separator: ","))")
         }
         let ttlSeconds = max(1, configuration.leaseTTL.components.seconds + (configuration.leaseTTL.components.attoseconds > 0 ? 1 : 0))
         configuration.leaseTTL = .seconds(ttlSeconds)
@@ -127,8 +125,7 @@ public final class EtcdCoordinationSpace: Sendable {
         case .success(let made): tls = made
         case .failure(let error):
             // The message names the file at fault.
-            throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
-                                        message: "TLS to etcd cannot be set up: \(error.message)")
+            throw FileCoordinationError(.join, code: .invalidArgument, path: nil, message: "TLS to etcd cannot be set up: \(error.message)")
         }
         let auth = configuration.user.map { EtcdAuth(user: $0, password: configuration.password ?? "") }
         var limits = EtcdLimits()
@@ -161,7 +158,7 @@ public final class EtcdCoordinationSpace: Sendable {
             return space
         } catch let failure as EtcdFailure {
             client.close()
-            throw Self.error(failure, operation: "join", endpoints: configuration.endpoints)
+            throw Self.error(failure, operation: .join, endpoints: configuration.endpoints)
         } catch {
             client.close()
             throw error
@@ -169,21 +166,21 @@ public final class EtcdCoordinationSpace: Sendable {
     }
 
     /// `failure` as the library's error, naming the endpoints.
-    static func error(_ failure: EtcdFailure, operation: String, endpoints: [String]) -> FileCoordinationError {
+    static func error(_ failure: EtcdFailure, operation: FileCoordinationError.Operation, endpoints: [String]) -> FileCoordinationError {
         switch failure {
         case .connection:
-            FileCoordinationError(code: .unreachable, path: nil, operation: operation,
+            FileCoordinationError(operation, code: .unreachable, path: nil,
                                   message: "no etcd member answered at \(endpoints.joined(separator: ",")) (\(failure))")
         case .invalid:
-            FileCoordinationError(code: .io, path: nil, operation: operation,
+            FileCoordinationError(operation, code: .io, path: nil,
                                   message: "no etcd member at \(endpoints.joined(separator: ",")) gave an answer this client accepts (\(failure))")
         case .answer(let answer) where answer.isUserMissing:
-            FileCoordinationError(code: .permissionDenied, path: nil, operation: operation,
+            FileCoordinationError(operation, code: .permissionDenied, path: nil,
                                   message: "\(failure) (etcd's authentication is on: name a user, in the CLI with FILECOORD_ETCD_USER and FILECOORD_ETCD_PASSWORD)")
         case .answer(let answer) where answer.isRefusal:
-            FileCoordinationError(code: .permissionDenied, path: nil, operation: operation, message: "\(failure)")
+            FileCoordinationError(operation, code: .permissionDenied, path: nil, message: "\(failure)")
         case .answer:
-            FileCoordinationError(code: .io, path: nil, operation: operation, message: "\(failure)")
+            FileCoordinationError(operation, code: .io, path: nil, message: "\(failure)")
         }
     }
 
@@ -213,8 +210,7 @@ public final class EtcdCoordinationSpace: Sendable {
     }
 
     func lostError(_ why: String, path: FilePath? = nil) -> FileCoordinationError {
-        FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
-                              message: "this process's etcd lease was lost (\(why)); its claims no longer hold")
+        FileCoordinationError(.coordinate, code: .claimLost, path: path, message: "this process's etcd lease was lost (\(why)); its claims no longer hold")
     }
 
     /// Leaves: the lease is revoked, and every key under it goes at once.

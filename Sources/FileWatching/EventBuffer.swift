@@ -135,9 +135,8 @@ final class EventBuffer: Sendable {
         for waiter in waiters { waiter.resume() }
         // A sync can no longer complete: its cookie will not be seen.
         for cookie in cookies {
-            cookie.resume(throwing: FileCoordinationError(
-                code: .cancelled, path: resyncEvent.path, operation: "sync",
-                message: "the watcher has stopped (cancelled, or its root is gone)"))
+            cookie.resume(throwing: FileCoordinationError(.sync, 
+                code: .cancelled, path: resyncEvent.path, message: "the watcher has stopped (cancelled, or its root is gone)"))
         }
         return ended
     }

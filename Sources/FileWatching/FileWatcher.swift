@@ -92,13 +92,13 @@ public final class FileWatcher: AsyncSequence, Sendable {
             var info = stat()
             // stat, not lstat: a link to a directory is watched as that directory.
             guard path.withPlatformString({ stat($0, &info) }) == 0 else {
-                throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: path)
+                throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: path)
             }
             let isDirectory = info.st_mode & S_IFMT == S_IFDIR
             if !isDirectory {
                 let parent = path.removingLastComponent()
                 guard parent.withPlatformString({ stat($0, &info) }) == 0 else {
-                    throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: parent)
+                    throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: parent)
                 }
             }
             return (isDirectory, DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)))
@@ -146,8 +146,8 @@ public final class FileWatcher: AsyncSequence, Sendable {
                         $0 = Task {
                             try? await Task.sleep(for: timeout) // the caller's time limit
                             guard !Task.isCancelled else { return }
-                            buffer.failCookie(name, FileCoordinationError(
-                                code: .timedOut, path: root, operation: "sync", errno: .timedOut,
+                            buffer.failCookie(name, FileCoordinationError(.sync, 
+                                code: .timedOut, path: root, errno: .timedOut,
                                 message: "its marker's event did not arrive within \(timeout)"))
                         }
                     }
@@ -184,18 +184,17 @@ public final class FileWatcher: AsyncSequence, Sendable {
     private func writeMarker(_ name: String) throws {
         let directory = tree.syncDirectory
         let dirfd = directory.withPlatformString { Glibc.open($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-        guard dirfd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory) }
+        guard dirfd >= 0 else { throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory) }
         defer { close(dirfd) }
         var info = stat()
-        guard fstat(dirfd, &info) == 0 else { throw FileCoordinationError("fstat", errno: Errno(rawValue: errno), path: directory) }
+        guard fstat(dirfd, &info) == 0 else { throw FileCoordinationError(.fstat, errno: Errno(rawValue: errno), path: directory) }
         guard DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)) == syncDirectoryIdentity else {
-            throw FileCoordinationError(
-                code: .notFound, path: directory, operation: "sync",
-                message: "the watched directory was replaced (deleted and made again, or unmounted); "
+            throw FileCoordinationError(.sync, 
+                code: .notFound, path: directory, message: "the watched directory was replaced (deleted and made again, or unmounted); "
                     + "its changes can no longer be seen, and the watcher has stopped")
         }
         let fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory.appending(name)) }
+        guard fd >= 0 else { throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory.appending(name)) }
         close(fd)
     }
 
@@ -218,8 +217,8 @@ public final class FileWatcher: AsyncSequence, Sendable {
         switch try await nextEvent(deadline: .now + timeout) {
         case .event(let event, _): return event
         case .finished: return nil
-        case .timedOut: throw FileCoordinationError(
-            code: .timedOut, path: root, operation: "wait for an event", errno: .timedOut,
+        case .timedOut: throw FileCoordinationError(.waitForAnEvent, 
+            code: .timedOut, path: root, errno: .timedOut,
             message: "no event within \(timeout)")
         }
     }
@@ -239,8 +238,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
         var seen: [FileEvent] = []
         func failure(_ code: FileCoordinationError.Code, _ why: String) -> FileCoordinationError {
             let list = seen.isEmpty ? "none" : "\(seen.count): " + seen.map { "\($0.kind) \($0.relativePath)" }.joined(separator: ", ")
-            return FileCoordinationError(code: code, path: root, operation: "wait for an event",
-                                         errno: code == .timedOut ? .timedOut : nil,
+            return FileCoordinationError(.waitForAnEvent, code: code, path: root, errno: code == .timedOut ? .timedOut : nil,
                                          message: "\(why); events seen: \(list)")
         }
         while true {

@@ -127,7 +127,7 @@ package final class InotifyThread: @unchecked Sendable {
         }
         doorbell = fd
         startupError = fd < 0
-            ? FileCoordinationError("open", errno: lastError, path: FilePath("/dev/shm"))
+            ? FileCoordinationError(.open, errno: lastError, path: FilePath("/dev/shm"))
             : nil
         guard startupError == nil else { return }
         let context = Unmanaged.passRetained(self).toOpaque()
@@ -393,17 +393,17 @@ package final class InotifyThread: @unchecked Sendable {
         switch errno {
         case .noSpace:
             let limit = inotifytools_get_max_user_watches()
-            return FileCoordinationError(
-                code: .watchLimitReached, path: path, operation: "inotify_add_watch", errno: errno,
+            return FileCoordinationError(.inotifyAddWatch, 
+                code: .watchLimitReached, path: path, errno: errno,
                 message: "the inotify watch limit (fs.inotify.max_user_watches = \(limit)) is reached; "
                     + "raise it with sysctl fs.inotify.max_user_watches=N")
         case .tooManyOpenFiles:
             let limit = inotifytools_get_max_user_instances()
-            return FileCoordinationError(
-                code: .watchLimitReached, path: path, operation: "inotify_init", errno: errno,
+            return FileCoordinationError(.inotifyInit, 
+                code: .watchLimitReached, path: path, errno: errno,
                 message: "the inotify instance limit (fs.inotify.max_user_instances = \(limit)) is reached")
         default:
-            return FileCoordinationError("inotify_add_watch", errno: errno, path: path)
+            return FileCoordinationError(.inotifyAddWatch, errno: errno, path: path)
         }
     }
 

@@ -37,7 +37,7 @@ final class CaughtSignals: Sendable {
         }
         let pipe = numbers.withUnsafeBufferPointer { fc_catch_signals($0.baseAddress, Int32($0.count)) }
         guard pipe >= 0 else {
-            throw FileCoordinationError("sigaction", errno: Errno(rawValue: errno), path: nil)
+            throw FileCoordinationError(.sigaction, errno: Errno(rawValue: errno), path: nil)
         }
         try reading.withLock { reading in
             guard !reading else { return }
@@ -45,7 +45,7 @@ final class CaughtSignals: Sendable {
             guard result == 0 else {
                 // Caught with nobody to read them, they would do nothing at all.
                 release(numbers)
-                throw FileCoordinationError("pthread_create", errno: Errno(rawValue: result), path: nil)
+                throw FileCoordinationError(.pthreadCreate, errno: Errno(rawValue: result), path: nil)
             }
             reading = true
         }

@@ -114,7 +114,7 @@ final class ChangeRunner: PresenterEvents {
 
     private func spawnAndWait(_ paths: [FilePath]) async throws -> Int32 {
         var fds: [Int32] = [-1, -1]
-        guard fc_pipe_cloexec(&fds) == 0 else { throw FileCoordinationError("pipe", errno: Errno(rawValue: errno), path: nil) }
+        guard fc_pipe_cloexec(&fds) == 0 else { throw FileCoordinationError(.pipe, errno: Errno(rawValue: errno), path: nil) }
         let listed = paths.flatMap { $0.platformBytes + [UInt8(ascii: "\n")] }
         var inEnvironment: [UInt8] = []
         for path in paths {

@@ -77,7 +77,7 @@ enum Child {
         case .success(let child): return .success(child)
         case .failure(let errno):
             // As a shell reports it: 127 for a command not found, 126 for one that cannot run.
-            Output.report(FileCoordinationError("exec", errno: errno, path: FilePath(platformBytes: arguments[0])))
+            Output.report(FileCoordinationError(.exec, errno: errno, path: FilePath(platformBytes: arguments[0])))
             return .failure(NotStarted(status: errno == .noSuchFileOrDirectory ? 127 : 126))
         }
     }
@@ -93,7 +93,7 @@ enum Child {
         } onCancel: {
             kill(pid, SIGTERM)
         }
-        guard status >= 0 else { throw FileCoordinationError("waitpid", errno: Errno(rawValue: -status), path: nil) }
+        guard status >= 0 else { throw FileCoordinationError(.waitpid, errno: Errno(rawValue: -status), path: nil) }
         return status
     }
 }

@@ -226,7 +226,7 @@ final class DescriptorWriter: Sendable {
                         continue
                     }
                     if n < 0 {
-                        continuation.resume(returning: .failure(FileCoordinationError("read", errno: Errno(rawValue: errno), path: FilePath(name))))
+                        continuation.resume(returning: .failure(FileCoordinationError(.read, errno: Errno(rawValue: errno), path: FilePath(name))))
                         return
                     }
                     buffer.count = n

@@ -163,8 +163,7 @@ struct Present: AsyncParsableCommand {
             }
         }
         guard !targets.isEmpty else {
-            Output.report(FileCoordinationError(code: .invalidArgument, path: fromfile.map { RawArguments.path($0) }, operation: "present",
-                                                errno: .invalidArgument, message: "the list names no file to present"))
+            Output.report(FileCoordinationError(.present, code: .invalidArgument, path: fromfile.map { RawArguments.path($0) }, errno: .invalidArgument, message: "the list names no file to present"))
             throw Status.failed
         }
         // Each on the name's own bytes (a name that is not UTF-8 is a name), and with the
@@ -173,7 +172,7 @@ struct Present: AsyncParsableCommand {
         for target in targets {
             var info = stat()
             guard target.withPlatformString({ stat($0, &info) }) == 0 else {
-                Output.report(FileCoordinationError("stat", errno: Errno(rawValue: errno), path: target))
+                Output.report(FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: target))
                 throw Status.failed
             }
         }

@@ -107,7 +107,7 @@ struct Read: AsyncParsableCommand {
                 let path = RawArguments.path(source)
                 let fd = try await runOnIOThread {
                     let fd = path.withPlatformString { open($0, O_RDONLY | O_CLOEXEC) }
-                    guard fd >= 0 else { throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: path) }
+                    guard fd >= 0 else { throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: path) }
                     return fd
                 }
                 defer { close(fd) }
@@ -139,7 +139,7 @@ struct Read: AsyncParsableCommand {
         }
         if let lineWithNUL {
             let list = source == "-" ? FilePath("stdin") : RawArguments.path(source)
-            Output.report(FileCoordinationError(code: .invalidArgument, path: list, operation: "read the list", errno: .invalidArgument,
+            Output.report(FileCoordinationError(.readTheList, code: .invalidArgument, path: list, errno: .invalidArgument,
                                                 message: "line \(lineWithNUL) holds a NUL byte, which no name can (a NUL-separated list takes -z)"))
             throw Status.failed
         }
@@ -181,7 +181,7 @@ struct ReadSettings: Sendable {
         let progress = Output.standardErrorIsTerminal && !json && !(cat && Output.standardOutputIsTerminal)
             ? Progress(total: list.count) : nil
         guard let headroom = Read.descriptorHeadroom() else {
-            Output.report(FileCoordinationError(code: .tooManyOpenFiles, path: nil, operation: "read", errno: .tooManyOpenFiles,
+            Output.report(FileCoordinationError(.read, code: .tooManyOpenFiles, path: nil, errno: .tooManyOpenFiles,
                                                 message: "too few file descriptors free (ulimit -n): reading needs 2 beside those the process has open"))
             throw Status.failed
         }

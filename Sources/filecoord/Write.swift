@@ -154,8 +154,8 @@ final class Spool: Sendable {
         let directory = target.removingLastComponent().isEmpty ? FilePath(".") : target.removingLastComponent()
         let opened: Result<Int32, FileCoordinationError> = await (try? runOnIOThread {
             let fd = directory.withPlatformString { fc_open($0, fc_O_TMPFILE | O_RDWR | O_CLOEXEC, 0o600) }
-            return fd >= 0 ? .success(fd) : .failure(FileCoordinationError("open", errno: Errno(rawValue: errno), path: directory))
-        }) ?? .failure(FileCoordinationError(code: .cancelled, path: target, operation: "write", message: "cancelled"))
+            return fd >= 0 ? .success(fd) : .failure(FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory))
+        }) ?? .failure(FileCoordinationError(.write, code: .cancelled, path: target, message: "cancelled"))
         let fd = try opened.get()
         let spool = Spool(memory: Data(), fd: fd, path: target)
         var pending = memory
@@ -174,12 +174,12 @@ final class Spool: Sendable {
                 while offset < raw.count {
                     let n = Glibc.write(fd, raw.baseAddress! + offset, raw.count - offset)
                     if n < 0 && errno == EINTR { continue }
-                    if n < 0 { return .failure(FileCoordinationError("write", errno: Errno(rawValue: errno), path: path)) }
+                    if n < 0 { return .failure(FileCoordinationError(.write, errno: Errno(rawValue: errno), path: path)) }
                     offset += n
                 }
                 return .success(())
             }
-        }) ?? .failure(FileCoordinationError(code: .cancelled, path: path, operation: "write", message: "cancelled"))
+        }) ?? .failure(FileCoordinationError(.write, code: .cancelled, path: path, message: "cancelled"))
         try result.get()
     }
 
@@ -195,7 +195,7 @@ final class Spool: Sendable {
             let chunk: Data = try await runOnIOThread {
                 var buffer = Data(count: Write.chunkSize)
                 let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, Write.chunkSize, start) }
-                guard n >= 0 else { throw FileCoordinationError("read", errno: Errno(rawValue: errno), path: path) }
+                guard n >= 0 else { throw FileCoordinationError(.read, errno: Errno(rawValue: errno), path: path) }
                 buffer.count = n
                 return buffer
             }

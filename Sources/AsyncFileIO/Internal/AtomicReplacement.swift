@@ -41,7 +41,7 @@ struct AtomicReplacement: Sendable {
         let target: FilePath
         if withoutOverwriting {
             if case .success = given.withPlatformString({ Syscall.lstat(path: $0) }) {
-                return .failure(FileCoordinationError("open", errno: .fileExists, path: given))
+                return .failure(FileCoordinationError(.open, errno: .fileExists, path: given))
             }
             target = given
         } else {
@@ -61,27 +61,26 @@ struct AtomicReplacement: Sendable {
             switch FileType(mode: info.st_mode) {
             case .regular: break
             case .directory:
-                return .failure(FileCoordinationError(code: .isDirectory, path: target, operation: "open", errno: .isDirectory,
+                return .failure(FileCoordinationError(.open, code: .isDirectory, path: target, errno: .isDirectory,
                                                       message: "is a directory, not a file"))
             case let type:
                 // A device, FIFO or socket must not be renamed over with a regular file.
-                return .failure(FileCoordinationError(code: .unsupportedFileType, path: target, operation: "open",
-                                                      message: "is \(type.description); an atomic write replaces only regular files (append to write into it)"))
+                return .failure(FileCoordinationError(.open, code: .unsupportedFileType, path: target, message: "is \(type.description); an atomic write replaces only regular files (append to write into it)"))
             }
             if withoutOverwriting {
-                return .failure(FileCoordinationError("open", errno: .fileExists, path: target))
+                return .failure(FileCoordinationError(.open, errno: .fileExists, path: target))
             }
             // A file this process may not write is not replaced either (rename needs only
             // the directory's permission).
             if target.withPlatformString({ faccessat(fc_AT_FDCWD, $0, W_OK, AT_EACCESS) }) != 0 {
-                return .failure(FileCoordinationError("open", errno: Errno(rawValue: errno), path: target))
+                return .failure(FileCoordinationError(.open, errno: Errno(rawValue: errno), path: target))
             }
             mode = info.st_mode & 0o7777
             if info.st_uid != geteuid() || info.st_gid != getegid() { owner = (info.st_uid, info.st_gid) }
         case .failure(.noSuchFileOrDirectory):
             break
         case .failure(let errno):
-            return .failure(FileCoordinationError("stat", errno: errno, path: target))
+            return .failure(FileCoordinationError(.stat, errno: errno, path: target))
         }
 
         var fd: Int32 = -1
@@ -109,7 +108,7 @@ struct AtomicReplacement: Sendable {
             let replacement = AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
                                                 withoutOverwriting: withoutOverwriting)
             replacement.abort()
-            return .failure(FileCoordinationError("fchmod", errno: errno, path: target))
+            return .failure(FileCoordinationError(.fchmod, errno: errno, path: target))
         }
         return .success(AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
                                           withoutOverwriting: withoutOverwriting))
@@ -119,8 +118,8 @@ struct AtomicReplacement: Sendable {
     /// temporary that failed: `/proc/version` is there, but `/proc` takes no new file
     /// (ENOENT), and "open failed: No such file" would name the wrong file.
     private static func temporaryFailed(_ errno: Errno, target: FilePath, exists: Bool, in directory: FilePath) -> FileCoordinationError {
-        guard exists else { return FileCoordinationError("open", errno: errno, path: target) }
-        return FileCoordinationError(code: .init(errno), path: target, operation: "atomic replace", errno: errno,
+        guard exists else { return FileCoordinationError(.open, errno: errno, path: target) }
+        return FileCoordinationError(.atomicReplace, code: .init(errno), path: target, errno: errno,
                                      message: "no temporary file can be made beside it, in \(directory): \(FileCoordinationError.strerror(errno))")
     }
 
@@ -137,16 +136,16 @@ struct AtomicReplacement: Sendable {
                 let link = FilePath(platformBytes: bytes)
                 current = link.isAbsolute ? link : current.removingLastComponent().pushing(link)
             case .failure(let errno):
-                return .failure(FileCoordinationError("readlink", errno: errno, path: current))
+                return .failure(FileCoordinationError(.readlink, errno: errno, path: current))
             }
         }
-        return .failure(FileCoordinationError("open", errno: .tooManySymbolicLinkLevels, path: path))
+        return .failure(FileCoordinationError(.open, errno: .tooManySymbolicLinkLevels, path: path))
     }
 
     /// Publishes the content under the target's name and closes the descriptor.
     func commit(sync: Bool) -> Result<Void, FileCoordinationError> {
         let result = publish(sync: sync)
-        let closed = Syscall.close(fd).mapError("close", target)
+        let closed = Syscall.close(fd).mapError(.close, target)
         if case .failure = result { return result }
         return closed
     }
@@ -169,16 +168,16 @@ struct AtomicReplacement: Sendable {
                 target.withPlatformString { to in
                     withoutOverwriting ? Syscall.renameNoReplace(from, to) : Syscall.rename(from, to)
                 }
-            }.mapError("rename", target)
+            }.mapError(.rename, target)
         } else if withoutOverwriting {
-            renamed = target.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError("link", target)
+            renamed = target.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError(.link, target)
         } else {
             let temporary = Self.temporaryName(for: target, in: directory)
-            renamed = temporary.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError("link", target)
+            renamed = temporary.withPlatformString { Syscall.linkAnonymous(fd, to: $0) }.mapError(.link, target)
                 .flatMap {
                     temporary.withPlatformString { from in
                         target.withPlatformString { to in Syscall.rename(from, to) }
-                    }.mapError("rename", target).flatMapError { error in
+                    }.mapError(.rename, target).flatMapError { error in
                         _ = temporary.withPlatformString { Syscall.unlink($0) }
                         return .failure(error)
                     }

@@ -210,7 +210,7 @@ extension BatchStorage {
     }
     /// The placeholder result of a file left to the gate's owner (which replaces it).
     static func leftToGate(_ path: FilePath) -> FileCoordinationError {
-        FileCoordinationError(code: .cancelled, path: path, operation: "read", message: "left to the full coordination")
+        FileCoordinationError(.read, code: .cancelled, path: path, message: "left to the full coordination")
     }
 
     static func path(of input: FileBatchReader.PlatformResolved) -> FilePath {
@@ -266,7 +266,7 @@ extension BatchStorage {
                 return BatchReadResult(index: index, path: path, result: .failure(error))
             } catch {
                 return BatchReadResult(index: index, path: path, result: .failure(
-                    FileCoordinationError(code: .unknown, path: path, operation: "read", message: "\(error)", cause: error)))
+                    FileCoordinationError(.read, code: .unknown, path: path, message: "\(error)", cause: error)))
             }
         }
     }

@@ -27,7 +27,7 @@ final class CachedPageReader: Sendable {
             unsupported.store(true, ordering: .relaxed)
             return nil
         case .failure(let errno):
-            throw FileCoordinationError("read", errno: errno, path: path)
+            throw FileCoordinationError(.read, errno: errno, path: path)
         }
     }
 }

@@ -68,7 +68,7 @@ final class DispatchChannel: Sendable {
                 if let data, !data.isEmpty { buffer.append(data) }
                 guard done else { return }
                 if error != 0 {
-                    continuation.resume(throwing: FileCoordinationError("read", errno: Errno(rawValue: error), path: path))
+                    continuation.resume(throwing: FileCoordinationError(.read, errno: Errno(rawValue: error), path: path))
                 } else {
                     continuation.resume(returning: buffer)
                 }
@@ -87,7 +87,7 @@ final class DispatchChannel: Sendable {
             io.write(offset: off_t(offset), data: data, queue: queue) { done, _, error in
                 guard done else { return }
                 if error != 0 {
-                    continuation.resume(throwing: FileCoordinationError("write", errno: Errno(rawValue: error), path: path))
+                    continuation.resume(throwing: FileCoordinationError(.write, errno: Errno(rawValue: error), path: path))
                 } else {
                     continuation.resume()
                 }

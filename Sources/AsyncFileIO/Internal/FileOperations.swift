@@ -36,7 +36,7 @@ enum FileOperations {
         let fd: Int32
         switch opened {
         case .success(let descriptor): fd = descriptor
-        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path.filePath))
+        case .failure(let errno): return .failure(FileCoordinationError(.open, errno: errno, path: path.filePath))
         }
         switch validate(fd: fd, path: path, forWriting: false) {
         case .success(let file): return .success(file)
@@ -57,7 +57,7 @@ enum FileOperations {
         case .failure(.noSuchAddressOrDevice):
             // O_WRONLY|O_NONBLOCK on a FIFO without a reader.
             return .failure(unsupported(path, "is a FIFO"))
-        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path))
+        case .failure(let errno): return .failure(FileCoordinationError(.open, errno: errno, path: path))
         }
         switch validate(fd: fd, path: PlatformPath(path), forWriting: true) {
         case .success(let file): return .success(file)
@@ -71,7 +71,7 @@ enum FileOperations {
         let info: stat
         switch Syscall.fstat(fd) {
         case .success(let value): info = value
-        case .failure(let errno): return .failure(FileCoordinationError("fstat", errno: errno, path: platformPath.filePath))
+        case .failure(let errno): return .failure(FileCoordinationError(.fstat, errno: errno, path: platformPath.filePath))
         }
         return validate(fd: fd, info: info, path: platformPath)
     }
@@ -87,10 +87,10 @@ enum FileOperations {
         case .characterDevice:
             // Devices keep blocking semantics; only the open needed O_NONBLOCK.
             if case .failure(let errno) = Syscall.setNonBlocking(fd, false) {
-                return .failure(FileCoordinationError("fcntl", errno: errno, path: path))
+                return .failure(FileCoordinationError(.fcntl, errno: errno, path: path))
             }
         case .directory:
-            return .failure(FileCoordinationError(code: .isDirectory, path: path, operation: "open", errno: .isDirectory,
+            return .failure(FileCoordinationError(.open, code: .isDirectory, path: path, errno: .isDirectory,
                                                   message: "is a directory, not a file"))
         case .fifo:
             return .failure(unsupported(path, "is a FIFO"))
@@ -103,13 +103,11 @@ enum FileOperations {
     }
 
     private static func unsupported(_ path: FilePath, _ what: String) -> FileCoordinationError {
-        FileCoordinationError(code: .unsupportedFileType, path: path, operation: "open",
-                              message: "\(what); only regular files and character devices can be opened")
+        FileCoordinationError(.open, code: .unsupportedFileType, path: path, message: "\(what); only regular files and character devices can be opened")
     }
 
     static func tooLarge(_ path: FilePath?, limit: Int) -> FileCoordinationError {
-        FileCoordinationError(code: .fileTooLarge, path: path, operation: "read",
-                              message: "the file is larger than the \(limit)-byte limit")
+        FileCoordinationError(.read, code: .fileTooLarge, path: path, message: "the file is larger than the \(limit)-byte limit")
     }
 
     /// Wraps a `malloc`ed buffer as `Data` without copying; frees it when empty.
@@ -145,7 +143,7 @@ enum FileOperations {
                 continue
             case .failure(let errno):
                 BufferRecycler.release(buffer, count: count)
-                return .failure(FileCoordinationError("read", errno: errno, path: path))
+                return .failure(FileCoordinationError(.read, errno: errno, path: path))
             }
             break
         }
@@ -186,7 +184,7 @@ enum FileOperations {
                 }
             case .failure(let errno):
                 free(buffer)
-                return .failure(FileCoordinationError("read", errno: errno, path: path))
+                return .failure(FileCoordinationError(.read, errno: errno, path: path))
             }
         }
     }
@@ -238,7 +236,7 @@ enum FileOperations {
                 result = readAll(file, path: nil, maximumSize: maximumSize)
             }
             if case .failure(let errno) = Syscall.close(file.fd), case .success = result {
-                result = .failure(FileCoordinationError("close", errno: errno, path: nil))
+                result = .failure(FileCoordinationError(.close, errno: errno, path: nil))
             }
             return result.mapError { error in
                 var error = error
@@ -262,7 +260,7 @@ enum FileOperations {
             probe = .unsupported
         case .failure(let errno):
             BufferRecycler.release(buffer, count: count)
-            return .failure(FileCoordinationError("read", errno: errno, path: nil))
+            return .failure(FileCoordinationError(.read, errno: errno, path: nil))
         }
         return fill(buffer, fd: fd, path: nil, offset: 0, count: count, from: cached)
     }
@@ -291,7 +289,7 @@ enum FileOperations {
                         ?? Syscall.write(fd, base + done, raw.count - done)
                     switch step {
                     case .success(let n): done += n
-                    case .failure(let errno): return .failure(FileCoordinationError("write", errno: errno, path: path))
+                    case .failure(let errno): return .failure(FileCoordinationError(.write, errno: errno, path: path))
                     }
                 }
                 return .success(())
@@ -311,16 +309,16 @@ enum FileOperations {
         case .failure(.invalidArgument) where Syscall.fstat(fd).map({ FileType(mode: $0.st_mode) }) != .success(.regular):
             return .success(())
         case .failure(let errno):
-            return .failure(FileCoordinationError("fsync", errno: errno, path: path))
+            return .failure(FileCoordinationError(.fsync, errno: errno, path: path))
         }
     }
 
     /// fsyncs a directory so that a rename inside it is durable.
     static func syncDirectory(_ directory: FilePath) -> Result<Void, FileCoordinationError> {
         directory.withPlatformString { Syscall.open($0, O_RDONLY | fc_O_DIRECTORY) }
-            .mapError("open", directory)
+            .mapError(.open, directory)
             .flatMap { fd in
-                let result = Syscall.fsync(fd).mapError("fsync", directory)
+                let result = Syscall.fsync(fd).mapError(.fsync, directory)
                 _ = Syscall.close(fd)
                 return result
             }
@@ -384,11 +382,11 @@ extension FileOperations {
         let fd: Int32
         switch path.withCString({ Syscall.open($0, O_RDONLY | O_NONBLOCK | O_NOCTTY | (followingLast ? 0 : O_NOFOLLOW)) }) {
         case .success(let descriptor): fd = descriptor
-        case .failure(let errno): return .failure(FileCoordinationError("open", errno: errno, path: path.filePath))
+        case .failure(let errno): return .failure(FileCoordinationError(.open, errno: errno, path: path.filePath))
         }
         let result = readOpened(fd, path: path, maximumSize: maximumSize, into: buffer)
         if case .failure(let errno) = Syscall.close(fd), case .success = result {
-            return .failure(FileCoordinationError("close", errno: errno, path: path.filePath))
+            return .failure(FileCoordinationError(.close, errno: errno, path: path.filePath))
         }
         return result
     }
@@ -398,7 +396,7 @@ extension FileOperations {
         let info: stat
         switch Syscall.fstat(fd) {
         case .success(let value): info = value
-        case .failure(let errno): return .failure(FileCoordinationError("fstat", errno: errno, path: path.filePath))
+        case .failure(let errno): return .failure(FileCoordinationError(.fstat, errno: errno, path: path.filePath))
         }
         // Anything but a regular file is checked (and a device made blocking) as every open does.
         let regular = FileType.isRegular(info.st_mode)
@@ -419,7 +417,7 @@ extension FileOperations {
                 got += n
                 if got > maximumSize { return .failure(tooLarge(path.filePath, limit: maximumSize)) }
             case .failure(let errno):
-                return .failure(FileCoordinationError("read", errno: errno, path: path.filePath))
+                return .failure(FileCoordinationError(.read, errno: errno, path: path.filePath))
             }
         }
         return .success(got)

@@ -46,7 +46,7 @@ final class StreamStorage: Sendable {
     }
 
     private var closedError: FileCoordinationError {
-        FileCoordinationError(code: .closed, path: path, operation: "read", message: "the stream is closed")
+        FileCoordinationError(.read, code: .closed, path: path, message: "the stream is closed")
     }
 
     /// Runs `body` while holding a lease on the descriptor.
@@ -62,8 +62,7 @@ final class StreamStorage: Sendable {
 
     func read(upToCount count: Int) async throws -> Data {
         guard count >= 0 else {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
-                                        message: "cannot read a negative number of bytes (\(count))")
+            throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "cannot read a negative number of bytes (\(count))")
         }
         guard count > 0 else { return Data() }
         return try await leased("read") {
@@ -87,7 +86,7 @@ final class StreamStorage: Sendable {
                 case .success(let n): return .success(FileOperations.data(buffer, count: n))
                 case .failure(let errno):
                     free(buffer)
-                    return .failure(FileCoordinationError("read", errno: errno, path: path))
+                    return .failure(FileCoordinationError(.read, errno: errno, path: path))
                 }
             }
         }
@@ -109,7 +108,7 @@ final class StreamStorage: Sendable {
         return try await Self.pool.run {
             // Never allocate more than the file can give: a huge count on a small file
             // reads the file, not the count.
-            Syscall.fstat(fd).mapError("fstat", path).flatMap { info in
+            Syscall.fstat(fd).mapError(.fstat, path).flatMap { info in
                 let available = max(0, Int64(info.st_size) - offset)
                 if available == 0 {
                     return FileOperations.readUntilEnd(fd: fd, path: path, offset: offset,
@@ -128,8 +127,7 @@ final class StreamStorage: Sendable {
 
     func readToEnd(maximumSize: Int) async throws -> Data {
         guard maximumSize >= 0 else {
-            throw FileCoordinationError(code: .invalidArgument, path: path, operation: "read",
-                                        message: "the maximum size cannot be negative (\(maximumSize))")
+            throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "the maximum size cannot be negative (\(maximumSize))")
         }
         return try await leased("read") {
             if let channel {
@@ -145,7 +143,7 @@ final class StreamStorage: Sendable {
                     return FileOperations.readUntilEnd(fd: fd, path: path, offset: nil, initialCapacity: 64 * 1024,
                                                        maximumSize: maximumSize)
                 }
-                return Syscall.fstat(fd).mapError("fstat", path).flatMap { info in
+                return Syscall.fstat(fd).mapError(.fstat, path).flatMap { info in
                     let remaining = Int64(info.st_size) - offset
                     if remaining > Int64(maximumSize) { return .failure(FileOperations.tooLarge(path, limit: maximumSize)) }
                     if remaining > 0 { return FileOperations.read(fd: fd, path: path, offset: offset, count: Int(remaining)) }
@@ -196,11 +194,11 @@ final class StreamStorage: Sendable {
                 let published = await Result { try await Self.pool.run { replacement.publish(sync: sync) } }
                 let closeError = await channel.close(stop: false)
                 try published.get()
-                if let closeError { throw FileCoordinationError("close", errno: closeError, path: path) }
+                if let closeError { throw FileCoordinationError(.close, errno: closeError, path: path) }
                 return
             }
             if let errno = await channel.close(stop: false) {
-                throw FileCoordinationError("close", errno: errno, path: path)
+                throw FileCoordinationError(.close, errno: errno, path: path)
             }
             return
         }
@@ -208,7 +206,7 @@ final class StreamStorage: Sendable {
             let accepted = lease.close {
                 Self.pool.submit {
                     continuation.resume(returning: replacement.map { $0.commit(sync: sync) }
-                        ?? Syscall.close(fd).mapError("close", path))
+                        ?? Syscall.close(fd).mapError(.close, path))
                 }
             }
             if !accepted { continuation.resume(returning: nil) }

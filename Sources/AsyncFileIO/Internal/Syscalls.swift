@@ -10,7 +10,7 @@ import Musl
 extension Result where Failure == Errno {
     /// Turns the errno into a ``FileCoordinationError`` naming the operation and path.
     @inline(__always)
-    package func mapError(_ operation: String, _ path: FilePath?) -> Result<Success, FileCoordinationError> {
+    package func mapError(_ operation: FileCoordinationError.Operation, _ path: FilePath?) -> Result<Success, FileCoordinationError> {
         mapError { FileCoordinationError(operation, errno: $0, path: path) }
     }
 }

@@ -171,8 +171,7 @@ extension FileCoordinator {
                 fallthrough
             case (.success(nil), _):
                 let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-                throw FileCoordinationError(code: .timedOut, path: path, operation: "coordinate",
-                                            message: "a conflicting claim did not end within \(seconds) s")
+                throw FileCoordinationError(.coordinate, code: .timedOut, path: path, message: "a conflicting claim did not end within \(seconds) s")
             case (.failure(let error), _):
                 throw error
             }
@@ -356,13 +355,12 @@ extension FileCoordinator {
 extension FileCoordinationError {
     /// An accessor's claims stopped holding while it ran.
     static func claimsLost(path: FilePath?) -> FileCoordinationError {
-        FileCoordinationError(code: .claimLost, path: path, operation: "coordinate",
-                              message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
+        FileCoordinationError(.coordinate, code: .claimLost, path: path, message: "the claims stopped holding while the accessor ran (the process's etcd lease was lost); another process may have been granted them")
     }
 
     /// A coordination ended by ``FileCoordinator/cancel()``.
     package static func coordinatorCancelled(path: FilePath? = nil) -> FileCoordinationError {
-        FileCoordinationError(code: .cancelled, path: path, operation: "coordinate", message: "the coordinator was cancelled")
+        FileCoordinationError(.coordinate, code: .cancelled, path: path, message: "the coordinator was cancelled")
     }
 }
 

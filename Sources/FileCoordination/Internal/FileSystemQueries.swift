@@ -34,7 +34,7 @@ enum FileSystemQueries {
                 if count < 0 {
                     let error = Errno(rawValue: errno)
                     if error == .invalidArgument || error == .noSuchFileOrDirectory { return current }
-                    throw FileCoordinationError("readlink", errno: error, path: current)
+                    throw FileCoordinationError(.readlink, errno: error, path: current)
                 }
                 buffer[count] = 0
                 let target = buffer.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
@@ -42,7 +42,7 @@ enum FileSystemQueries {
                     ? target.normalizedKeepingParents()
                     : current.removingLastComponent().pushing(target).normalizedKeepingParents()
             }
-            throw FileCoordinationError("readlink", errno: .tooManySymbolicLinkLevels, path: path)
+            throw FileCoordinationError(.readlink, errno: .tooManySymbolicLinkLevels, path: path)
         }
     }
 
@@ -77,13 +77,13 @@ enum FileSystemQueries {
     private static func snapshot(of path: FilePath) throws -> FilePath {
         var template = Array("\(NSTemporaryDirectory())/filecoord-upload-XXXXXX".utf8CString)
         guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else {
-            throw FileCoordinationError("mkdtemp", errno: Errno(rawValue: errno), path: path)
+            throw FileCoordinationError(.mkdtemp, errno: Errno(rawValue: errno), path: path)
         }
         let directory = template.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
         let name = path.lastComponent?.string ?? "item"
         var info = stat()
         guard path.withPlatformString({ stat($0, &info) }) == 0 else {
-            throw FileCoordinationError("stat", errno: Errno(rawValue: errno), path: path)
+            throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: path)
         }
         if info.st_mode & S_IFMT == S_IFDIR {
             let archive = directory.appending(name + ".zip")
@@ -94,7 +94,7 @@ enum FileSystemQueries {
         do {
             try FileManager.default.copyItem(atPath: path.string, toPath: copy.string)
         } catch {
-            throw FileCoordinationError(code: .io, path: path, operation: "copy", message: "\(error)", cause: error)
+            throw FileCoordinationError(.copy, code: .io, path: path, message: "\(error)", cause: error)
         }
         return copy
     }
@@ -108,7 +108,7 @@ enum ZipWriter {
             _ = FileManager.default.createFile(atPath: archive.string, contents: nil)
             return FileHandle(forWritingAtPath: archive.string)
         }() else {
-            throw FileCoordinationError("open", errno: Errno(rawValue: errno), path: archive)
+            throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: archive)
         }
         defer { try? output.close() }
         var central = Data()
@@ -125,8 +125,7 @@ enum ZipWriter {
             let name = Data((isDirectory.boolValue ? relative + "/" : relative).utf8)
             let content = isDirectory.boolValue ? Data() : try Data(contentsOf: URL(fileURLWithPath: full))
             guard content.count < Int(UInt32.max) else {
-                throw FileCoordinationError(code: .fileTooLarge, path: FilePath(full), operation: "zip",
-                                            message: "entries over 4 GiB need ZIP64, which the snapshot writer does not produce")
+                throw FileCoordinationError(.zip, code: .fileTooLarge, path: FilePath(full), message: "entries over 4 GiB need ZIP64, which the snapshot writer does not produce")
             }
             let crc = crc32(content)
             var local = Data()

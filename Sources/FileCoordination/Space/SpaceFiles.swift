@@ -54,14 +54,13 @@ struct SpaceFiles: Sendable {
                 return fd
             case .failure(.system(let errno)) where name.isEmpty && (errno == .tooManySymbolicLinkLevels || errno == .notDirectory):
                 undoJoin()
-                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "open", errno: errno,
+                throw FileCoordinationError(.open, code: .insecureSpace, path: path, errno: errno,
                                             message: "the coordination space is not a directory (a symbolic link?)")
             case .failure(.system(let errno)):
                 throw fail("open", path, errno)
             case .failure(let problem):
                 undoJoin()
-                throw FileCoordinationError(code: .insecureSpace, path: path, operation: "join the coordination space",
-                                            message: "refused: it \(problem.text)")
+                throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
             }
         }
         func make(_ name: String, mayExist: Bool) throws {
@@ -122,10 +121,10 @@ struct SpaceFiles: Sendable {
         let path = directory.appending("procs/\(processName)")
         switch bytes.withUnsafeBytes({ Syscall.pwrite(processFD, $0.baseAddress!, $0.count, 0) }) {
         case .success(let count) where count == bytes.count: break
-        case .success: throw FileCoordinationError("write", errno: .noSpace, path: path)
-        case .failure(let errno): throw FileCoordinationError("write", errno: errno, path: path)
+        case .success: throw FileCoordinationError(.write, errno: .noSpace, path: path)
+        case .failure(let errno): throw FileCoordinationError(.write, errno: errno, path: path)
         }
-        try Syscall.ftruncate(processFD, Int64(bytes.count)).mapError("ftruncate", path).get()
+        try Syscall.ftruncate(processFD, Int64(bytes.count)).mapError(.ftruncate, path).get()
     }
 
 

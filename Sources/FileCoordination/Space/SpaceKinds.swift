@@ -31,7 +31,6 @@ package enum SpaceKinds {
     static func joiner(for name: String) throws -> Join? {
         if let kind = kinds.withLock({ $0.first { name.hasPrefix($0.scheme) } }) { return kind.join }
         guard let separator = name.range(of: "://"), !name[..<separator.lowerBound].contains("/") else { return nil }
-        throw FileCoordinationError(code: .invalidArgument, path: nil, operation: "join",
-                                    message: "\(name): no kind of space '\(name[..<separator.lowerBound])' is known to this program (an etcd space needs FileCoordinationEtcd and EtcdCoordinationSpace.register())")
+        throw FileCoordinationError(.join, code: .invalidArgument, path: nil, message: "\(name): no kind of space '\(name[..<separator.lowerBound])' is known to this program (an etcd space needs FileCoordinationEtcd and EtcdCoordinationSpace.register())")
     }
 }

@@ -244,8 +244,7 @@ final class SpaceLocks: Sendable {
 
     func openShardsNow(_ needed: UInt64) throws {
         guard !closed.load(ordering: .relaxed) else {
-            throw FileCoordinationError(code: .closed, path: directory, operation: "open",
-                                        message: "this process left the coordination space")
+            throw FileCoordinationError(.open, code: .closed, path: directory, message: "this process left the coordination space")
         }
         let missing = (0 ..< Self.shardCount).filter { needed & 1 << $0 != 0 && shards[$0].state.withLock { $0.fd < 0 } }
         guard !missing.isEmpty else { return }
@@ -268,15 +267,14 @@ final class SpaceLocks: Sendable {
                     continue
                 }
                 for (_, fd) in opened { _ = Syscall.close(fd) }
-                var error = FileCoordinationError("open", errno: code, path: directory.appending(name))
+                var error = FileCoordinationError(.open, errno: code, path: directory.appending(name))
                 if code == .tooManyOpenFiles {
                     error.message += "; this claim needs \(needed.nonzeroBitCount) claim shards open at once, one descriptor each"
                 }
                 throw error
             case .failure(let problem):
                 for (_, fd) in opened { _ = Syscall.close(fd) }
-                throw FileCoordinationError(code: .insecureSpace, path: directory.appending(name), operation: "open",
-                                            message: "refused: it \(problem.text)")
+                throw FileCoordinationError(.open, code: .insecureSpace, path: directory.appending(name), message: "refused: it \(problem.text)")
             }
             opened.append((shard, fd))
             index += 1

@@ -26,15 +26,15 @@ extension SpaceMail {
             try await runOnIOThread {
                 let temporary = "presenters/.\(self.me)-\(number).new"
                 let fd = try Syscall.openat(dirFD, temporary, O_WRONLY | O_CREAT | O_TRUNC | fc_O_NOFOLLOW)
-                    .mapError("open", files.directory.appending(temporary)).get()
+                    .mapError(.open, files.directory.appending(temporary)).get()
                 let written = bytes.withUnsafeBytes { Syscall.write(fd, $0.baseAddress!, $0.count) }
                 _ = Syscall.close(fd)
                 switch written {
                 case .success(let count) where count == bytes.count: break
-                case .success: throw FileCoordinationError("write", errno: .noSpace, path: files.directory.appending(temporary))
-                case .failure(let errno): throw FileCoordinationError("write", errno: errno, path: files.directory.appending(temporary))
+                case .success: throw FileCoordinationError(.write, errno: .noSpace, path: files.directory.appending(temporary))
+                case .failure(let errno): throw FileCoordinationError(.write, errno: errno, path: files.directory.appending(temporary))
                 }
-                try Syscall.renameat(dirFD, temporary, name).mapError("rename", files.directory.appending(name)).get()
+                try Syscall.renameat(dirFD, temporary, name).mapError(.rename, files.directory.appending(name)).get()
                 if let previous { _ = Syscall.unlinkat(dirFD, previous) }
                 files.bumpSequence()
             }

@@ -157,7 +157,7 @@ extension SpaceMail {
 
     /// The names in the space's folder `name`.
     static func list(_ dirFD: Int32, _ name: String) throws -> [String] {
-        try OwnedFiles.list(dirFD, name).mapError { FileCoordinationError("opendir", errno: $0, path: FilePath(name)) }.get()
+        try OwnedFiles.list(dirFD, name).mapError { FileCoordinationError(.opendir, errno: $0, path: FilePath(name)) }.get()
     }
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
