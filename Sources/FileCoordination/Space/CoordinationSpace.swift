@@ -111,13 +111,13 @@ public final class CoordinationSpace: Sendable {
                         locks.somethingChanged(closed: event.mask & UInt32(IN_CLOSE_WRITE | IN_Q_OVERFLOW) != 0)
                     }
                     // A shard's last close: a holder that kept it after `claims.lock` let go.
-                    _ = try await thread.addWatch(directory.appending("claims"), mask: UInt32(IN_CLOSE_WRITE)) { [locks] _ in
+                    _ = try await thread.addWatch(directory.appending(SpaceLayout.claims), mask: UInt32(IN_CLOSE_WRITE)) { [locks] _ in
                         locks.shardClosed()
                     }
                     _ = try await thread.addWatch(mail.files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
                         mail.received(event)
                     }
-                    _ = try await thread.addWatch(directory.appending("procs"), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
+                    _ = try await thread.addWatch(directory.appending(SpaceLayout.records), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
                         mail.processEnded(event)
                     }
                     // Anything that came before the mailbox was watched.
@@ -171,7 +171,7 @@ public final class CoordinationSpace: Sendable {
             let mail = SpaceMail(files: files, hooks: hooks)
             return (files, mail, (try? mail.deadProcessCandidates()) ?? [])
         }
-        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending("claims.lock"),
+        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending(SpaceLayout.claimsLock),
                                directoryFD: files.directoryFD, directory: directory, owner: files.owner)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         locks.startWatching.set { [weak space] in await space?.startWatching() ?? false }

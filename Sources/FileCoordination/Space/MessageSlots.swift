@@ -86,7 +86,7 @@ final class MessageSlots: Sendable {
 
     /// The name of a slot relative to the space directory.
     private func name(_ target: String, _ generation: UInt64) -> String {
-        "mail/\(target)/\(me)-r\(generation)"
+        SpaceLayout.slot(to: target, from: me, generation: generation)
     }
 
     /// Whether a file name in a mailbox is a slot (`<sender>-r<generation>`) rather than a
@@ -272,9 +272,9 @@ final class MessageSlots: Sendable {
     /// from `mailboxes`, else from every mailbox. One holding a message not read yet is
     /// its receiver's to remove.
     static func removeEmptySlots(of process: String, dirFD: Int32, in mailboxes: [String]? = nil) {
-        for mailbox in mailboxes ?? (try? SpaceMail.list(dirFD, "mail")) ?? [] where mailbox != process {
-            for name in (try? SpaceMail.list(dirFD, "mail/" + mailbox)) ?? [] where name.hasPrefix(process + "-r") {
-                removeIfEmpty("mail/\(mailbox)/\(name)", dirFD: dirFD)
+        for mailbox in mailboxes ?? (try? SpaceMail.list(dirFD, SpaceLayout.mailboxes)) ?? [] where mailbox != process {
+            for name in (try? SpaceMail.list(dirFD, SpaceLayout.mailbox(mailbox))) ?? [] where SpaceLayout.isSlot(name, of: process) {
+                removeIfEmpty(SpaceLayout.mailboxEntry(mailbox, name), dirFD: dirFD)
             }
         }
     }

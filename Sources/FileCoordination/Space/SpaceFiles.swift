@@ -24,7 +24,7 @@ struct SpaceFiles: Sendable {
     let mailboxFD: Int32
     let sequenceFD: Int32
     nonisolated(unsafe) let sequence: UnsafeMutablePointer<UInt64>
-    var mailboxPath: FilePath { directory.appending("mail").appending(processName) }
+    var mailboxPath: FilePath { directory.appending(SpaceLayout.mailbox(processName)) }
 
     init(directory: FilePath, processName: String) throws {
         self.directory = directory
@@ -35,8 +35,8 @@ struct SpaceFiles: Sendable {
         var made: (mailbox: Bool, hidden: Bool) = (false, false)
         var dirFD: Int32 = -1
         func undoJoin() {
-            if made.hidden { _ = Syscall.unlinkat(dirFD, "procs/.\(processName)") }
-            if made.mailbox { _ = Syscall.unlinkat(dirFD, "mail/\(processName)", directory: true) }
+            if made.hidden { _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(processName)) }
+            if made.mailbox { _ = Syscall.unlinkat(dirFD, SpaceLayout.mailbox(processName), directory: true) }
             for fd in opened { _ = Syscall.close(fd) }
         }
         func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
@@ -72,29 +72,29 @@ struct SpaceFiles: Sendable {
         try make("", mayExist: true)
         dirFD = try openOwned("", O_RDONLY, kind: .directory)
         directoryFD = dirFD
-        for name in ["procs", "mail", "presenters", "claims"] {
+        for name in SpaceLayout.folders {
             try make(name, mayExist: true)
             let fd = try openOwned(name, O_RDONLY, kind: .directory)
             opened.removeLast()
             _ = Syscall.close(fd)
         }
-        lockFD = try openOwned("claims.lock", O_CREAT | O_RDWR, kind: .regularFile)
-        let seqFD = try openOwned("registry.seq", O_CREAT | O_RDWR, kind: .regularFile)
+        lockFD = try openOwned(SpaceLayout.claimsLock, O_CREAT | O_RDWR, kind: .regularFile)
+        let seqFD = try openOwned(SpaceLayout.registrySequence, O_CREAT | O_RDWR, kind: .regularFile)
         sequenceFD = seqFD
         let size = (try? Syscall.fstat(seqFD).get().st_size) ?? 0
         if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
-            throw fail("ftruncate", directory.appending("registry.seq"), errno)
+            throw fail("ftruncate", directory.appending(SpaceLayout.registrySequence), errno)
         }
-        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending("registry.seq"), Errno(rawValue: errno)) }
+        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending(SpaceLayout.registrySequence), Errno(rawValue: errno)) }
         sequence = map.assumingMemoryBound(to: UInt64.self)
         // The mailbox first, then this process's record, locked for as long as it lives.
         // The record is locked under a hidden name and renamed into place, so no other
         // process can find it unlocked (and take this process for dead).
-        let mailbox = "mail/\(processName)"
+        let mailbox = SpaceLayout.mailbox(processName)
         try make(mailbox, mayExist: false)
         made.mailbox = true
         mailboxFD = try openOwned(mailbox, O_RDONLY, kind: .directory)
-        let hidden = "procs/.\(processName)"
+        let hidden = SpaceLayout.hiddenRecord(processName)
         let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
         made.hidden = true
         processFD = procFD
@@ -105,8 +105,8 @@ struct SpaceFiles: Sendable {
         case .failure(let errno): throw fail("write", directory.appending(hidden), errno)
         }
         if case .failure(let errno) = Syscall.lock(procFD, fc_F_WRLCK, 0, 1) { throw fail("F_OFD_SETLK", directory.appending(hidden), errno) }
-        if case .failure(let errno) = Syscall.renameat(dirFD, hidden, "procs/\(processName)") {
-            throw fail("rename", directory.appending("procs/\(processName)"), errno)
+        if case .failure(let errno) = Syscall.renameat(dirFD, hidden, SpaceLayout.record(processName)) {
+            throw fail("rename", directory.appending(SpaceLayout.record(processName)), errno)
         }
     }
 
@@ -118,7 +118,7 @@ struct SpaceFiles: Sendable {
     /// Blocking. Through ``CoordinationSpace/writeRecord(listening:claims:)``.
     func writeRecord(_ record: SpaceProtocol.ProcessRecord) throws {
         let bytes = record.encoded().encoded()
-        let path = directory.appending("procs/\(processName)")
+        let path = directory.appending(SpaceLayout.record(processName))
         switch bytes.withUnsafeBytes({ Syscall.pwrite(processFD, $0.baseAddress!, $0.count, 0) }) {
         case .success(let count) where count == bytes.count: break
         case .success: throw FileCoordinationError(.write, errno: .noSpace, path: path)

@@ -239,7 +239,7 @@ final class SpaceLocks: Sendable {
     /// slow the first time, and a short command opens shards once).
     static func shardName(_ shard: Int) -> String {
         let digits = Array("0123456789abcdef")
-        return "claims/" + String([digits[shard >> 4 & 0xf], digits[shard & 0xf]])
+        return SpaceLayout.claims + "/" + String([digits[shard >> 4 & 0xf], digits[shard & 0xf]])
     }
 
     func openShardsNow(_ needed: UInt64) throws {

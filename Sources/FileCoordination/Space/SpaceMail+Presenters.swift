@@ -20,11 +20,11 @@ extension SpaceMail {
         let (number, replaced) = server.add(presenter, at: path, renumbering: true)
         let record = SpaceProtocol.PresenterRecord(from: me, pid: files.pid, presenter: number, path: path)
         let bytes = record.encoded().encoded()
-        let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
-        let previous = replaced.map { "presenters/\(me)-\($0)" }
+        let (dirFD, name, files) = (files.directoryFD, SpaceLayout.presenterRecord(me, number), files)
+        let previous = replaced.map { SpaceLayout.presenterRecord(me, $0) }
         do {
             try await runOnIOThread {
-                let temporary = "presenters/.\(self.me)-\(number).new"
+                let temporary = SpaceLayout.newPresenterRecord(self.me, number)
                 let fd = try Syscall.openat(dirFD, temporary, O_WRONLY | O_CREAT | O_TRUNC | fc_O_NOFOLLOW)
                     .mapError(.open, files.directory.appending(temporary)).get()
                 let written = bytes.withUnsafeBytes { Syscall.write(fd, $0.baseAddress!, $0.count) }
@@ -47,7 +47,7 @@ extension SpaceMail {
     /// Withdraws a presenter published by ``register(_:at:)``.
     func unregister(_ presenter: any FilePresenter) async {
         guard let number = server.remove(presenter) else { return }
-        let (dirFD, name, files) = (files.directoryFD, "presenters/\(me)-\(number)", files)
+        let (dirFD, name, files) = (files.directoryFD, SpaceLayout.presenterRecord(me, number), files)
         _ = try? await runOnIOThread {
             _ = Syscall.unlinkat(dirFD, name)
             files.bumpSequence()
@@ -71,15 +71,15 @@ extension SpaceMail {
         let known = state.withLock { Set($0.remoteByName.keys) }
         let ignored = state.withLock { $0.ignoredRecords }
         let scan: ([String], [String: SpaceProtocol.PresenterRecord])? = try? await runOnIOThread {
-            let names = try Self.list(dirFD, "presenters").filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
+            let names = try Self.list(dirFD, SpaceLayout.presenters).filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
             var fresh: [String: SpaceProtocol.PresenterRecord] = [:]
             for name in names where !known.contains(name) && !ignored.contains(name) {
                 guard let owner = Self.processOfPresenter(name) else {
-                    self.setAside("presenters", name, reason: "not a presenter record's name")
+                    self.setAside(SpaceLayout.presenters, name, reason: "not a presenter record's name")
                     continue
                 }
                 let reason: String
-                switch self.readMessage(dirFD: dirFD, name: Array("presenters/\(name)".utf8)) {
+                switch self.readMessage(dirFD: dirFD, name: Array(SpaceLayout.presenterRecord(named: name).utf8)) {
                 case .success(let message):
                     do throws(SpaceProtocol.Invalid) {
                         fresh[name] = try SpaceProtocol.PresenterRecord(decoding: message)
@@ -93,9 +93,9 @@ extension SpaceMail {
                 }
                 // Ours to remove once its process is gone; while it lives, said once here.
                 if !self.isAlive(owner) {
-                    _ = Syscall.unlinkat(dirFD, "presenters/" + name)
+                    _ = Syscall.unlinkat(dirFD, SpaceLayout.presenterRecord(named: name))
                 } else {
-                    Self.ignored(self.files.directory.appending("presenters/\(name)"), reason)
+                    Self.ignored(self.files.directory.appending(SpaceLayout.presenterRecord(named: name)), reason)
                     self.state.withLock { _ = $0.ignoredRecords.insert(name) }
                 }
             }

@@ -114,13 +114,13 @@ extension SpaceMail {
         return { [self] in
             // The path is for the error only: built when one happens.
             func failure(_ operation: String, _ errno: Errno) -> FileCoordinationError {
-                FileCoordinationError(operation, errno: errno, path: files.directory.appending("mail").appending(target))
+                FileCoordinationError(operation, errno: errno, path: files.directory.appending(SpaceLayout.mailbox(target)))
             }
             let lease: MessageSlots.Lease
             if let slot = try slots.open(for: target, dirFD: dirFD) {
                 lease = slot
             } else {
-                switch Syscall.openat(dirFD, "mail/\(target)/\(me)-\(id)", O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW) {
+                switch Syscall.openat(dirFD, SpaceLayout.message(to: target, from: me, id: id), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW) {
                 case .success(let fd): lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
                 case .failure(.noSuchFileOrDirectory): throw SendError.gone
                 case .failure(let errno): throw failure("open", errno)
@@ -250,7 +250,7 @@ extension SpaceMail {
     /// `process`'s record. Blocking.
     func readRecord(of process: String) throws -> SpaceProtocol.ProcessRecord {
         guard Self.isProcessName(process) else { throw SendError.gone }
-        switch readMessage(dirFD: files.directoryFD, name: Array("procs/\(process)".utf8)) {
+        switch readMessage(dirFD: files.directoryFD, name: Array(SpaceLayout.record(process).utf8)) {
         case .success(let record): return try SpaceProtocol.ProcessRecord(decoding: record)
         case .failure: throw SendError.gone
         }
@@ -259,7 +259,7 @@ extension SpaceMail {
     /// Whether `process` still holds the lock on its record.
     func isAlive(_ process: String) -> Bool {
         guard Self.isProcessName(process) else { return false }
-        guard case .success(let fd) = Syscall.openat(files.directoryFD, "procs/" + process, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) else {
+        guard case .success(let fd) = Syscall.openat(files.directoryFD, SpaceLayout.record(process), O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) else {
             return false
         }
         defer { _ = Syscall.close(fd) }

@@ -52,7 +52,7 @@ extension SpaceMail {
         // Every record in one pass on one I/O thread (a hand-off per process made a
         // `status` among a thousand waiting processes cost a second of hand-offs).
         let looked: [Looked] = try await runOnIOThread {
-            try Self.list(dirFD, "procs").filter { $0 != me && !$0.hasPrefix(".") }.map { process in
+            try Self.list(dirFD, SpaceLayout.records).filter { $0 != me && !$0.hasPrefix(".") }.map { process in
                 let named = Visible(pid: Self.pid(of: process), isForeign: false)
                 guard self.isAlive(process) else { return Looked(process: process, alive: false, who: named) }
                 let record = try? self.readRecord(of: process)
@@ -141,9 +141,9 @@ extension SpaceMail {
 
     /// The items of `process`'s presenters, from their records in `presenters/` (blocking).
     func publishedPresenters(of process: String) -> [FilePath] {
-        let names = (try? Self.list(files.directoryFD, "presenters")) ?? []
+        let names = (try? Self.list(files.directoryFD, SpaceLayout.presenters)) ?? []
         return names.filter { Self.processOfPresenter($0) == process }.compactMap { name in
-            guard case .success(let message) = readMessage(dirFD: files.directoryFD, name: Array("presenters/\(name)".utf8)) else { return nil }
+            guard case .success(let message) = readMessage(dirFD: files.directoryFD, name: Array(SpaceLayout.presenterRecord(named: name).utf8)) else { return nil }
             return try? SpaceProtocol.PresenterRecord(decoding: message).path
         }
     }
@@ -178,15 +178,15 @@ extension SpaceMail {
         // slots, then its mailbox) or was cleaned up after already, and no slot of it is
         // left to look for in every mailbox (with a thousand processes joining and
         // leaving, each join's look at records that had just gone listed every mailbox).
-        let left = !exists(dirFD, "procs/" + process) && !exists(dirFD, "procs/." + process) && !exists(dirFD, "mail/" + process)
+        let left = !exists(dirFD, SpaceLayout.record(process)) && !exists(dirFD, SpaceLayout.hiddenRecord(process)) && !exists(dirFD, SpaceLayout.mailbox(process))
         slots.drop(process, dirFD: dirFD)
         var removedPresenters = false
-        for name in (try? Self.list(dirFD, "presenters")) ?? [] where name.hasPrefix(process + "-") || name.hasPrefix(".\(process)-") {
-            if case .success = Syscall.unlinkat(dirFD, "presenters/" + name) { removedPresenters = true }
+        for name in (try? Self.list(dirFD, SpaceLayout.presenters)) ?? [] where SpaceLayout.isPresenterRecord(name, of: process) {
+            if case .success = Syscall.unlinkat(dirFD, SpaceLayout.presenterRecord(named: name)) { removedPresenters = true }
         }
         Self.removeMailbox(dirFD, process)
-        _ = Syscall.unlinkat(dirFD, "procs/" + process)
-        _ = Syscall.unlinkat(dirFD, "procs/." + process)
+        _ = Syscall.unlinkat(dirFD, SpaceLayout.record(process))
+        _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(process))
         // Its slots in other processes' mailboxes (not registry entries).
         if !left { MessageSlots.removeEmptySlots(of: process, dirFD: dirFD) }
         // Another process may have been first: the registry of presenters, which
@@ -195,10 +195,10 @@ extension SpaceMail {
         // What could not be removed is not a record or a mailbox this library makes (a
         // directory for a record, a file for a mailbox, one that holds a directory): set
         // aside, or every later look would find it again.
-        for (folder, what) in [("procs", "a process's record"), ("mail", "a process's mailbox")] where exists(dirFD, "\(folder)/\(process)") {
+        for (folder, what) in [(SpaceLayout.records, "a process's record"), (SpaceLayout.mailboxes, "a process's mailbox")] where exists(dirFD, "\(folder)/\(process)") {
             setAside(folder, process, reason: "not \(what) (its type is not one this library makes)")
         }
-        return !exists(dirFD, "procs/" + process) && !exists(dirFD, "mail/" + process)
+        return !exists(dirFD, SpaceLayout.record(process)) && !exists(dirFD, SpaceLayout.mailbox(process))
     }
 
     /// Whether the space has an entry at `name` (blocking).
@@ -214,15 +214,15 @@ extension SpaceMail {
     static func removeMailbox(_ dirFD: Int32, _ process: String) -> Bool {
         var removed = false
         // A file where the mailbox belongs (not one this library makes) goes as a file.
-        if case .success(let info) = Syscall.lstatat(dirFD, "mail/" + process), info.st_mode & S_IFMT != S_IFDIR {
-            if case .success = Syscall.unlinkat(dirFD, "mail/" + process) { return true }
+        if case .success(let info) = Syscall.lstatat(dirFD, SpaceLayout.mailbox(process)), info.st_mode & S_IFMT != S_IFDIR {
+            if case .success = Syscall.unlinkat(dirFD, SpaceLayout.mailbox(process)) { return true }
             return false
         }
         for _ in 0 ..< 4 {
-            for name in (try? list(dirFD, "mail/" + process)) ?? [] {
-                if case .success = Syscall.unlinkat(dirFD, "mail/\(process)/\(name)") { removed = true }
+            for name in (try? list(dirFD, SpaceLayout.mailbox(process))) ?? [] {
+                if case .success = Syscall.unlinkat(dirFD, SpaceLayout.mailboxEntry(process, name)) { removed = true }
             }
-            switch Syscall.unlinkat(dirFD, "mail/" + process, directory: true) {
+            switch Syscall.unlinkat(dirFD, SpaceLayout.mailbox(process), directory: true) {
             case .success: return true
             case .failure(.directoryNotEmpty): continue
             case .failure: return removed
@@ -249,9 +249,9 @@ extension SpaceMail {
     /// Blocking: on an I/O thread.
     func deadProcessCandidates() throws -> [String] {
         let (dirFD, me) = (files.directoryFD, me)
-        var records = try Self.list(dirFD, "procs")
-        var mailboxes = (try? Self.list(dirFD, "mail")) ?? []
-        for (folder, names) in [("procs", records), ("mail", mailboxes)] {
+        var records = try Self.list(dirFD, SpaceLayout.records)
+        var mailboxes = (try? Self.list(dirFD, SpaceLayout.mailboxes)) ?? []
+        for (folder, names) in [(SpaceLayout.records, records), (SpaceLayout.mailboxes, mailboxes)] {
             for name in names where !name.hasPrefix(".") && !Self.isProcessName(name) {
                 self.setAside(folder, name, reason: "not a process's name")
             }
@@ -280,7 +280,7 @@ extension SpaceMail {
         let pid = pid(of: process)
         guard isProcessName(process), pid > 0, kill(pid, 0) != 0, errno == ESRCH else { return false }
         let now = time(nil)
-        for name in ["mail/" + process, "procs/." + process] {
+        for name in [SpaceLayout.mailbox(process), SpaceLayout.hiddenRecord(process)] {
             guard case .success(let info) = Syscall.lstatat(dirFD, name) else { continue }
             if now - info.st_mtim.tv_sec < abandonedJoinAge { return false }
         }
@@ -301,9 +301,9 @@ extension SpaceMail {
         let numbers = server.presented.map(\.number)
         // The record first: a receiver that reads one of this process's slots after
         // this removes it (see ``MessageSlots/removeAll(dirFD:)``).
-        _ = Syscall.unlinkat(dirFD, "procs/" + me)
+        _ = Syscall.unlinkat(dirFD, SpaceLayout.record(me))
         slots.removeAll(dirFD: dirFD)
-        for number in numbers { _ = Syscall.unlinkat(dirFD, "presenters/\(me)-\(number)") }
+        for number in numbers { _ = Syscall.unlinkat(dirFD, SpaceLayout.presenterRecord(me, number)) }
         Self.removeMailbox(dirFD, me)
         // Only the presenters are the registry that others cache: a process that
         // had none changes nothing for them.

@@ -184,7 +184,7 @@ package final class SpaceMail: Sendable {
     /// here and again when served; this runs only after events were lost.
     func rescanOrder() -> [[UInt8]] {
         var found: [(name: [UInt8], time: Int64, from: String, id: UInt64)] = []
-        for name in (try? Self.list(files.directoryFD, "mail/" + me)) ?? [] where !name.hasPrefix(".") {
+        for name in (try? Self.list(files.directoryFD, SpaceLayout.mailbox(me))) ?? [] where !name.hasPrefix(".") {
             let bytes = Array(name.utf8)
             var time = Int64.max, from = "", id: UInt64 = 0
             if case .success(let fd) = Self.openMessage(dirFD: files.mailboxFD, name: bytes) {
@@ -266,7 +266,7 @@ package final class SpaceMail: Sendable {
     /// moved it first.
     func setAside(_ folder: String, _ name: String, reason: String) {
         let dirFD = files.directoryFD
-        let hidden = ".foreign-" + name
+        let hidden = SpaceLayout.foreignPrefix + name
         guard case .success = Syscall.renameat(dirFD, "\(folder)/\(name)", "\(folder)/\(hidden)") else { return }
         FileCoordinator.logger.warning("set aside an entry of the coordination space that is not one of ours",
                                           metadata: ["path": "\(files.directory.appending(folder).appending(name))",
@@ -279,7 +279,7 @@ package final class SpaceMail: Sendable {
     func hasRecord(_ process: String?) -> Bool {
         guard let process else { return true }
         guard Self.isProcessName(process) else { return false }
-        if case .success = Syscall.lstatat(files.directoryFD, "procs/" + process) { return true }
+        if case .success = Syscall.lstatat(files.directoryFD, SpaceLayout.record(process)) { return true }
         return false
     }
 
