@@ -163,22 +163,37 @@ extension SpaceProtocol.Header {
     }
 }
 
+extension SpaceProtocol {
+    /// Every message's `kind` line, spelled here only.
+    enum Kind: String {
+        case reply, status, statusReply = "status-reply"
+        case relinquish, save, accommodateDeletion = "accommodate-deletion"
+        case accommodateSubitemDeletion = "accommodate-subitem-deletion"
+        case didChange = "did-change", didMove = "did-move", subitemDidAppear = "subitem-appear"
+        case subitemDidChange = "subitem-change", subitemDidMove = "subitem-move", reacquire
+        /// The records: a published presenter's, a process's.
+        case presenterRecord = "presenter", processRecord = "process"
+    }
+}
+
 extension SpaceProtocol.Call {
-    /// The `kind` line.
-    var kind: String {
+    var kindLine: SpaceProtocol.Kind {
         switch self {
-        case .relinquish: "relinquish"
-        case .save: "save"
-        case .accommodateDeletion: "accommodate-deletion"
-        case .accommodateSubitemDeletion: "accommodate-subitem-deletion"
-        case .didChange: "did-change"
-        case .didMove: "did-move"
-        case .subitemDidAppear: "subitem-appear"
-        case .subitemDidChange: "subitem-change"
-        case .subitemDidMove: "subitem-move"
-        case .reacquire: "reacquire"
+        case .relinquish: .relinquish
+        case .save: .save
+        case .accommodateDeletion: .accommodateDeletion
+        case .accommodateSubitemDeletion: .accommodateSubitemDeletion
+        case .didChange: .didChange
+        case .didMove: .didMove
+        case .subitemDidAppear: .subitemDidAppear
+        case .subitemDidChange: .subitemDidChange
+        case .subitemDidMove: .subitemDidMove
+        case .reacquire: .reacquire
         }
     }
+
+    /// The `kind` line.
+    var kind: String { kindLine.rawValue }
 }
 
 extension SpaceProtocol.Body {
@@ -186,9 +201,9 @@ extension SpaceProtocol.Body {
     var kind: String {
         switch self {
         case .presenter(let message): message.call.kind
-        case .reply: "reply"
-        case .status: "status"
-        case .statusReply: "status-reply"
+        case .reply: SpaceProtocol.Kind.reply.rawValue
+        case .status: SpaceProtocol.Kind.status.rawValue
+        case .statusReply: SpaceProtocol.Kind.statusReply.rawValue
         }
     }
 
@@ -215,13 +230,13 @@ extension SpaceProtocol.Body {
             }
             return out
         case .reply(let reply):
-            var out = SpaceMessage(kind: "reply")
+            var out = SpaceMessage(kind: SpaceProtocol.Kind.reply.rawValue)
             out.set("re", "\(reply.re)")
             out.set("result", reply.failure == nil ? "ok" : "error")
             if let text = reply.failure { out.set("text", text) }
             return out
         case .status:
-            return SpaceMessage(kind: "status")
+            return SpaceMessage(kind: SpaceProtocol.Kind.status.rawValue)
         case .statusReply(let report):
             // Built as a list and sorted once: a process may hold thousands of claims.
             var fields = [SpaceMessage.Field(key: "re", value: Array("\(report.re)".utf8))]
@@ -230,7 +245,7 @@ extension SpaceProtocol.Body {
             for (index, path) in report.presenters.enumerated() {
                 fields.append(.init(key: "presenter.\(index)", value: path.platformBytes))
             }
-            return SpaceMessage(kind: "status-reply", fields: fields)
+            return SpaceMessage(kind: SpaceProtocol.Kind.statusReply.rawValue, fields: fields)
         }
     }
 }
@@ -256,7 +271,7 @@ extension SpaceProtocol {
 
 extension SpaceProtocol.PresenterRecord {
     func encoded() -> SpaceMessage {
-        var record = SpaceMessage(kind: "presenter")
+        var record = SpaceMessage(kind: SpaceProtocol.Kind.presenterRecord.rawValue)
         record.set("from", from)
         record.set("pid", "\(pid)")
         record.set("presenter", "\(presenter)")
@@ -265,7 +280,7 @@ extension SpaceProtocol.PresenterRecord {
     }
 
     init(decoding record: SpaceMessage) throws(SpaceProtocol.Invalid) {
-        guard record.kind == "presenter" else { throw .unknownKind(record.kind) }
+        guard record.kind == SpaceProtocol.Kind.presenterRecord.rawValue else { throw .unknownKind(record.kind) }
         from = try record.required("from", record.string)
         pid = try record.required("pid", record.pid)
         presenter = try record.required("presenter", record.number)
@@ -275,7 +290,7 @@ extension SpaceProtocol.PresenterRecord {
 
 extension SpaceProtocol.ProcessRecord {
     func encoded() -> SpaceMessage {
-        var record = SpaceMessage(kind: "process", fields: SpaceProtocol.claimFields("claim", claims) + SpaceProtocol.claimFields("waiting", waiting))
+        var record = SpaceMessage(kind: SpaceProtocol.Kind.processRecord.rawValue, fields: SpaceProtocol.claimFields("claim", claims) + SpaceProtocol.claimFields("waiting", waiting))
         record.set("pid", "\(pid)")
         record.set("listening", listening ? "1" : "0")
         if let pidNamespace { record.set(SpaceProtocol.pidNamespaceKey, "\(pidNamespace)") }
@@ -283,7 +298,7 @@ extension SpaceProtocol.ProcessRecord {
     }
 
     init(decoding record: SpaceMessage) throws(SpaceProtocol.Invalid) {
-        guard record.kind == "process" else { throw .unknownKind(record.kind) }
+        guard record.kind == SpaceProtocol.Kind.processRecord.rawValue else { throw .unknownKind(record.kind) }
         pid = try record.required("pid", record.pid)
         listening = record.string("listening") != "0"
         claims = SpaceProtocol.claimLines("claim", in: record)
@@ -300,15 +315,15 @@ extension SpaceProtocol.Message {
         header = SpaceProtocol.Header(from: try message.required(SpaceProtocol.fromKey, message.string),
                                       id: try message.required("id", message.number),
                                       pid: try message.required("pid", message.pid))
-        switch message.kind {
-        case "reply":
+        switch SpaceProtocol.Kind(rawValue: message.kind) {
+        case .reply?:
             let result = try message.required("result", message.string)
             guard result == "ok" || result == "error" else { throw .missing("result") }
             body = .reply(.init(re: try message.required("re", message.number),
                                 failure: result == "ok" ? nil : message.string("text") ?? "no reason given"))
-        case "status":
+        case .status?:
             body = .status
-        case "status-reply":
+        case .statusReply?:
             body = .statusReply(.init(re: try message.required("re", message.number),
                                       claims: SpaceProtocol.claimLines("claim", in: message),
                                       waiting: SpaceProtocol.claimLines("waiting", in: message),
@@ -322,8 +337,8 @@ extension SpaceProtocol.Message {
 extension SpaceProtocol.PresenterMessage {
     init(decoding message: SpaceMessage) throws(SpaceProtocol.Invalid) {
         let call: SpaceProtocol.Call
-        switch message.kind {
-        case "relinquish":
+        switch SpaceProtocol.Kind(rawValue: message.kind) {
+        case .relinquish?:
             let access = try message.required("access") { message.string($0).flatMap(SpaceProtocol.Relinquish.Access.init(rawValue:)) }
             var then: SpaceProtocol.Relinquish.FollowUp?
             if let value = message.string("then") {
@@ -333,15 +348,15 @@ extension SpaceProtocol.PresenterMessage {
             call = .relinquish(.init(access: access, purpose: try message.required("purpose", message.string),
                                      re: try message.required("re", message.number), then: then,
                                      subitemDeletions: message.indexed("subitem")))
-        case "save": call = .save
-        case "accommodate-deletion": call = .accommodateDeletion
-        case "accommodate-subitem-deletion": call = .accommodateSubitemDeletion
-        case "did-change": call = .didChange
-        case "did-move": call = .didMove(to: try message.required("to", message.path))
-        case "subitem-appear": call = .subitemDidAppear
-        case "subitem-change": call = .subitemDidChange
-        case "subitem-move": call = .subitemDidMove(to: try message.required("to", message.path))
-        case "reacquire": call = .reacquire(re: try message.required("re", message.number))
+        case .save?: call = .save
+        case .accommodateDeletion?: call = .accommodateDeletion
+        case .accommodateSubitemDeletion?: call = .accommodateSubitemDeletion
+        case .didChange?: call = .didChange
+        case .didMove?: call = .didMove(to: try message.required("to", message.path))
+        case .subitemDidAppear?: call = .subitemDidAppear
+        case .subitemDidChange?: call = .subitemDidChange
+        case .subitemDidMove?: call = .subitemDidMove(to: try message.required("to", message.path))
+        case .reacquire?: call = .reacquire(re: try message.required("re", message.number))
         default: throw .unknownKind(message.kind)
         }
         self.init(presenter: try message.required("presenter", message.number), path: try message.required("path", message.path),
