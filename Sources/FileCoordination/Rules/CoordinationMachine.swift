@@ -126,7 +126,7 @@ struct CoordinationMachine: Sendable {
     /// write's events too).
     private var concerned: [PresenterRegistry.Concerned] = []
     private var asked: [PresenterPlan.Steps] = []
-    private(set) var reacquirers: [(PresenterRegistry.Entry, FileReacquirer)] = []
+    private var reacquirers: [(PresenterRegistry.Entry, FileReacquirer)] = []
     private var suppressing = false
     private var messages: [PendingMessage] = []
     /// Items whose existence was asked (before or after the access), in the order asked.
@@ -145,9 +145,6 @@ struct CoordinationMachine: Sendable {
 
     /// The URLs the accessor gets.
     var urls: [URL] { items.map(\.url) }
-
-    /// Whether the accessor may run now (its URLs are ``urls``).
-    var accessorMayRun: Bool { phase == .accessing }
 
     /// The first action.
     mutating func start() -> Action {
