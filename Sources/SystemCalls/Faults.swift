@@ -9,6 +9,9 @@ package enum SystemCall: String, Sendable, CaseIterable {
     case open, read, write, pwrite, fstat, fstatat, mkdirat, unlinkat, renameat, ftruncate, truncate, fsync, rename, unlink
     case lock = "F_OFD_SETLK"
     case opendir
+    case stat, lstat, readlink, realpath, access, fchown, mkdtemp, mmap, kill, getrlimit, poll
+    case inotifyAddWatch = "inotify_add_watch", inotifyRemoveWatch = "inotify_rm_watch"
+    case socket, connect, send, recv, setsockopt, getsockopt, shutdown
 }
 
 /// Makes chosen system calls fail with a chosen errno, so that failure paths (EMFILE,
@@ -91,7 +94,9 @@ package enum Faults {
         let names: [String: Errno] = [
             "ENOSPC": .noSpace, "EMFILE": .tooManyOpenFiles, "ENFILE": .tooManyOpenFilesInSystem, "EACCES": .permissionDenied,
             "EPERM": .notPermitted, "EIO": .ioError, "ENOENT": .noSuchFileOrDirectory, "EROFS": .readOnlyFileSystem,
-            "EDQUOT": .diskQuotaExceeded, "EAGAIN": .resourceTemporarilyUnavailable,
+            "EDQUOT": .diskQuotaExceeded, "EAGAIN": .resourceTemporarilyUnavailable, "ENOMEM": .noMemory,
+            "EINVAL": .invalidArgument, "ESRCH": .noSuchProcess, "ECONNREFUSED": .connectionRefused,
+            "ECONNRESET": .connectionReset, "ETIMEDOUT": .timedOut,
         ]
         return text.split(separator: ",").compactMap { entry in
             let parts = entry.split(separator: ":", maxSplits: 2).map(String.init)

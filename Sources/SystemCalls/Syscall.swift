@@ -29,8 +29,10 @@ package enum Syscall {
         return retrying { fc_open(path, flags | O_CLOEXEC, mode) }
     }
 
+    /// An unnamed `O_TMPFILE` in the directory `path`.
     package static func openTemporary(inDirectory path: UnsafePointer<CChar>, mode: UInt32) -> Result<Int32, Errno> {
-        retrying { fc_open_tmpfile(path, mode) }
+        if let fault = Faults.check(.open, path) { return .failure(fault) }
+        return retrying { fc_open_tmpfile(path, mode) }
     }
 
     /// `openat2` that resolves `path` from the kernel's lookup cache alone: `EAGAIN`
@@ -78,12 +80,14 @@ package enum Syscall {
     }
 
     package static func stat(path: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        if let fault = Faults.check(.stat, path) { return .failure(fault) }
         var info = Glibc.stat()
         return retrying { fstatat(fc_AT_FDCWD, path, &info, 0) }.map { _ in info }
     }
 
     /// `stat` of the link itself when `path` is a symbolic link.
     package static func lstat(path: UnsafePointer<CChar>) -> Result<Glibc.stat, Errno> {
+        if let fault = Faults.check(.lstat, path) { return .failure(fault) }
         var info = Glibc.stat()
         return retrying { fstatat(fc_AT_FDCWD, path, &info, AT_SYMLINK_NOFOLLOW) }.map { _ in info }
     }
@@ -91,8 +95,50 @@ package enum Syscall {
     /// The bytes a symbolic link holds.
     package static func readlink(path: UnsafePointer<CChar>) -> Result<[UInt8], Errno> {
         var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
-        return retrying { buffer.withUnsafeMutableBytes { Glibc.readlink(path, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) } }
-            .map { Array(buffer[0 ..< $0]) }
+        return buffer.withUnsafeMutableBytes { readlink(path: path, into: $0) }.map { Array(buffer[0 ..< $0]) }
+    }
+
+    /// The bytes a symbolic link holds, written into `buffer` (cut to its size): their
+    /// count. `EINVAL` when `path` is no link. A one-byte buffer asks only whether it is one.
+    package static func readlink(path: UnsafePointer<CChar>, into buffer: UnsafeMutableRawBufferPointer) -> Result<Int, Errno> {
+        if let fault = Faults.check(.readlink, path) { return .failure(fault) }
+        return retrying { Glibc.readlink(path, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count) }
+    }
+
+    /// ``readlink(path:into:)`` of `name` in the directory `dirFD` (which may be an
+    /// `O_PATH` descriptor): one component walked.
+    package static func readlinkat(_ dirFD: Int32, _ name: UnsafePointer<CChar>, into buffer: UnsafeMutableRawBufferPointer) -> Result<Int, Errno> {
+        if let fault = Faults.check(.readlink, name) { return .failure(fault) }
+        return retrying { Glibc.readlinkat(dirFD, name, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count) }
+    }
+
+    /// `realpath(3)`: `path` absolute, with every symbolic link resolved and no `.` or
+    /// `..` left. A library function that walks the path with `lstat` and `readlink`; it
+    /// is not retried on `EINTR` (those calls do not return it).
+    package static func realpath(_ path: UnsafePointer<CChar>) -> Result<[UInt8], Errno> {
+        if let fault = Faults.check(.realpath, path) { return .failure(fault) }
+        guard let result = Glibc.realpath(path, nil) else { return .failure(Errno(rawValue: Glibc.errno)) }
+        defer { free(result) }
+        return .success(Array(UnsafeRawBufferPointer(start: result, count: strlen(result))))
+    }
+
+    /// Whether this process may access `path` as `mode` asks (`F_OK`, or `R_OK`, `W_OK`,
+    /// `X_OK` together): checked against its effective ids with `effective`, else its real
+    /// ones (`access(2)`).
+    package static func access(_ path: UnsafePointer<CChar>, _ mode: Int32, effective: Bool = false) -> Result<Void, Errno> {
+        if let fault = Faults.check(.access, path) { return .failure(fault) }
+        return retrying { faccessat(fc_AT_FDCWD, path, mode, effective ? AT_EACCESS : 0) }.map { _ in () }
+    }
+
+    /// Makes a new private directory from `template`, whose last six characters are
+    /// `XXXXXX` (replaced in place by the name given; NUL-terminated).
+    package static func mkdtemp(_ template: inout [CChar]) -> Result<Void, Errno> {
+        if let fault = template.withUnsafeBufferPointer({ Faults.check(.mkdtemp, $0.baseAddress!) }) { return .failure(fault) }
+        // Not retried on EINTR: a directory may have been made (mkdir(2) does not return it).
+        guard template.withUnsafeMutableBufferPointer({ Glibc.mkdtemp($0.baseAddress!) }) != nil else {
+            return .failure(Errno(rawValue: Glibc.errno))
+        }
+        return .success(())
     }
 
     package static func read(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Result<Int, Errno> {
@@ -126,6 +172,42 @@ package enum Syscall {
 
     package static func fchmod(_ fd: Int32, _ mode: mode_t) -> Result<Void, Errno> {
         retrying { Glibc.fchmod(fd, mode) }.map { _ in () }
+    }
+
+    package static func fchown(_ fd: Int32, _ owner: uid_t, _ group: gid_t) -> Result<Void, Errno> {
+        if let fault = Faults.check(.fchown) { return .failure(fault) }
+        return retrying { Glibc.fchown(fd, owner, group) }.map { _ in () }
+    }
+
+    /// Maps `length` bytes of `fd`'s file, shared with every process that maps it, to read
+    /// and write.
+    package static func mapShared(_ fd: Int32, _ length: Int) -> Result<UnsafeMutableRawPointer, Errno> {
+        if let fault = Faults.check(.mmap) { return .failure(fault) }
+        guard let map = fc_map_shared(fd, length) else { return .failure(Errno(rawValue: Glibc.errno)) }
+        return .success(map)
+    }
+
+    /// Waits until `fd` is ready for `events` (`POLLIN`, `POLLOUT`): true when it is,
+    /// false when `milliseconds` passed first (-1: no limit). The time is asked again
+    /// after an `EINTR`, so that a deadline stays the same.
+    package static func poll(_ fd: Int32, _ events: Int16, milliseconds: () -> Int32) -> Result<Bool, Errno> {
+        if let fault = Faults.check(.poll) { return .failure(fault) }
+        var target = pollfd(fd: fd, events: events, revents: 0)
+        return retrying { Glibc.poll(&target, 1, milliseconds()) }.map { $0 > 0 }
+    }
+
+    /// Sends `signal` to process `pid` (0: only whether the process exists and may be
+    /// signalled).
+    package static func kill(_ pid: pid_t, _ signal: Int32) -> Result<Void, Errno> {
+        if let fault = Faults.check(.kill) { return .failure(fault) }
+        return retrying { Glibc.kill(pid, signal) }.map { _ in () }
+    }
+
+    /// The limit on this process's open descriptors (`RLIMIT_NOFILE`).
+    package static func descriptorLimit() -> Result<rlimit, Errno> {
+        if let fault = Faults.check(.getrlimit) { return .failure(fault) }
+        var limit = rlimit()
+        return retrying { getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) }.map { _ in limit }
     }
 
     package static func setNonBlocking(_ fd: Int32, _ on: Bool) -> Result<Void, Errno> {
