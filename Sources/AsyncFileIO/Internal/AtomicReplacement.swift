@@ -1,4 +1,3 @@
-import CFileCoordinationShims
 import Foundation
 import Synchronization
 import SystemCalls
@@ -24,7 +23,7 @@ struct AtomicReplacement: Sendable {
     let withoutOverwriting: Bool
 
     private static let counter = Atomic<Int>(0)
-    private static let procAvailable: Bool = access("/proc/self/fd", F_OK) == 0
+    private static let procAvailable: Bool = if case .success = Syscall.access("/proc/self/fd", F_OK) { true } else { false }
 
     static func temporaryName(for target: FilePath, in directory: FilePath) -> FilePath {
         let name = target.lastComponent?.string ?? "file"
@@ -72,8 +71,8 @@ struct AtomicReplacement: Sendable {
             }
             // A file this process may not write is not replaced either (rename needs only
             // the directory's permission).
-            if target.withPlatformString({ faccessat(fc_AT_FDCWD, $0, W_OK, AT_EACCESS) }) != 0 {
-                return .failure(FileCoordinationError(.open, errno: Errno(rawValue: errno), path: target))
+            if case .failure(let errno) = target.withPlatformString({ Syscall.access($0, W_OK, effective: true) }) {
+                return .failure(FileCoordinationError(.open, errno: errno, path: target))
             }
             mode = info.st_mode & 0o7777
             if info.st_uid != geteuid() || info.st_gid != getegid() { owner = (info.st_uid, info.st_gid) }
@@ -103,7 +102,7 @@ struct AtomicReplacement: Sendable {
         // place) does, where this process may give them (root may; anyone else gets EPERM
         // and the file becomes theirs, as with any editor that saves by rename). Before
         // the mode: a change of owner clears the set-user and set-group bits.
-        if let owner { _ = fchown(fd, owner.uid, owner.gid) }
+        if let owner { _ = Syscall.fchown(fd, owner.uid, owner.gid) }
         if let mode, case .failure(let errno) = Syscall.fchmod(fd, mode) {
             let replacement = AtomicReplacement(target: target, directory: directory, fd: fd, namedTemporary: named,
                                                 withoutOverwriting: withoutOverwriting)

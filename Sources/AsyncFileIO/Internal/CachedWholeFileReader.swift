@@ -370,8 +370,7 @@ final class RootVerdict: Sendable {
 /// consumer and `Data(asyncContentsOf:)` read cached files on the caller's thread (for
 /// tests that need such a directory).
 package func isOnLocalDisk(_ path: String) -> Bool {
-    let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    guard fd >= 0 else { return false }
-    defer { close(fd) }
+    guard case .success(let fd) = Syscall.open(path, O_RDONLY | O_DIRECTORY) else { return false }
+    defer { _ = Syscall.close(fd) }
     return Syscall.deviceCached(fd).map(CachedWholeFileReader.isLocalDisk) ?? false
 }
