@@ -89,17 +89,12 @@ public final class FileWatcher: AsyncSequence, Sendable {
         self.filter = filter
         settleInterval = settle
         let (isDirectory, directory) = try await runOnIOThread { () throws -> (Bool, DirectoryIdentity) in
-            var info = stat()
             // stat, not lstat: a link to a directory is watched as that directory.
-            guard path.withPlatformString({ stat($0, &info) }) == 0 else {
-                throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: path)
-            }
+            var info = try path.withPlatformString { Syscall.stat(path: $0) }.mapError(.stat, path).get()
             let isDirectory = info.st_mode & S_IFMT == S_IFDIR
             if !isDirectory {
                 let parent = path.removingLastComponent()
-                guard parent.withPlatformString({ stat($0, &info) }) == 0 else {
-                    throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: parent)
-                }
+                info = try parent.withPlatformString { Syscall.stat(path: $0) }.mapError(.stat, parent).get()
             }
             return (isDirectory, DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)))
         }
@@ -174,7 +169,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
 
     /// Removes a marker whose sync failed (a timeout, a cancellation), if it was made.
     private func removeMarker(_ marker: FilePath) async {
-        _ = try? await runOnIOThread { _ = marker.withPlatformString { unlink($0) } }
+        _ = try? await runOnIOThread { _ = marker.withPlatformString { Syscall.unlink($0) } }
     }
 
     /// Creates the sync marker `name` in the watched directory, after checking that the
@@ -183,19 +178,16 @@ public final class FileWatcher: AsyncSequence, Sendable {
     /// marker's event would never come, so the watcher stops and says why.
     private func writeMarker(_ name: String) throws {
         let directory = tree.syncDirectory
-        let dirfd = directory.withPlatformString { Glibc.open($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-        guard dirfd >= 0 else { throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory) }
-        defer { close(dirfd) }
-        var info = stat()
-        guard fstat(dirfd, &info) == 0 else { throw FileCoordinationError(.fstat, errno: Errno(rawValue: errno), path: directory) }
+        let dirfd = try directory.withPlatformString { Syscall.open($0, O_RDONLY | O_DIRECTORY) }.mapError(.open, directory).get()
+        defer { _ = Syscall.close(dirfd) }
+        let info = try Syscall.fstat(dirfd).mapError(.fstat, directory).get()
         guard DirectoryIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino)) == syncDirectoryIdentity else {
             throw FileCoordinationError(.sync, 
                 code: .notFound, path: directory, message: "the watched directory was replaced (deleted and made again, or unmounted); "
                     + "its changes can no longer be seen, and the watcher has stopped")
         }
-        let fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory.appending(name)) }
-        close(fd)
+        let fd = try Syscall.openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY, 0o600).mapError(.open, directory.appending(name)).get()
+        _ = Syscall.close(fd)
     }
 
     /// Syncs, then takes every event buffered: exactly what happened up to the call, in

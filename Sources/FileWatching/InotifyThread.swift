@@ -121,9 +121,11 @@ package final class InotifyThread: @unchecked Sendable {
         var fd: Int32 = -1
         var lastError: Errno = .noSuchFileOrDirectory
         for directory in ["/dev/shm", ProcessInfoLite.temporaryDirectory, "/tmp"] {
-            fd = directory.withCString { fc_open_tmpfile($0, 0o600) }
+            switch Syscall.openTemporary(inDirectory: directory, mode: 0o600) {
+            case .success(let opened): fd = opened
+            case .failure(let errno): lastError = errno
+            }
             if fd >= 0 { break }
-            lastError = Errno(rawValue: errno)
         }
         doorbell = fd
         startupError = fd < 0
@@ -184,8 +186,12 @@ package final class InotifyThread: @unchecked Sendable {
             return
         }
         // Rewriting one byte of a tmpfs file: no device, no journal; it cannot block.
+        ringDoorbell()
+    }
+
+    private func ringDoorbell() {
         var byte: UInt8 = 1
-        _ = pwrite(doorbell, &byte, 1, 0)
+        _ = Syscall.pwrite(doorbell, &byte, 1, 0)
     }
 
     private static func fail(_ command: Command, with error: FileCoordinationError) {
@@ -268,11 +274,8 @@ package final class InotifyThread: @unchecked Sendable {
     /// libinotifytools has buffered, or the next one queued, or at worst the doorbell's
     /// own (a ring with no command drains nothing).
     private func nextEventWithoutWaiting() -> UnsafeMutablePointer<inotify_event>? {
-        var ready = pollfd(fd: instance, events: Int16(POLLIN), revents: 0)
-        if poll(&ready, 1, 0) != 1 {
-            var byte: UInt8 = 1
-            _ = pwrite(doorbell, &byte, 1, 0)
-        }
+        let ready = (try? Syscall.poll(instance, Int16(POLLIN), milliseconds: { 0 }).get()) ?? false
+        if !ready { ringDoorbell() }
         return inotifytools_next_event(-1)
     }
 
@@ -301,7 +304,7 @@ package final class InotifyThread: @unchecked Sendable {
         if list.isEmpty {
             clients[wd] = nil
             // EINVAL for a watch the kernel has dropped already: nothing to remove.
-            _ = inotify_rm_watch(instance, wd)
+            _ = Syscall.inotifyRemoveWatch(instance, wd)
         } else {
             clients[wd] = list
         }
@@ -310,8 +313,11 @@ package final class InotifyThread: @unchecked Sendable {
     fileprivate func addWatchOnThread(_ path: FilePath, mask: UInt32, client: any InotifyClient) -> Result<Int32, FileCoordinationError> {
         // A second watch of the same inode returns the same descriptor; IN_MASK_ADD keeps
         // the events the other clients asked for.
-        let wd = path.withPlatformString { inotify_add_watch(instance, $0, mask | UInt32(IN_MASK_ADD)) }
-        guard wd > 0 else { return .failure(Self.watchError(path, Errno(rawValue: errno))) }
+        let wd: Int32
+        switch path.withPlatformString({ Syscall.inotifyAddWatch(instance, $0, mask | UInt32(IN_MASK_ADD)) }) {
+        case .success(let added): wd = added
+        case .failure(let errno): return .failure(Self.watchError(path, errno))
+        }
         if !(clients[wd]?.contains(where: { $0 === client }) ?? false) { clients[wd, default: []].append(client) }
         return .success(wd)
     }
@@ -324,15 +330,17 @@ package final class InotifyThread: @unchecked Sendable {
 
     /// The `(wd, inode)` of each watch listed in the fdinfo of descriptor `fd`.
     private static func fdinfoWatches(_ fd: Int32) -> [(wd: Int32, inode: UInt64)] {
-        guard let file = fopen("/proc/self/fdinfo/\(fd)", "re") else { return [] }
-        defer { fclose(file) }
+        guard case .success(let file) = Syscall.open("/proc/self/fdinfo/\(fd)", O_RDONLY) else { return [] }
+        defer { _ = Syscall.close(file) }
+        var text: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while case .success(let count) = buffer.withUnsafeMutableBytes({ Syscall.read(file, $0.baseAddress!, $0.count) }), count > 0 {
+            text += buffer[..<count]
+        }
         var watches: [(Int32, UInt64)] = []
-        var line: UnsafeMutablePointer<CChar>?
-        var capacity = 0
-        defer { free(line) }
-        while getline(&line, &capacity, file) > 0, let line {
+        for line in text.split(separator: UInt8(ascii: "\n")) {
             // inotify wd:1 ino:2a sdev:… (hexadecimal)
-            let fields = String(cString: line).split(separator: " ")
+            let fields = String(decoding: line, as: UTF8.self).split(separator: " ")
             guard fields.first == "inotify",
                   let wd = fields.first(where: { $0.hasPrefix("wd:") }).flatMap({ Int32($0.dropFirst(3), radix: 16) }),
                   let inode = fields.first(where: { $0.hasPrefix("ino:") }).flatMap({ UInt64($0.dropFirst(4), radix: 16) })
@@ -345,12 +353,10 @@ package final class InotifyThread: @unchecked Sendable {
     /// libinotifytools' instance: the inotify descriptor of this process that holds the
     /// doorbell's watch (libinotifytools does not publish it).
     private static func findInstance(watching wd: Int32, of doorbell: Int32) -> Int32? {
-        var info = stat()
-        guard fstat(doorbell, &info) == 0, let directory = opendir("/proc/self/fd") else { return nil }
-        defer { closedir(directory) }
-        while let entry = readdir(directory) {
-            let name = String(decoding: directoryEntryName(entry), as: UTF8.self)
-            guard let fd = Int32(name) else { continue }
+        guard case .success(let info) = Syscall.fstat(doorbell),
+              case .success(let entries) = Syscall.listDirectory(path: "/proc/self/fd") else { return nil }
+        for entry in entries {
+            guard let fd = Int32(String(decoding: entry.name, as: UTF8.self)) else { continue }
             if fdinfoWatches(fd).contains(where: { $0.wd == wd && $0.inode == UInt64(info.st_ino) }) { return fd }
         }
         return nil

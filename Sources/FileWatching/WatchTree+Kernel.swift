@@ -34,28 +34,24 @@ extension WatchTree {
         func inode(_ path: FilePath) -> UInt64 { Self.inode(path) }
 
         static func inode(_ path: FilePath) -> UInt64 {
-            var info = stat()
-            return path.withPlatformString { lstat($0, &info) } == 0 ? UInt64(info.st_ino) : 0
+            guard case .success(let info) = path.withPlatformString({ Syscall.lstat(path: $0) }) else { return 0 }
+            return UInt64(info.st_ino)
         }
 
         /// The entries of a directory with whether each is a directory (not following links)
         /// and its inode number.
         func list(_ directory: FilePath) -> [WatchEntry] {
-            guard let handle = directory.withPlatformString({ opendir($0) }) else { return [] }
-            defer { closedir(handle) }
-            var entries: [WatchEntry] = []
-            while let entry = readdir(handle) {
-                let name = directoryEntryName(entry)
-                if name == [0x2E] || name == [0x2E, 0x2E] { continue }
-                var isDirectory = entry.pointee.d_type == UInt8(DT_DIR)
-                if entry.pointee.d_type == UInt8(DT_UNKNOWN) {
-                    var info = stat()
-                    let full = FilePath(platformBytes: directory.platformBytes + [UInt8(ascii: "/")] + name)
-                    isDirectory = full.withPlatformString { lstat($0, &info) } == 0 && info.st_mode & S_IFMT == S_IFDIR
+            guard case .success(let listed) = directory.withPlatformString({ Syscall.listDirectory(path: $0) }) else { return [] }
+            return listed.map { entry in
+                var isDirectory = entry.type == UInt8(DT_DIR)
+                if entry.type == UInt8(DT_UNKNOWN) {
+                    let full = FilePath(platformBytes: directory.platformBytes + [UInt8(ascii: "/")] + entry.name)
+                    if case .success(let info) = full.withPlatformString({ Syscall.lstat(path: $0) }) {
+                        isDirectory = info.st_mode & S_IFMT == S_IFDIR
+                    }
                 }
-                entries.append(WatchEntry(name: name, isDirectory: isDirectory, inode: UInt64(entry.pointee.d_ino)))
+                return WatchEntry(name: entry.name, isDirectory: isDirectory, inode: entry.inode)
             }
-            return entries
         }
     }
 }
