@@ -194,9 +194,7 @@ extension CanonicalPaths {
     /// `realpath(3)`, with `/` as no bytes (as resolutions keep it).
     static func realPath(_ bytes: [UInt8]) -> [UInt8]? {
         let string = bytes.map { CChar(bitPattern: $0) } + [0]
-        guard let result = realpath(string, nil) else { return nil }
-        defer { free(result) }
-        let resolved = Array(UnsafeRawBufferPointer(start: result, count: strlen(result)))
+        guard case .success(let resolved) = Syscall.realpath(string) else { return nil }
         return resolved == [UInt8(ascii: "/")] ? [] : resolved
     }
 
@@ -207,8 +205,9 @@ extension CanonicalPaths {
         string.append(0)
         return string.withUnsafeBufferPointer { string in
             withUnsafeTemporaryAllocation(of: UInt8.self, capacity: Int(PATH_MAX)) { buffer -> [UInt8]? in
-                let count = string.withMemoryRebound(to: CChar.self) { readlink($0.baseAddress!, buffer.baseAddress!, buffer.count) }
-                return count > 0 ? Array(buffer[..<count]) : nil
+                let read = string.withMemoryRebound(to: CChar.self) { Syscall.readlink(path: $0.baseAddress!, into: UnsafeMutableRawBufferPointer(buffer)) }
+                guard case .success(let count) = read, count > 0 else { return nil }
+                return Array(buffer[..<count])
             }
         }
     }

@@ -83,20 +83,22 @@ package enum CanonicalPaths {
         init?(_ canonical: FilePath) {
             guard let (directory, name) = CanonicalPaths.split(canonical.platformBytes), !name.isEmpty else { return nil }
             let path = (directory.isEmpty ? [UInt8(ascii: "/")] : directory).map { CChar(bitPattern: $0) } + [0]
-            let opened = open(path, fc_O_PATH | O_DIRECTORY | O_CLOEXEC)
-            guard opened >= 0 else { return nil }
+            guard case .success(let opened) = Syscall.open(path, fc_O_PATH | O_DIRECTORY) else { return nil }
             self.directory = opened
             self.name = name.map { CChar(bitPattern: $0) } + [0]
         }
 
-        deinit { close(directory) }
+        deinit { _ = Syscall.close(directory) }
 
         /// Whether the name is a link; nil when the answer is neither yes nor "no link"
         /// (`EINVAL`), as when the directory was removed since: then ask the path.
         var isLink: Bool? {
-            var byte: CChar = 0
-            if readlinkat(directory, name, &byte, 1) > 0 { return true }
-            return errno == EINVAL ? false : nil
+            var byte: UInt8 = 0
+            switch withUnsafeMutableBytes(of: &byte, { Syscall.readlinkat(directory, name, into: $0) }) {
+            case .success: return true
+            case .failure(.invalidArgument): return false
+            case .failure: return nil
+            }
         }
     }
 
@@ -239,8 +241,8 @@ package enum CanonicalPaths {
     /// `EINVAL` at once for anything else).
     static func isLink(_ path: FilePath) -> Bool {
         path.withPlatformString { string in
-            var byte: CChar = 0
-            return readlink(string, &byte, 1) > 0
+            var byte: UInt8 = 0
+            return if case .success = withUnsafeMutableBytes(of: &byte, { Syscall.readlink(path: string, into: $0) }) { true } else { false }
         }
     }
 }

@@ -11,15 +11,13 @@ import Glibc
 enum FileSystemQueries {
     static func exists(_ path: FilePath) async throws -> Bool {
         try await runOnIOThread {
-            var info = stat()
-            return path.withPlatformString { lstat($0, &info) } == 0
+            if case .success = path.withPlatformString({ Syscall.lstat(path: $0) }) { true } else { false }
         }
     }
 
     static func isDirectory(_ path: FilePath) async throws -> Bool {
         try await runOnIOThread {
-            var info = stat()
-            guard path.withPlatformString({ stat($0, &info) }) == 0 else { return false }
+            guard case .success(let info) = path.withPlatformString({ Syscall.stat(path: $0) }) else { return false }
             return info.st_mode & S_IFMT == S_IFDIR
         }
     }
@@ -29,15 +27,12 @@ enum FileSystemQueries {
         try await runOnIOThread { () throws -> FilePath in
             var current = path
             for _ in 0 ..< 40 {
-                var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-                let count = current.withPlatformString { readlink($0, &buffer, buffer.count - 1) }
-                if count < 0 {
-                    let error = Errno(rawValue: errno)
-                    if error == .invalidArgument || error == .noSuchFileOrDirectory { return current }
-                    throw FileCoordinationError(.readlink, errno: error, path: current)
+                let target: FilePath
+                switch current.withPlatformString({ Syscall.readlink(path: $0) }) {
+                case .success(let bytes): target = FilePath(platformBytes: bytes)
+                case .failure(.invalidArgument), .failure(.noSuchFileOrDirectory): return current
+                case .failure(let errno): throw FileCoordinationError(.readlink, errno: errno, path: current)
                 }
-                buffer[count] = 0
-                let target = buffer.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
                 current = target.isAbsolute
                     ? target.normalizedKeepingParents()
                     : current.removingLastComponent().pushing(target).normalizedKeepingParents()
@@ -76,15 +71,10 @@ enum FileSystemQueries {
 
     private static func snapshot(of path: FilePath) throws -> FilePath {
         var template = Array("\(NSTemporaryDirectory())/filecoord-upload-XXXXXX".utf8CString)
-        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else {
-            throw FileCoordinationError(.mkdtemp, errno: Errno(rawValue: errno), path: path)
-        }
+        if case .failure(let errno) = Syscall.mkdtemp(&template) { throw FileCoordinationError(.mkdtemp, errno: errno, path: path) }
         let directory = template.withUnsafeBufferPointer { FilePath(platformString: $0.baseAddress!) }
         let name = path.lastComponent?.string ?? "item"
-        var info = stat()
-        guard path.withPlatformString({ stat($0, &info) }) == 0 else {
-            throw FileCoordinationError(.stat, errno: Errno(rawValue: errno), path: path)
-        }
+        let info = try path.withPlatformString { Syscall.stat(path: $0) }.mapError(.stat, path).get()
         if info.st_mode & S_IFMT == S_IFDIR {
             let archive = directory.appending(name + ".zip")
             try ZipWriter.archive(directory: path, to: archive)

@@ -2,6 +2,7 @@ import AsyncFileIO
 import FileWatching
 import Foundation
 import Synchronization
+import SystemCalls
 import SystemPackage
 
 /// Watches a registered presenter's item for changes made outside coordination and turns
@@ -141,8 +142,7 @@ package final class PresenterWatch: Sendable {
     /// `path` if it exists, else the nearest directory above it that does (`/` at worst).
     private static func nearestExisting(_ path: FilePath) -> FilePath {
         var candidate = path
-        var info = stat()
-        while candidate.components.count > 0, candidate.withPlatformString({ stat($0, &info) }) != 0 {
+        while candidate.components.count > 0, case .failure = candidate.withPlatformString({ Syscall.stat(path: $0) }) {
             candidate = candidate.removingLastComponent()
         }
         return candidate

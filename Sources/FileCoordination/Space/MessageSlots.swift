@@ -80,8 +80,7 @@ final class MessageSlots: Sendable {
 
     init(me: String) {
         self.me = me
-        var limit = rlimit()
-        keepsSpares = getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 && limit.rlim_cur >= 256
+        keepsSpares = if case .success(let limit) = Syscall.descriptorLimit() { limit.rlim_cur >= 256 } else { false }
     }
 
     /// The name of a slot relative to the space directory.

@@ -38,12 +38,9 @@ enum PIDNamespaces {
     /// The pid in this namespace of the process that is `pid` in `namespace`: the process
     /// of `/proc` in that namespace whose `NSpid` ends with `pid`.
     private static func translated(_ pid: Int32, from namespace: UInt64) -> Int32? {
-        guard let directory = opendir("/proc") else { return nil }
-        defer { closedir(directory) }
-        while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+        guard case .success(let entries) = Syscall.listDirectory(path: "/proc") else { return nil }
+        for entry in entries {
+            let name = String(decoding: entry.name, as: UTF8.self)
             guard let candidate = Int32(name), self.namespace(of: name) == namespace,
                   let numbers = nsPids(of: name), numbers.last == pid else { continue }
             return candidate

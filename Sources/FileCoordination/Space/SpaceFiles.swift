@@ -85,8 +85,10 @@ struct SpaceFiles: Sendable {
         if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
             throw fail("ftruncate", directory.appending(SpaceLayout.registrySequence), errno)
         }
-        guard let map = fc_map_shared(seqFD, 4096) else { throw fail("mmap", directory.appending(SpaceLayout.registrySequence), Errno(rawValue: errno)) }
-        sequence = map.assumingMemoryBound(to: UInt64.self)
+        switch Syscall.mapShared(seqFD, 4096) {
+        case .success(let map): sequence = map.assumingMemoryBound(to: UInt64.self)
+        case .failure(let errno): throw fail("mmap", directory.appending("registry.seq"), errno)
+        }
         // The mailbox first, then this process's record, locked for as long as it lives.
         // The record is locked under a hidden name and renamed into place, so no other
         // process can find it unlocked (and take this process for dead).

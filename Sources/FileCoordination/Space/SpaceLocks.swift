@@ -196,8 +196,7 @@ final class SpaceLocks: Sendable {
     /// free beyond 2, at least 1: the budget is soft (one claim always gets the shards it
     /// needs), so a batch then claims and reads a file or two at a time.
     static func defaultShardBudget() -> Int {
-        var limit = rlimit()
-        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return shardCount }
+        guard case .success(let limit) = Syscall.descriptorLimit(), limit.rlim_cur != rlim_t.max else { return shardCount }
         let soft = Int(clamping: limit.rlim_cur)
         let budget = Swift.min(shardCount, Swift.max(8, (soft - 32) / 2))
         guard budget < shardCount else { return budget }

@@ -278,7 +278,7 @@ extension SpaceMail {
     /// record (whichever exist) are older than ``abandonedJoinAge``. Blocking (`fstatat`).
     static func abandonedJoin(_ process: String, dirFD: Int32) -> Bool {
         let pid = pid(of: process)
-        guard isProcessName(process), pid > 0, kill(pid, 0) != 0, errno == ESRCH else { return false }
+        guard isProcessName(process), pid > 0, case .failure(.noSuchProcess) = Syscall.kill(pid, 0) else { return false }
         let now = time(nil)
         for name in [SpaceLayout.mailbox(process), SpaceLayout.hiddenRecord(process)] {
             guard case .success(let info) = Syscall.lstatat(dirFD, name) else { continue }
