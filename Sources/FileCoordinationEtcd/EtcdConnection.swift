@@ -1,6 +1,8 @@
 import FileCoordination
 import CFileCoordinationTLS
 import Foundation
+import SystemCalls
+import SystemPackage
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -118,16 +120,18 @@ final class EtcdConnection: @unchecked Sendable {
         var address: UnsafeMutablePointer<addrinfo>? = first
         while let candidate = address {
             address = candidate.pointee.ai_next
-            let socket = Glibc.socket(candidate.pointee.ai_family,
-                                      Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
-            guard socket >= 0 else { lastError = String(cString: strerror(errno)); continue }
+            let socket: Int32
+            switch Syscall.socket(candidate.pointee.ai_family,
+                                  Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0) {
+            case .success(let opened): socket = opened
+            case .failure(let errno): lastError = Self.text(errno); continue
+            }
             if let why = Self.connect(socket, candidate.pointee.ai_addr, candidate.pointee.ai_addrlen, deadline: deadline) {
                 lastError = why
-                close(socket)
+                _ = Syscall.close(socket)
                 continue
             }
-            var one: Int32 = 1
-            setsockopt(socket, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+            _ = Syscall.setsockopt(socket, Int32(IPPROTO_TCP), TCP_NODELAY, 1)
             Self.keepAlive(socket)
             fd = socket
             if let tls {
@@ -155,11 +159,11 @@ final class EtcdConnection: @unchecked Sendable {
 
     deinit {
         fc_tls_free(session)
-        close(fd)
+        _ = Syscall.close(fd)
     }
 
     /// Ends any read in progress on another thread (a watch's).
-    func shutdown() { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
+    func shutdown() { _ = Syscall.shutdown(fd, Int32(SHUT_RDWR)) }
 
     /// Whether another call may be made on this connection: its last answer was whole,
     /// nothing came after it, the server did not close it, and nothing arrived since.
@@ -167,9 +171,8 @@ final class EtcdConnection: @unchecked Sendable {
         guard clean, stream == nil, inboxStart == inbox.count else { return false }
         // Non-blocking: a connection with nothing to read says so at once.
         var byte: UInt8 = 0
-        let count = session.map { fc_tls_read($0, &byte, 1) } ?? recv(fd, &byte, 1, Int32(MSG_PEEK))
-        if session != nil { return count == Int(FC_TLS_WANT_READ) }
-        return count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+        if let session { return fc_tls_read(session, &byte, 1) == Int(FC_TLS_WANT_READ) }
+        return Syscall.recv(fd, &byte, 1, Int32(MSG_PEEK)) == .failure(.wouldBlock)
     }
 
     /// One request and its whole answer by `deadline`; etcd's errors are thrown as
@@ -229,20 +232,21 @@ final class EtcdConnection: @unchecked Sendable {
         let bytes = Array(request.utf8) + body
         var sent = 0
         while sent < bytes.count {
-            let count = bytes.withUnsafeBytes { raw in
-                session.map { fc_tls_write($0, raw.baseAddress! + sent, raw.count - sent) }
-                    ?? Glibc.send(fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
+            guard let session else {
+                switch bytes.withUnsafeBytes({ Syscall.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }) {
+                case .success(let count): sent += count
+                case .failure(.wouldBlock): try wait(POLLOUT, until: deadline, doing: "sending the request")
+                case .failure(let errno): throw .connection(endpoint, "send failed: \(Self.text(errno))")
+                }
+                continue
             }
+            let count = bytes.withUnsafeBytes { fc_tls_write(session, $0.baseAddress! + sent, $0.count - sent) }
             if count > 0 {
                 sent += count
                 continue
             }
-            if session != nil, count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
+            if count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
                 try wait(count == Int(FC_TLS_WANT_READ) ? POLLIN : POLLOUT, until: deadline, doing: "sending the request")
-                continue
-            }
-            if session == nil, count < 0, errno == EAGAIN || errno == EWOULDBLOCK {
-                try wait(POLLOUT, until: deadline, doing: "sending the request")
                 continue
             }
             if count < 0, errno == EINTR { continue }
@@ -317,24 +321,29 @@ final class EtcdConnection: @unchecked Sendable {
             inboxStart = 0
         }
         while true {
-            let count = receiveBuffer.withUnsafeMutableBytes { raw in
-                session.map { fc_tls_read($0, raw.baseAddress, raw.count) } ?? recv(fd, raw.baseAddress, raw.count, 0)
+            guard let session else {
+                switch receiveBuffer.withUnsafeMutableBytes({ Syscall.recv(fd, $0.baseAddress!, $0.count, 0) }) {
+                case .success(0): throw .connection(endpoint, Self.closed)
+                case .success(let count):
+                    inbox += receiveBuffer[..<count]
+                    return
+                case .failure(.wouldBlock): try wait(POLLIN, until: deadline, doing: what)
+                case .failure(let errno): throw .connection(endpoint, "receive failed: \(Self.text(errno))")
+                }
+                continue
             }
+            let count = receiveBuffer.withUnsafeMutableBytes { fc_tls_read(session, $0.baseAddress, $0.count) }
             if count > 0 {
                 inbox += receiveBuffer[..<count]
                 return
             }
             if count == 0 { throw .connection(endpoint, Self.closed) }
-            if session != nil, count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
+            if count == Int(FC_TLS_WANT_READ) || count == Int(FC_TLS_WANT_WRITE) {
                 try wait(count == Int(FC_TLS_WANT_READ) ? POLLIN : POLLOUT, until: deadline, doing: what)
                 continue
             }
             if errno == EINTR { continue }
-            if session == nil, errno == EAGAIN || errno == EWOULDBLOCK {
-                try wait(POLLIN, until: deadline, doing: what)
-                continue
-            }
-            if session != nil, errno == EPROTO {
+            if errno == EPROTO {
                 // With TLS 1.3 a server that refuses the client learns it only now.
                 throw .connection(endpoint, "the server ended the TLS session (does it require a client certificate?)")
             }
@@ -344,13 +353,10 @@ final class EtcdConnection: @unchecked Sendable {
 
     /// Waits until the socket is ready for `events`, or throws when `deadline` passes.
     private func wait(_ events: Int32, until deadline: EtcdDeadline, doing what: String) throws(EtcdFailure) {
-        var target = pollfd(fd: fd, events: Int16(events), revents: 0)
-        while true {
-            let ready = poll(&target, 1, deadline.milliseconds)
-            if ready > 0 { return }
-            if ready < 0, errno == EINTR { continue }
-            if ready < 0 { throw .connection(endpoint, "poll failed: \(String(cString: strerror(errno)))") }
-            throw .connection(endpoint, "\(what) did not come within \(deadline.allowed)")
+        switch Syscall.poll(fd, Int16(events), milliseconds: { deadline.milliseconds }) {
+        case .success(true): return
+        case .success(false): throw .connection(endpoint, "\(what) did not come within \(deadline.allowed)")
+        case .failure(let errno): throw .connection(endpoint, "poll failed: \(Self.text(errno))")
         }
     }
 
@@ -361,29 +367,33 @@ final class EtcdConnection: @unchecked Sendable {
         String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// `strerror`'s text for `errno` ("Connection refused").
+    static func text(_ errno: Errno) -> String {
+        String(cString: strerror(errno.rawValue))
+    }
+
     /// TCP keep-alives on a quiet connection: the first probe after 5 s of silence, then
     /// every 2 s; after 3 unanswered the kernel ends the connection (a peer gone without a
     /// word, as behind a partition, is noticed within some 11 s).
     private static func keepAlive(_ socket: Int32) {
         for (level, option, value) in [(SOL_SOCKET, SO_KEEPALIVE, 1), (Int32(IPPROTO_TCP), TCP_KEEPIDLE, 5),
                                        (Int32(IPPROTO_TCP), TCP_KEEPINTVL, 2), (Int32(IPPROTO_TCP), TCP_KEEPCNT, 3)] {
-            var setting = Int32(value)
-            setsockopt(socket, level, option, &setting, socklen_t(MemoryLayout<Int32>.size))
+            _ = Syscall.setsockopt(socket, level, option, Int32(value))
         }
     }
 
     /// A non-blocking connect bounded by `deadline`; the reason on failure.
     private static func connect(_ socket: Int32, _ address: UnsafeMutablePointer<sockaddr>?, _ length: socklen_t,
                                 deadline: EtcdDeadline) -> String? {
-        if Glibc.connect(socket, address, length) == 0 { return nil }
-        guard errno == EINPROGRESS else { return String(cString: strerror(errno)) }
-        var target = pollfd(fd: socket, events: Int16(POLLOUT), revents: 0)
-        var ready: Int32
-        repeat { ready = poll(&target, 1, deadline.milliseconds) } while ready < 0 && errno == EINTR
-        if ready == 0 { return "no connection within \(deadline.allowed)" }
-        var failure: Int32 = 0
-        var size = socklen_t(MemoryLayout<Int32>.size)
-        getsockopt(socket, SOL_SOCKET, SO_ERROR, &failure, &size)
+        switch Syscall.connect(socket, address, length) {
+        case .success: return nil
+        case .failure(.nowInProgress): break
+        case .failure(let errno): return text(errno)
+        }
+        if case .success(false) = Syscall.poll(socket, Int16(POLLOUT), milliseconds: { deadline.milliseconds }) {
+            return "no connection within \(deadline.allowed)"
+        }
+        let failure = (try? Syscall.socketError(socket).get()) ?? 0
         return failure == 0 ? nil : String(cString: strerror(failure))
     }
 }
