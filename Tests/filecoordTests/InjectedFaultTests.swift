@@ -12,8 +12,9 @@ extension CrossProcessTests {
 }
 
 extension CrossProcessTests.InjectedFaultTests {
-    @Test("a call failing while a process joins the space (its mailbox, its record's lock) fails the command with one line, and leaves nothing behind",
-          arguments: [("mkdirat:ENOSPC:mail/", "mkdir failed: No space left on device (ENOSPC)"),
+    @Test("a call failing while a process joins the space (its registry's counter mapped, its mailbox, its record's lock) fails the command with one line, and leaves nothing behind",
+          arguments: [("mmap:ENOMEM", "mmap failed: Cannot allocate memory (ENOMEM)"),
+                      ("mkdirat:ENOSPC:mail/", "mkdir failed: No space left on device (ENOSPC)"),
                       ("F_OFD_SETLK:EIO", "F_OFD_SETLK failed: Input/output error (EIO)"),
                       ("open:EMFILE:procs/.", "open failed: Too many open files (EMFILE)")])
     func failedJoin(_ fault: String, _ expected: String) async throws {
@@ -53,5 +54,44 @@ extension CrossProcessTests.InjectedFaultTests {
                     == ["relinquishToWriter", "save", "didChange", "reacquire"])
         presenter.signal(SIGTERM)
         _ = await presenter.wait()
+    }
+
+    @Test("a file this process may not write (access says EACCES) is not replaced: the write fails with one line naming the file and the cause, and the file keeps its content")
+    func refusedReplacement() async throws {
+        let file = scratch.write("doc", "old")
+        let failed = try await filecoordWith(faults: "access:EACCES:\(file)", "write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(failed.status == 1)
+        #expect(failed.errorText == "filecoord: \(file): open failed: Permission denied (EACCES)\n", "\(failed.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "old")
+    }
+
+    @Test("the watcher thread's inotify_add_watch failing (ENOSPC) gives the watcher's error: one warning naming the item, the directory and the watch limit; the presenter still starts")
+    func failedWatch() async throws {
+        // The item in a directory of its own: the space's watches are not the ones failed.
+        let directory = scratch.path + "/items"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        let file = scratch.write("items/doc", "old")
+        let presenter = try LineProcess(["present", file, "--json", "--space", space],
+                                        environment: ["FILECOORD_FAULTS": "inotify_add_watch:ENOSPC:\(directory)"])
+        var lines = presenter.lines.makeAsyncIterator()
+        // The item's watch is set up (or refused) before the ready line.
+        #expect(event(await lines.next() ?? "").event == "ready")
+        presenter.signal(SIGTERM)
+        let errors = await presenter.wait().stderr.split(separator: "\n")
+        let warnings = errors.filter { $0.contains("cannot watch a presenter's item") }
+        #expect(warnings.count == 1 && errors.count == 1, "\(errors)")
+        let warning = warnings.first ?? ""
+        #expect(warning.contains("\(directory): inotify_add_watch failed: the inotify watch limit (fs.inotify.max_user_watches = ")
+                    && warning.contains("(ENOSPC)") && warning.contains("path: \(file)"), "\(warning)")
+    }
+
+    @Test("a socket that cannot be made (EMFILE) for an etcd space: one line naming the member and the cause, exit 1")
+    func failedEtcdSocket() async throws {
+        let port = try freePort()
+        let item = scratch.write("item", "x")
+        let failed = try await filecoordWith(faults: "socket:EMFILE", "exec", "--space", "etcd://127.0.0.1:\(port)/x", "--write", item, "--", "true")
+        #expect(failed.status == 1)
+        let lines = failed.errorText.split(separator: "\n")
+        #expect(lines.count == 1 && lines[0].contains("127.0.0.1:\(port): Too many open files"), "\(failed.errorText)")
     }
 }
