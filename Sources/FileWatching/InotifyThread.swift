@@ -330,13 +330,7 @@ package final class InotifyThread: @unchecked Sendable {
 
     /// The `(wd, inode)` of each watch listed in the fdinfo of descriptor `fd`.
     private static func fdinfoWatches(_ fd: Int32) -> [(wd: Int32, inode: UInt64)] {
-        guard case .success(let file) = Syscall.open("/proc/self/fdinfo/\(fd)", O_RDONLY) else { return [] }
-        defer { _ = Syscall.close(file) }
-        var text: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while case .success(let count) = buffer.withUnsafeMutableBytes({ Syscall.read(file, $0.baseAddress!, $0.count) }), count > 0 {
-            text += buffer[..<count]
-        }
+        guard case .success(let text) = Syscall.contents(path: "/proc/self/fdinfo/\(fd)") else { return [] }
         var watches: [(Int32, UInt64)] = []
         for line in text.split(separator: UInt8(ascii: "\n")) {
             // inotify wd:1 ino:2a sdev:… (hexadecimal)

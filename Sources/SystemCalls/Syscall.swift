@@ -146,6 +146,27 @@ package enum Syscall {
         return retrying { Glibc.read(fd, buffer, count) }
     }
 
+    /// The bytes of the file at `path` (a small one: a `/proc` file), read to its end, or
+    /// until `limit` bytes or more are read.
+    package static func contents(path: UnsafePointer<CChar>, limit: Int = .max) -> Result<[UInt8], Errno> {
+        let fd: Int32
+        switch open(path, O_RDONLY) {
+        case .success(let opened): fd = opened
+        case .failure(let errno): return .failure(errno)
+        }
+        defer { _ = close(fd) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while bytes.count < limit {
+            switch buffer.withUnsafeMutableBytes({ read(fd, $0.baseAddress!, $0.count) }) {
+            case .success(0): return .success(bytes)
+            case .success(let count): bytes += buffer[..<count]
+            case .failure(let errno): return bytes.isEmpty ? .failure(errno) : .success(bytes)
+            }
+        }
+        return .success(bytes)
+    }
+
     package static func pread(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: Int64) -> Result<Int, Errno> {
         retrying { Glibc.pread(fd, buffer, count, off_t(offset)) }
     }

@@ -51,15 +51,7 @@ enum PIDNamespaces {
     /// The `NSpid` line of `/proc/PROCESS/status`: the process's pid in each namespace,
     /// from the one `/proc` belongs to down to its own.
     private static func nsPids(of process: String) -> [Int32]? {
-        guard case .success(let fd) = Syscall.open("/proc/\(process)/status", O_RDONLY | O_CLOEXEC) else { return nil }
-        defer { _ = Syscall.close(fd) }
-        var bytes: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while bytes.count < 1 << 16 {
-            guard case .success(let count) = buffer.withUnsafeMutableBytes({ Syscall.read(fd, $0.baseAddress!, $0.count) }),
-                  count > 0 else { break }
-            bytes += buffer[..<count]
-        }
+        guard case .success(let bytes) = Syscall.contents(path: "/proc/\(process)/status", limit: 1 << 16) else { return nil }
         for line in bytes.split(separator: UInt8(ascii: "\n")) where line.starts(with: Array("NSpid:".utf8)) {
             return String(decoding: line.dropFirst(6), as: UTF8.self).split(whereSeparator: { $0 == " " || $0 == "\t" }).compactMap { Int32($0) }
         }
