@@ -87,7 +87,7 @@ struct SpaceFiles: Sendable {
         }
         switch Syscall.mapShared(seqFD, 4096) {
         case .success(let map): sequence = map.assumingMemoryBound(to: UInt64.self)
-        case .failure(let errno): throw fail("mmap", directory.appending("registry.seq"), errno)
+        case .failure(let errno): throw fail("mmap", directory.appending(SpaceLayout.registrySequence), errno)
         }
         // The mailbox first, then this process's record, locked for as long as it lives.
         // The record is locked under a hidden name and renamed into place, so no other
