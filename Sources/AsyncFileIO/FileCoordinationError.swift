@@ -142,6 +142,10 @@ public struct FileCoordinationError: Error, Sendable, CustomStringConvertible {
         case link
         case rename
         case opendir
+        case mkdir
+        case mmap
+        case lockQuery = "F_OFD_GETLK"
+        case lock = "F_OFD_SETLK"
         case mkdtemp
         case pipe
         case waitpid

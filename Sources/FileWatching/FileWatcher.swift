@@ -133,7 +133,7 @@ public final class FileWatcher: AsyncSequence, Sendable {
             try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                     guard buffer.expectCookie(name, continuation) else {
-                        continuation.resume(throwing: stoppedError("sync"))
+                        continuation.resume(throwing: stoppedError(.sync))
                         return
                     }
                     // Started once the marker is registered, so that it cannot fire before.
@@ -283,8 +283,8 @@ public final class FileWatcher: AsyncSequence, Sendable {
         return .event(event, sequence)
     }
 
-    private func stoppedError(_ operation: String) -> FileCoordinationError {
-        FileCoordinationError(code: .cancelled, path: root, operation: operation,
+    private func stoppedError(_ operation: FileCoordinationError.Operation) -> FileCoordinationError {
+        FileCoordinationError(operation, code: .cancelled, path: root,
                               message: "the watcher has stopped (cancelled, or its root is gone)")
     }
 

@@ -156,7 +156,7 @@ enum Output {
 
     /// Why a write to stdout failed first (`/dev/full`: ENOSPC), if one did.
     static var standardOutputFailure: FileCoordinationError? {
-        outputFailure.withLock { $0 }.map { DescriptorWriter.failure("write", $0, fd: 1, name: "stdout") }
+        outputFailure.withLock { $0 }.map { DescriptorWriter.failure(.write, $0, fd: 1, name: "stdout") }
     }
     private static let outputFailure = Locked<Errno?>(nil)
 
@@ -188,7 +188,7 @@ final class DescriptorWriter: Sendable {
 
     func write(_ data: Data) async throws {
         let fd = self.fd
-        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure("write", .badFileDescriptor, fd: fd, name: "stdout") }
+        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure(.write, .badFileDescriptor, fd: fd, name: "stdout") }
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
                 let result: Result<Void, any Error> = data.withUnsafeBytes { raw in
@@ -197,7 +197,7 @@ final class DescriptorWriter: Sendable {
                         let n = Foundation.write(fd, raw.baseAddress! + offset, raw.count - offset)
                         if n < 0 {
                             if errno == EINTR { continue }
-                            return .failure(Self.failure("write", Errno(rawValue: errno), fd: fd, name: "/dev/fd/\(fd)"))
+                            return .failure(Self.failure(.write, Errno(rawValue: errno), fd: fd, name: "/dev/fd/\(fd)"))
                         }
                         offset += n
                     }
@@ -213,7 +213,7 @@ final class DescriptorWriter: Sendable {
     /// fails (what was read so far must not pass for the whole input).
     func readChunk(upToCount count: Int, name: String = "stdin") async throws(FileCoordinationError) -> Data {
         let fd = self.fd
-        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure("read", .badFileDescriptor, fd: fd, name: name) }
+        if fc_standard_descriptor_was_closed(fd) != 0 { throw Self.failure(.read, .badFileDescriptor, fd: fd, name: name) }
         let result: Result<Data, FileCoordinationError> = await withCheckedContinuation { continuation in
             queue.async {
                 var buffer = Data(count: count)
@@ -240,9 +240,9 @@ final class DescriptorWriter: Sendable {
 
     /// A failed `operation` on `fd`, named `name`; a standard descriptor closed when the
     /// tool started says so rather than what /dev/null in its place did.
-    static func failure(_ operation: String, _ errno: Errno, fd: Int32, name: String) -> FileCoordinationError {
+    static func failure(_ operation: FileCoordinationError.Operation, _ errno: Errno, fd: Int32, name: String) -> FileCoordinationError {
         guard fc_standard_descriptor_was_closed(fd) != 0 else { return FileCoordinationError(operation, errno: errno, path: FilePath(name)) }
-        return FileCoordinationError(code: .closed, path: FilePath(name), operation: operation, errno: .badFileDescriptor,
+        return FileCoordinationError(operation, code: .closed, path: FilePath(name), errno: .badFileDescriptor,
                                      message: "it was closed when filecoord started")
     }
 

@@ -50,9 +50,9 @@ final class StreamStorage: Sendable {
     }
 
     /// Runs `body` while holding a lease on the descriptor.
-    private func leased<T>(_ operation: String, _ body: () async throws -> T) async throws -> T {
+    private func leased<T>(_ operation: FileCoordinationError.Operation, _ body: () async throws -> T) async throws -> T {
         guard lease.acquire() else {
-            throw FileCoordinationError(code: .closed, path: path, operation: operation, message: "the stream is closed")
+            throw FileCoordinationError(operation, code: .closed, path: path, message: "the stream is closed")
         }
         defer { lease.release() }
         return try await body()
@@ -65,7 +65,7 @@ final class StreamStorage: Sendable {
             throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "cannot read a negative number of bytes (\(count))")
         }
         guard count > 0 else { return Data() }
-        return try await leased("read") {
+        return try await leased(.read) {
             if let channel { return try await channel.read(offset: 0, length: count) }
             let offset = position.withLock { $0 }
             let data = try await readRegion(offset: offset, count: count)
@@ -129,7 +129,7 @@ final class StreamStorage: Sendable {
         guard maximumSize >= 0 else {
             throw FileCoordinationError(.read, code: .invalidArgument, path: path, message: "the maximum size cannot be negative (\(maximumSize))")
         }
-        return try await leased("read") {
+        return try await leased(.read) {
             if let channel {
                 let limit = maximumSize == .max ? Int.max : maximumSize + 1
                 let data = try await channel.read(offset: 0, length: limit)
@@ -159,7 +159,7 @@ final class StreamStorage: Sendable {
     // MARK: Writing
 
     func write(_ bytes: some DataProtocol & Sendable) async throws {
-        try await leased("write") {
+        try await leased(.write) {
             if let channel {
                 try await channel.write(offset: 0, bytes)
                 return
@@ -175,7 +175,7 @@ final class StreamStorage: Sendable {
     }
 
     func synchronize() async throws {
-        try await leased("fsync") {
+        try await leased(.fsync) {
             if let channel { await channel.barrier() }
             let fd = self.fd, path = self.path
             try await Self.pool.run { FileOperations.fsync(fd: fd, path: path) }

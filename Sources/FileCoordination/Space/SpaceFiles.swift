@@ -39,7 +39,7 @@ struct SpaceFiles: Sendable {
             if made.mailbox { _ = Syscall.unlinkat(dirFD, SpaceLayout.mailbox(processName), directory: true) }
             for fd in opened { _ = Syscall.close(fd) }
         }
-        func fail(_ operation: String, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
+        func fail(_ operation: FileCoordinationError.Operation, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
             undoJoin()
             return FileCoordinationError(operation, errno: code, path: path)
         }
@@ -57,7 +57,7 @@ struct SpaceFiles: Sendable {
                 throw FileCoordinationError(.open, code: .insecureSpace, path: path, errno: errno,
                                             message: "the coordination space is not a directory (a symbolic link?)")
             case .failure(.system(let errno)):
-                throw fail("open", path, errno)
+                throw fail(.open, path, errno)
             case .failure(let problem):
                 undoJoin()
                 throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
@@ -66,7 +66,7 @@ struct SpaceFiles: Sendable {
         func make(_ name: String, mayExist: Bool) throws {
             let path = name.isEmpty ? directory : directory.appending(name)
             let result = name.isEmpty ? Syscall.mkdirat(fc_AT_FDCWD, directory.string, 0o700) : Syscall.mkdirat(dirFD, name, 0o700)
-            if case .failure(let errno) = result, !(mayExist && errno == .fileExists) { throw fail("mkdir", path, errno) }
+            if case .failure(let errno) = result, !(mayExist && errno == .fileExists) { throw fail(.mkdir, path, errno) }
         }
         // The space itself, then its folders: created 0700, refused if not ours alone.
         try make("", mayExist: true)
@@ -83,11 +83,11 @@ struct SpaceFiles: Sendable {
         sequenceFD = seqFD
         let size = (try? Syscall.fstat(seqFD).get().st_size) ?? 0
         if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
-            throw fail("ftruncate", directory.appending(SpaceLayout.registrySequence), errno)
+            throw fail(.ftruncate, directory.appending(SpaceLayout.registrySequence), errno)
         }
         switch Syscall.mapShared(seqFD, 4096) {
         case .success(let map): sequence = map.assumingMemoryBound(to: UInt64.self)
-        case .failure(let errno): throw fail("mmap", directory.appending(SpaceLayout.registrySequence), errno)
+        case .failure(let errno): throw fail(.mmap, directory.appending(SpaceLayout.registrySequence), errno)
         }
         // The mailbox first, then this process's record, locked for as long as it lives.
         // The record is locked under a hidden name and renamed into place, so no other
@@ -103,12 +103,12 @@ struct SpaceFiles: Sendable {
         let bytes = SpaceProtocol.ProcessRecord(pid: pid, listening: false).encoded().encoded()
         switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
         case .success(let written) where written == bytes.count: break
-        case .success: throw fail("write", directory.appending(hidden), .noSpace)
-        case .failure(let errno): throw fail("write", directory.appending(hidden), errno)
+        case .success: throw fail(.write, directory.appending(hidden), .noSpace)
+        case .failure(let errno): throw fail(.write, directory.appending(hidden), errno)
         }
-        if case .failure(let errno) = Syscall.lock(procFD, fc_F_WRLCK, 0, 1) { throw fail("F_OFD_SETLK", directory.appending(hidden), errno) }
+        if case .failure(let errno) = Syscall.lock(procFD, fc_F_WRLCK, 0, 1) { throw fail(.lock, directory.appending(hidden), errno) }
         if case .failure(let errno) = Syscall.renameat(dirFD, hidden, SpaceLayout.record(processName)) {
-            throw fail("rename", directory.appending(SpaceLayout.record(processName)), errno)
+            throw fail(.rename, directory.appending(SpaceLayout.record(processName)), errno)
         }
     }
 

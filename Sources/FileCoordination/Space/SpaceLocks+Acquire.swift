@@ -214,13 +214,13 @@ extension SpaceLocks {
             if writerWaits == nil {
                 switch Syscall.conflictingLock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1) {
                 case .success(let flag): writerWaits = flag != fc_F_UNLCK
-                case .failure(let errno): throw lockError("F_OFD_GETLK", errno)
+                case .failure(let errno): throw lockError(.lockQuery, errno)
                 }
             }
             guard writerWaits == true else { return .taken }
             switch Syscall.conflictingLock(state.fd, fc_F_RDLCK, check, 1) {
             case .success(let conflicting): return conflicting == fc_F_UNLCK ? .taken : .conflict
-            case .failure(let errno): throw lockError("F_OFD_GETLK", errno)
+            case .failure(let errno): throw lockError(.lockQuery, errno)
             }
         }
     }
@@ -240,7 +240,7 @@ extension SpaceLocks {
                 switch Syscall.lock(fd, type, byte.offset, 1) {
                 case .success: return true
                 case .failure(let error) where error == .resourceTemporarilyUnavailable || error == .permissionDenied: return false
-                case .failure(let error): throw lockError("F_OFD_SETLK", error)
+                case .failure(let error): throw lockError(.lock, error)
                 }
             }
             switch taken {

@@ -135,8 +135,8 @@ extension SpaceLocks {
     /// Bytes this process holds in the kernel (for tests and `status`).
     var heldCount: Int { shards.reduce(0) { $0 + $1.state.withLock { $0.bytes.lockedCount } } }
 
-    func lockError(_ operation: String, _ code: Errno) -> FileCoordinationError {
-        FileCoordinationError(code: .io, path: path, operation: operation, errno: code,
+    func lockError(_ operation: FileCoordinationError.Operation, _ code: Errno) -> FileCoordinationError {
+        FileCoordinationError(operation, code: .io, path: path, errno: code,
                               message: "the coordination space's lock file refused a lock")
     }
 }

@@ -113,7 +113,7 @@ extension SpaceMail {
         let (dirFD, files) = (files.directoryFD, files)
         return { [self] in
             // The path is for the error only: built when one happens.
-            func failure(_ operation: String, _ errno: Errno) -> FileCoordinationError {
+            func failure(_ operation: FileCoordinationError.Operation, _ errno: Errno) -> FileCoordinationError {
                 FileCoordinationError(operation, errno: errno, path: files.directory.appending(SpaceLayout.mailbox(target)))
             }
             let lease: MessageSlots.Lease
@@ -123,14 +123,14 @@ extension SpaceMail {
                 switch Syscall.openat(dirFD, SpaceLayout.message(to: target, from: me, id: id), O_WRONLY | O_CREAT | O_EXCL | fc_O_NOFOLLOW) {
                 case .success(let fd): lease = MessageSlots.Lease(fd: fd, target: target, generation: nil)
                 case .failure(.noSuchFileOrDirectory): throw SendError.gone
-                case .failure(let errno): throw failure("open", errno)
+                case .failure(let errno): throw failure(.open, errno)
                 }
             }
             let error: FileCoordinationError?
             switch bytes.withUnsafeBytes({ Syscall.write(lease.fd, $0.baseAddress!, $0.count) }) {
             case .success(let count) where count == bytes.count: error = nil
-            case .success: error = failure("write", .noSpace) // a short write: the file system is full
-            case .failure(let errno): error = failure("write", errno)
+            case .success: error = failure(.write, .noSpace) // a short write: the file system is full
+            case .failure(let errno): error = failure(.write, errno)
             }
             let written = error == nil
             _ = Syscall.close(lease.fd)
