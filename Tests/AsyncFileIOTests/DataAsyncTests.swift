@@ -139,6 +139,36 @@ struct DataAsyncTests {
         }
     }
 
+    @Test("a mount listed past the mount table's first page is judged by its file system: a loop device's ext4 after 40 others",
+          .enabled(if: canBindMount && FileManager.default.fileExists(atPath: "/dev/loop0")
+              && ["/sbin/mkfs.ext4", "/sbin/losetup"].allSatisfy(FileManager.default.isExecutableFile),
+              "needs the right to mount, loop devices and mkfs.ext4"))
+    func longMountTable() async throws {
+        let base = TemporaryDirectory("long-table")
+        let point = base.file("point")
+        try FileManager.default.createDirectory(atPath: point.string, withIntermediateDirectories: false)
+        _ = FileManager.default.createFile(atPath: base.file("ext.img").string, contents: nil)
+        try FileHandle(forWritingTo: URL(fileURLWithPath: base.file("ext.img").string)).truncate(atOffset: 4 << 20)
+        _ = try await runTool("/sbin/mkfs.ext4", ["-q", "-F", "-O", "^has_journal", base.file("ext.img").string])
+        try await withPrivateMounts(in: base) { mounts in
+            // Mounts enough to fill the table's first page (/proc hands it out a page per read).
+            for index in 0 ..< 40 where mountTable().utf8.count < 8192 {
+                let padding = base.file("padding-\(index)")
+                try FileManager.default.createDirectory(atPath: padding.string, withIntermediateDirectories: false)
+                try await mounts.mount(["--bind", padding.string, padding.string])
+            }
+            try #require(mountTable().utf8.count >= 8192, "the table holds two pages")
+            let loop = try await runTool("/sbin/losetup", ["--find", "--show", base.file("ext.img").string])
+            mounts.cleanups.append { _ = try? await runTool("/sbin/losetup", ["-d", loop]) }
+            try await mounts.mount(["-t", "ext4", loop, point.string])
+            try base.make("point/f", Data("on ext4".utf8))
+            _ = try FileManager.default.attributesOfItem(atPath: point.appending("f").string)
+            let reader = CachedWholeFileReader(verdict: settledVerdict)
+            #expect(readAlone(point.appending("f"), with: reader, way: .directory) == Data("on ext4".utf8))
+            #expect(reader.lastWay == .directory, "a local disk's file system: read on the caller's thread")
+        }
+    }
+
     @Test("a device mounted again with another file system is judged again: a loop device's ext4, then its squashfs",
           .enabled(if: canBindMount && uniqueMountIDs && FileManager.default.fileExists(atPath: "/dev/loop0")
               && ["/sbin/mkfs.ext4", "/usr/bin/mksquashfs", "/sbin/losetup"].allSatisfy(FileManager.default.isExecutableFile),

@@ -100,8 +100,7 @@ func onRootMount(_ path: FilePath) -> Bool {
     guard let real = realpath(path.string, nil) else { return false }
     defer { free(real) }
     let resolved = String(cString: real)
-    guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
-    let points = table.split(separator: "\n").compactMap { line -> String? in
+    let points = mountTable().split(separator: "\n").compactMap { line -> String? in
         let fields = line.split(separator: " ")
         return fields.count > 4 ? String(fields[4]) : nil
     }
@@ -109,6 +108,13 @@ func onRootMount(_ path: FilePath) -> Bool {
         point == "/" || resolved == point || resolved.hasPrefix(point + "/")
     }.max { $0.count < $1.count }
     return longest == "/"
+}
+
+/// This process's mount table, `/proc/self/mountinfo`, read to its end (Foundation's
+/// reads of a file whose size is 0 stop after the first page).
+func mountTable() -> String {
+    guard case .success(let bytes) = Syscall.contents(path: "/proc/self/mountinfo") else { return "" }
+    return String(decoding: bytes, as: UTF8.self)
 }
 
 /// Runs `mount` (or `umount`) with `arguments` and waits for it without holding a thread;

@@ -135,10 +135,12 @@ final class CachedWholeFileReader {
 
     /// Each mount's device in `/proc/self/mountinfo`, and whether its type is a local
     /// disk's: `ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [TAGS...] - TYPE SOURCE OPTIONS`.
+    /// Read to its end (a read of a `/proc` file hands out at most a page, and Foundation's
+    /// stops after the first for a file whose size is 0), up to 16 MiB.
     private static func mountedDevices() -> [UInt64: Bool] {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [:] }
+        guard case .success(let bytes) = Syscall.contents(path: "/proc/self/mountinfo", limit: 16 << 20) else { return [:] }
         var found: [UInt64: Bool] = [:]
-        for line in text.split(separator: "\n") {
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
             let fields = line.split(separator: " ")
             guard fields.count > 3, let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
             let numbers = fields[2].split(separator: ":")
