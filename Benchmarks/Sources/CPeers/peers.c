@@ -12,6 +12,7 @@
 #include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,6 +72,48 @@ int64_t peer_read_files(const char *const *paths, size_t count, int threads, uin
     if (threads > 64) threads = 64;
     pthread_t handles[64];
     for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, files_worker, &job);
+    for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+    *checksum = atomic_load(&job.sum);
+    return atomic_load(&job.bytes);
+}
+
+struct stream_job {
+    const char *const *paths;
+    size_t count, chunk;
+    atomic_size_t next;
+    atomic_llong bytes;
+    atomic_ullong sum;
+};
+
+static void *stream_worker(void *raw) {
+    struct stream_job *job = raw;
+    unsigned char *buffer = malloc(job->chunk);
+    long long bytes = 0;
+    unsigned long long sum = 0;
+    for (;;) {
+        size_t index = atomic_fetch_add(&job->next, 1);
+        if (index >= job->count) break;
+        int fd = open(job->paths[index], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n;
+        while ((n = read(fd, buffer, job->chunk)) > 0) {
+            bytes += n;
+            sum += buffer[0] + buffer[n - 1] + (unsigned long long)n;
+        }
+        close(fd);
+    }
+    atomic_fetch_add(&job->bytes, bytes);
+    atomic_fetch_add(&job->sum, sum);
+    free(buffer);
+    return NULL;
+}
+
+int64_t peer_stream_files(const char *const *paths, size_t count, int threads, size_t chunk, uint64_t *checksum) {
+    struct stream_job job = { paths, count, chunk ? chunk : 1, 0, 0, 0 };
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    pthread_t handles[64];
+    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, stream_worker, &job);
     for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
     *checksum = atomic_load(&job.sum);
     return atomic_load(&job.bytes);

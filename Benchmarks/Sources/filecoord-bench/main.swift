@@ -5,6 +5,7 @@
 //
 // small:  10,000 files of 1-16 KiB, read whole (files/s)
 // large:  8 files of 64 MiB, read whole (MiB/s)
+// stream: the same 8 files streamed in 1 MiB chunks (MiB/s), against a C read(2) stream
 // random: 100,000 random 4 KiB range reads of a 1 GiB file (reads/s)
 // sequential (not in the default set): one thread, no batch machinery, ours vs C
 // coordination: in-process coordination cost; adapter: NSFileCoordination's blocking form
@@ -55,7 +56,7 @@ enum Configuration {
         }
         let dataset = option("--dataset", default: "/tmp/filecoord-bench-dataset")
         let rounds = Int(option("--rounds", default: "5")) ?? 5
-        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "random", "coordination", "adapter", "callers", "cli", "contention", "watch", "space", "etcd"] : arguments)
+        return (dataset, rounds, arguments.isEmpty ? ["small", "large", "stream", "random", "coordination", "adapter", "callers", "cli", "contention", "watch", "space", "etcd"] : arguments)
     }()
 }
 let datasetRoot = Configuration.parsed.dataset
@@ -237,7 +238,7 @@ func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escap
     let filePaths = paths.map { FilePath($0) }
     let handOffThreads = min(concurrency, ProcessInfo.processInfo.activeProcessorCount)
     let allMethods: [(String, () async throws -> Tally)] = [
-        ("c pread pool (16 threads)", { cPool(paths) }),
+        ("c pool, whole files (16 threads)", { cPool(paths) }),
         // What any API that hands each file's bytes to one consumer pays: the same pool,
         // with a buffer per file passed to the calling thread in groups. One thread a core,
         // as the batch runs on cached files (with 16 it measured 0.56x against 0.73-0.83x).
@@ -267,7 +268,7 @@ func runFiles(_ name: String, _ paths: [String], unit: String, perSecond: @escap
             samples[index].values.append(perSecond(tally, time))
         }
     }
-    report(name, unit: unit, samples, peer: "c pread pool (16 threads)", goals: ["filecoord threadPool": 0.9, "filecoord in place (forEachFile)": 0.9])
+    report(name, unit: unit, samples, peer: "c pool, whole files (16 threads)", goals: ["filecoord threadPool": 0.9, "filecoord in place (forEachFile)": 0.9])
     if let floor = samples.first(where: { $0.method.hasPrefix("c pool + hand-off") }),
        let ours = samples.first(where: { $0.method == "filecoord threadPool" }) {
         let ratios = zip(ours.values, floor.values).map { $0 / $1 }.sorted()
@@ -703,6 +704,8 @@ for workload in workloads {
             let held = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
             print(String(format: "sequential, 1 thread: C %.2f us/file, ours %.2f us/file, ours holding 512 results %.2f us/file (%d bytes)", c * 1e6 / 10000, ours * 1e6 / 10000, held * 1e6 / 10000, total))
         }
+    case "stream":
+        try await runStreaming(dataset.large)
     case "random":
         try await runRandom(dataset.big)
     case "coordination":

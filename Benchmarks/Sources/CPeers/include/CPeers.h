@@ -13,6 +13,12 @@ int64_t peer_read_files(const char *const *paths, size_t count, int threads, uin
 /// groups of 16 through a bounded ring; the caller digests and frees each.
 int64_t peer_read_files_handoff(const char *const *paths, size_t count, int threads, uint64_t *checksum);
 
+/// Streams every file through one reused buffer of `chunk` bytes per thread (open, read(2)
+/// until the end, close), on `threads` pthreads that take the next path from a shared
+/// counter: what a program that hashes, scans or copies large files does. Returns the
+/// bytes read; *checksum gets, per chunk, its first and last byte and its size, summed.
+int64_t peer_stream_files(const char *const *paths, size_t count, int threads, size_t chunk, uint64_t *checksum);
+
 /// `count` random 4 KiB preads at 4 KiB-aligned offsets of `fd` (file of `size` bytes),
 /// split over `threads` threads. Returns a checksum of one byte per read.
 uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsigned seed);
