@@ -119,6 +119,91 @@ int64_t peer_stream_files(const char *const *paths, size_t count, int threads, s
     return atomic_load(&job.bytes);
 }
 
+/* The claim's byte of the first `length` bytes of `path`, as the coordination space
+ * computes a path's (docs/protocol.md): FNV-1a 64 over the bytes, then the first half of
+ * the Murmur3 finalizer; the slot is at 4096 + 4 * (h >> 5) in shard (h >> 5) & 63, and a
+ * read takes its first byte. */
+static void claim_byte(const char *path, size_t length, int *shard, off_t *offset) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t k = 0; k < length; k++) h = (h ^ (unsigned char)path[k]) * 0x00000100000001b3ULL;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    *shard = (int)((h >> 5) & 63);
+    *offset = (off_t)(4096 + 4 * (h >> 5));
+}
+
+struct locked_job {
+    struct files_job files;
+    const int *shards;
+    size_t group;
+    atomic_int failures;
+};
+
+static int set_lock(int fd, short type, off_t offset) {
+    struct flock lock = { .l_type = type, .l_whence = SEEK_SET, .l_start = offset, .l_len = 1 };
+    return fcntl(fd, F_OFD_SETLK, &lock);
+}
+
+static void *locked_worker(void *raw) {
+    struct locked_job *job = raw;
+    size_t capacity = 1 << 20;
+    unsigned char *buffer = malloc(capacity);
+    long long bytes = 0;
+    unsigned long long sum = 0;
+    for (;;) {
+        size_t first = atomic_fetch_add(&job->files.next, job->group);
+        if (first >= job->files.count) break;
+        size_t end = first + job->group < job->files.count ? first + job->group : job->files.count;
+        const char *path = job->files.paths[first];
+        size_t length = strlen(path);
+        if (job->group > 1) {
+            const char *slash = strrchr(path, '/');
+            length = slash && slash != path ? (size_t)(slash - path) : 1;
+        }
+        int shard;
+        off_t offset;
+        claim_byte(path, length, &shard, &offset);
+        if (set_lock(job->shards[shard], F_RDLCK, offset) != 0) { atomic_fetch_add(&job->failures, 1); continue; }
+        for (size_t index = first; index < end; index++) {
+            long long read = read_file(job->files.paths[index], &buffer, &capacity);
+            if (read < 0) continue;
+            size_t got = (size_t)read;
+            bytes += (long long)got;
+            if (got) sum += buffer[0] + buffer[got - 1] + got;
+        }
+        if (set_lock(job->shards[shard], F_UNLCK, offset) != 0) atomic_fetch_add(&job->failures, 1);
+    }
+    atomic_fetch_add(&job->files.bytes, bytes);
+    atomic_fetch_add(&job->files.sum, sum);
+    free(buffer);
+    return NULL;
+}
+
+int64_t peer_read_files_locked(const char *const *paths, size_t count, int threads, const char *shard_directory,
+                               int files_per_lock, uint64_t *checksum) {
+    int shards[64];
+    mkdir(shard_directory, 0700);
+    for (int k = 0; k < 64; k++) {
+        char name[4096];
+        snprintf(name, sizeof name, "%s/%02x", shard_directory, k);
+        shards[k] = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (shards[k] < 0) {
+            while (k-- > 0) close(shards[k]);
+            return -1;
+        }
+    }
+    struct locked_job job = { { paths, count, 0, 0, 0 }, shards, files_per_lock > 1 ? (size_t)files_per_lock : 1, 0 };
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    pthread_t handles[64];
+    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, locked_worker, &job);
+    for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+    for (int k = 0; k < 64; k++) close(shards[k]);
+    *checksum = atomic_load(&job.files.sum);
+    return atomic_load(&job.failures) ? -1 : atomic_load(&job.files.bytes);
+}
+
 struct random_job { int fd; int64_t blocks; long count; unsigned seed; uint64_t sum; };
 
 static void *random_worker(void *raw) {

@@ -162,13 +162,19 @@ func runSpace(_ paths: [String]) async throws {
     print(String(format: "  uncontended coordinated read (kernel claims), empty accessor   %7.2f us   goal <= 5 us: %@",
                  alone, alone <= 5 ? "met" : "NOT MET"))
 
-    // Coordinated batch read beside the C pool, in the same run.
+    // Coordinated batch read beside the C pool, and beside the C pool that takes a shared
+    // lock per file as the space does (and one per 32 files), in the same run.
     var c: [Double] = [], ours: [Double] = [], inPlace: [Double] = [], fromPaths: [Double] = []
+    var cLocked: [Double] = [], cGroupLocked: [Double] = []
     let urls = paths.map { URL(fileURLWithPath: $0) }
     let filePaths = paths.map { FilePath($0) }
     for _ in 0 ..< rounds {
         warmPageCache(paths)
         c.append(Double(paths.count) / (await seconds { _ = cPool(paths) }))
+        warmPageCache(paths)
+        cLocked.append(Double(paths.count) / (await seconds { _ = cLockedPool(paths, shards: root + "/c-shards", filesPerLock: 1) }))
+        warmPageCache(paths)
+        cGroupLocked.append(Double(paths.count) / (await seconds { _ = cLockedPool(paths, shards: root + "/c-shards", filesPerLock: 32) }))
         warmPageCache(paths)
         ours.append(Double(paths.count) / (try await seconds {
             var tally = Tally()
@@ -189,12 +195,26 @@ func runSpace(_ paths: [String]) async throws {
     }
     let cMedian = percentile(c, 0.5), oursMedian = percentile(ours, 0.5), inPlaceMedian = percentile(inPlace, 0.5)
     let fromPathsMedian = percentile(fromPaths, 0.5)
+    /// The median of the rounds' ratios of `values` to `peer`, with their range.
+    func ratio(_ values: [Double], _ peer: [Double]) -> (median: Double, text: String) {
+        let ratios = zip(values, peer).map { $0 / $1 }.sorted()
+        return (ratios[ratios.count / 2], String(format: "%.2fx (%.2f-%.2f)", ratios[ratios.count / 2], ratios.first!, ratios.last!))
+    }
     print(String(format: "  coordinated batch read, 10,000 small files   %9.0f files/s   C pool %9.0f files/s   %.2fx   goal >= 0.75x: %@",
                  oursMedian, cMedian, oursMedian / cMedian, oursMedian / cMedian >= 0.75 ? "met" : "NOT MET"))
     print(String(format: "    the same read in place (forEachFile)       %9.0f files/s                          %.2fx   goal >= 0.85x: %@",
                  inPlaceMedian, inPlaceMedian / cMedian, inPlaceMedian / cMedian >= 0.85 ? "met" : "NOT MET"))
     print(String(format: "    in place, given paths (as the C pool is)   %9.0f files/s                          %.2fx   goal >= 0.85x: %@",
                  fromPathsMedian, fromPathsMedian / cMedian, fromPathsMedian / cMedian >= 0.85 ? "met" : "NOT MET"))
+    // The fair peer: the C pool under a shared OFD lock per file, on the file's byte in
+    // one of 64 shards, as the protocol takes a claim (ratios: median of the rounds').
+    print(String(format: "  C pool, a shared lock per file (16 threads)  %9.0f files/s   %@ of the C pool", percentile(cLocked, 0.5), ratio(cLocked, c).text))
+    print(String(format: "  C pool, a shared lock per 32 files           %9.0f files/s   %@ of the C pool", percentile(cGroupLocked, 0.5), ratio(cGroupLocked, c).text))
+    for (name, values) in [("coordinated batch read (the sequence)", ours), ("in place (forEachFile)", inPlace), ("in place, given paths", fromPaths)] {
+        let against = ratio(values, cLocked)
+        print(String(format: "    %@ against the lock per file   %@   goal >= 0.90x: %@",
+                     name.padding(toLength: 38, withPad: " ", startingAt: 0), against.text, against.median >= 0.9 ? "met" : "NOT MET"))
+    }
 
     // FILECOORD_BENCH_UNRELATED=N sets the second run's count (10,000 by default).
     let unrelated = Int(ProcessInfo.processInfo.environment["FILECOORD_BENCH_UNRELATED"] ?? "10000") ?? 10_000
@@ -254,6 +274,22 @@ func runSpace(_ paths: [String]) async throws {
         print(String(format: "  memory per presenter (with its claim and watch) in its process: %.0f bytes; per presenter of another process, in the writer: %.0f bytes",
                      perPresenter, perRemote))
     }
+}
+
+/// The C pool under a shared lock per file (or per `filesPerLock` files), its 64 shard
+/// files in `shards` (`peer_read_files_locked`).
+func cLockedPool(_ paths: [String], shards: String, filesPerLock: Int) -> Tally {
+    var strings = paths.map { strdup($0) }
+    defer { strings.forEach { free($0) } }
+    var sum: UInt64 = 0
+    let bytes = strings.withUnsafeBufferPointer { buffer in
+        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
+            peer_read_files_locked($0, buffer.count, Int32(concurrency), shards, Int32(filesPerLock), &sum)
+        }
+    }
+    strings.removeAll()
+    precondition(bytes >= 0, "the C pool with locks failed (a shard or a lock call)")
+    return Tally(bytes: Int(bytes), sum: sum)
 }
 
 /// This process's heap in use (`malloc`'s allocated bytes, its mapped blocks included),

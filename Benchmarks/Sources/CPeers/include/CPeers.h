@@ -19,6 +19,17 @@ int64_t peer_read_files_handoff(const char *const *paths, size_t count, int thre
 /// bytes read; *checksum gets, per chunk, its first and last byte and its size, summed.
 int64_t peer_stream_files(const char *const *paths, size_t count, int threads, size_t chunk, uint64_t *checksum);
 
+/// `peer_read_files` under a claim per file, as the coordination space takes it: a shared
+/// OFD lock (`F_OFD_SETLK`, `F_RDLCK`) on the file's one byte in one of the 64 shard
+/// files `shard_directory/00` to `3f` (created when missing), the byte and the shard from
+/// the path's hash as docs/protocol.md gives them, taken before the file is read and
+/// released after. With `files_per_lock` > 1, a thread takes that many consecutive files
+/// at a time under one lock, on the byte of the first one's directory (a claim that
+/// covers a group). The shards are opened once, shared by all threads. Returns the bytes
+/// read, or -1 when a shard cannot be opened or a lock call fails.
+int64_t peer_read_files_locked(const char *const *paths, size_t count, int threads, const char *shard_directory,
+                               int files_per_lock, uint64_t *checksum);
+
 /// `count` random 4 KiB preads at 4 KiB-aligned offsets of `fd` (file of `size` bytes),
 /// split over `threads` threads. Returns a checksum of one byte per read.
 uint64_t peer_random_reads(int fd, int64_t size, long count, int threads, unsigned seed);
