@@ -71,7 +71,7 @@ test: deps deps-etcd
 # metadata lookup, and the watcher falls 30 s behind (docs/reliability.md). Every
 # process's reports go to .build-tsan/reports; the target fails if there is one. The one
 # suppression (a runtime path, not our code) is explained in Tests/tsan-suppressions.txt;
-# the locks are annotated (Sources/AsyncFileIO/Internal/Locked.swift). The deterministic
+# the locks are annotated (Sources/SystemCalls/LockedValue.swift). The deterministic
 # simulator (SimulationTests) is left out: it runs on one thread, so the sanitizer has
 # nothing to find in it, and instrumented its 3,000 seeds hold a core for longer than all
 # the other suites together take.
