@@ -63,4 +63,13 @@ struct ExecCommandTests {
         let notExecutable = try await filecoord("exec", "--space", space, "--read", file, "--", file)
         #expect(notExecutable.status == 126)
     }
+
+    @Test("a command that only claims makes no mailbox: while it runs, the space holds its record and no mailbox")
+    func claimOnlyMakesNoMailbox() async throws {
+        let file = scratch.write("f", "x")
+        let listed = try await shell("\"$FILECOORD\" exec --space '\(space)' --write '\(file)' -- sh -c 'ls \"$0/procs\"; echo --; ls -A \"$0/mail\"' '\(space)'")
+        #expect(listed.status == 0, "\(listed.errorText)")
+        let parts = listed.outputText.components(separatedBy: "--\n")
+        #expect(parts.count == 2 && !parts[0].isEmpty && parts[1].isEmpty, "records, then mailboxes: \(listed.outputText)")
+    }
 }

@@ -12,7 +12,7 @@ extension CrossProcessTests {
 }
 
 extension CrossProcessTests.InjectedFaultTests {
-    @Test("a call failing while a process joins the space (its registry's counter mapped, its mailbox, its record's lock) fails the command with one line, and leaves nothing behind",
+    @Test("a call failing while a process joins the space (its registry's counter mapped, its record's lock) or makes its mailbox (to hear a presenter's reply) fails the command with one line naming the path, and leaves nothing behind",
           arguments: [("mmap:ENOMEM", "mmap failed: Cannot allocate memory (ENOMEM)"),
                       ("mkdirat:ENOSPC:mail/", "mkdir failed: No space left on device (ENOSPC)"),
                       ("F_OFD_SETLK:EIO", "F_OFD_SETLK failed: Input/output error (EIO)"),

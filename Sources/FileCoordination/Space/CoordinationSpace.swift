@@ -86,8 +86,8 @@ public final class CoordinationSpace: Sendable {
 
     /// Watches the space through inotify, once: `claims.lock` and `claims/` (a waiting
     /// claim wakes on a release, and on a holder's last close), this process's mailbox
-    /// (replies, and requests for its presenters) and `procs/` (deaths). Returns whether
-    /// the watches are in place.
+    /// (replies, and requests for its presenters; made here) and `procs/` (deaths).
+    /// Returns whether the watches are in place.
     ///
     /// Not done on joining: an inotify instance is a per-user resource (128 by default),
     /// and a process that never waits, asks nobody and presents nothing (most `exec`s, a
@@ -105,6 +105,9 @@ public final class CoordinationSpace: Sendable {
             let (locks, mail, directory) = (locks, mail, directory)
             let started = Task<Bool, Never> { [self] in
                 do {
+                    // The mailbox is made as the process starts to listen: a process that
+                    // never does (one that only claims) has none.
+                    _ = try await runOnIOThread { try mail.openMailbox() }
                     let thread = InotifyThread.shared
                     _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] event in
                         // (Events lost to an overflow may have held a close.)
@@ -176,7 +179,6 @@ public final class CoordinationSpace: Sendable {
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         locks.startWatching.set { [weak space] in await space?.startWatching() ?? false }
         mail.startWatching.set { [weak space] in await space?.startWatching() ?? false }
-        mail.start()
         await mail.cleanUp(candidates)
         return space
     }

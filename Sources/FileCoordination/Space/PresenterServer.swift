@@ -107,6 +107,9 @@ package final class PresenterServer: Sendable {
         }
     }
 
+    /// Whether the serving task was started (for tests).
+    var isServing: Bool { state.withLock { $0.started } }
+
     /// Ends the serving task once what it was handed is served.
     package func finish() {
         incoming.finish()

@@ -18,7 +18,9 @@ package struct RemoteNoAnswer: Error {
 /// FileCoordinationEtcd).
 package protocol PresenterMailbox: Sendable {
     /// Sends a request and waits for its reply; nil when the target process is gone.
-    /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``.
+    /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``; throws
+    /// ``OwnMailboxUnavailable`` when this process cannot have the mailbox the reply
+    /// comes to.
     func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?) async throws -> SpaceProtocol.Body?
     /// Posts a message that has no reply, in order behind those posted before it.
     func tell(_ message: SpaceProtocol.Body, to target: String)
@@ -27,6 +29,12 @@ package protocol PresenterMailbox: Sendable {
 }
 
 extension SpaceMail: PresenterMailbox {}
+
+/// This process could not make its own mailbox (``SpaceMail/openMailbox()``): no request
+/// was sent, and the error names that mailbox, not the presenter asked.
+package struct OwnMailboxUnavailable: Error {
+    package let error: FileCoordinationError
+}
 
 /// A presenter registered by another process, as this process sees it: each callback is
 /// a request into that process's mailbox, answered through this process's mailbox.
@@ -59,6 +67,8 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
         let answer: SpaceProtocol.Body?
         do {
             answer = try await mail.request(message(call, path: path), to: process, timeout: timeout)
+        } catch let unavailable as OwnMailboxUnavailable {
+            throw unavailable.error
         } catch let error as FileCoordinationError where error.code != .timedOut && error.code != .cancelled {
             throw FileCoordinationError(code: error.code, path: path ?? self.path, operation: call.kind, errno: error.errno,
                                         message: "the request could not be delivered to \(self): \(error)", cause: error)

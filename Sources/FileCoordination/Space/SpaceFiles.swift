@@ -21,7 +21,6 @@ struct SpaceFiles: Sendable {
     let directoryFD: Int32
     let lockFD: Int32
     let processFD: Int32
-    let mailboxFD: Int32
     let sequenceFD: Int32
     nonisolated(unsafe) let sequence: UnsafeMutablePointer<UInt64>
     var mailboxPath: FilePath { directory.appending(SpaceLayout.mailbox(processName)) }
@@ -32,11 +31,10 @@ struct SpaceFiles: Sendable {
         var opened: [Int32] = []
         // What this process made of its own, removed again if joining fails: nobody else
         // should have to clean up after a process that never joined.
-        var made: (mailbox: Bool, hidden: Bool) = (false, false)
+        var madeHidden = false
         var dirFD: Int32 = -1
         func undoJoin() {
-            if made.hidden { _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(processName)) }
-            if made.mailbox { _ = Syscall.unlinkat(dirFD, SpaceLayout.mailbox(processName), directory: true) }
+            if madeHidden { _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(processName)) }
             for fd in opened { _ = Syscall.close(fd) }
         }
         func fail(_ operation: FileCoordinationError.Operation, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
@@ -63,17 +61,17 @@ struct SpaceFiles: Sendable {
                 throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
             }
         }
-        func make(_ name: String, mayExist: Bool) throws {
+        func make(_ name: String) throws {
             let path = name.isEmpty ? directory : directory.appending(name)
             let result = name.isEmpty ? Syscall.mkdirat(fc_AT_FDCWD, directory.string, 0o700) : Syscall.mkdirat(dirFD, name, 0o700)
-            if case .failure(let errno) = result, !(mayExist && errno == .fileExists) { throw fail(.mkdir, path, errno) }
+            if case .failure(let errno) = result, errno != .fileExists { throw fail(.mkdir, path, errno) }
         }
         // The space itself, then its folders: created 0700, refused if not ours alone.
-        try make("", mayExist: true)
+        try make("")
         dirFD = try openOwned("", O_RDONLY, kind: .directory)
         directoryFD = dirFD
         for name in SpaceLayout.folders {
-            try make(name, mayExist: true)
+            try make(name)
             let fd = try openOwned(name, O_RDONLY, kind: .directory)
             opened.removeLast()
             _ = Syscall.close(fd)
@@ -89,16 +87,13 @@ struct SpaceFiles: Sendable {
         case .success(let map): sequence = map.assumingMemoryBound(to: UInt64.self)
         case .failure(let errno): throw fail(.mmap, directory.appending(SpaceLayout.registrySequence), errno)
         }
-        // The mailbox first, then this process's record, locked for as long as it lives.
-        // The record is locked under a hidden name and renamed into place, so no other
-        // process can find it unlocked (and take this process for dead).
-        let mailbox = SpaceLayout.mailbox(processName)
-        try make(mailbox, mayExist: false)
-        made.mailbox = true
-        mailboxFD = try openOwned(mailbox, O_RDONLY, kind: .directory)
+        // This process's record, locked for as long as it lives. The record is locked
+        // under a hidden name and renamed into place, so no other process can find it
+        // unlocked (and take this process for dead). The mailbox comes when the process
+        // first needs one (``makeMailbox()``).
         let hidden = SpaceLayout.hiddenRecord(processName)
         let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
-        made.hidden = true
+        madeHidden = true
         processFD = procFD
         let bytes = SpaceProtocol.ProcessRecord(pid: pid, listening: false).encoded().encoded()
         switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
@@ -113,7 +108,29 @@ struct SpaceFiles: Sendable {
     }
 
     func close() {
-        for fd in [lockFD, processFD, mailboxFD, sequenceFD, directoryFD] { _ = Syscall.close(fd) }
+        for fd in [lockFD, processFD, sequenceFD, directoryFD] { _ = Syscall.close(fd) }
+    }
+
+    /// Creates this process's mailbox (`0700`) and opens it, refusing one that is not ours
+    /// alone; returns its descriptor. Blocking. A process makes it when it first needs
+    /// it: to hear replies, or requests for its presenters (``SpaceMail/openMailbox()``).
+    /// One that only claims never does: no other process writes to a process that does
+    /// not listen and has asked nothing.
+    func makeMailbox() throws(FileCoordinationError) -> Int32 {
+        let name = SpaceLayout.mailbox(processName)
+        let path = directory.appending(name)
+        if case .failure(let errno) = Syscall.mkdirat(directoryFD, name, 0o700) {
+            throw FileCoordinationError(.mkdir, errno: errno, path: path)
+        }
+        switch OwnedFiles.open(directoryFD, name, O_RDONLY, kind: .directory, privateOnly: true) {
+        case .success(let fd):
+            return fd
+        case .failure(.system(let errno)):
+            _ = Syscall.unlinkat(directoryFD, name, directory: true)
+            throw FileCoordinationError(.open, errno: errno, path: path)
+        case .failure(let problem):
+            throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
+        }
     }
 
     /// Rewrites this process's record in place (its descriptor holds the liveness lock).

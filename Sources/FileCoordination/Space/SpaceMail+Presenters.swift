@@ -16,6 +16,9 @@ extension SpaceMail {
 
     /// Publishes a presenter so that other processes find it.
     func register(_ presenter: any FilePresenter, at path: FilePath) async {
+        // Requests for this process's presenters are served from its first presenter on:
+        // a process that presents nothing starts no serving task.
+        start()
         // A new number each time: other processes read a record once per name.
         let (number, replaced) = server.add(presenter, at: path, renumbering: true)
         let record = SpaceProtocol.PresenterRecord(from: me, pid: files.pid, presenter: number, path: path)

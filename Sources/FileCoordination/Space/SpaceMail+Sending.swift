@@ -162,6 +162,12 @@ extension SpaceMail {
     ///
     /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``.
     package func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration? = nil) async throws -> SpaceProtocol.Body? {
+        // The reply comes into this process's mailbox, watched or polled.
+        if mailboxFD < 0 {
+            do { _ = try await runOnIOThread { [self] in try openMailbox() } } catch let error as FileCoordinationError {
+                throw OwnMailboxUnavailable(error: error)
+            }
+        }
         let watched = await startWatching()
         let id = nextID()
         return try await replies.request(id, to: target, timeout: timeout) {

@@ -304,7 +304,8 @@ extension SpaceMail {
         _ = Syscall.unlinkat(dirFD, SpaceLayout.record(me))
         slots.removeAll(dirFD: dirFD)
         for number in numbers { _ = Syscall.unlinkat(dirFD, SpaceLayout.presenterRecord(me, number)) }
-        Self.removeMailbox(dirFD, me)
+        // A process that only claimed made none.
+        if mailboxFD >= 0 { Self.removeMailbox(dirFD, me) }
         // Only the presenters are the registry that others cache: a process that
         // had none changes nothing for them.
         if !numbers.isEmpty { files.bumpSequence() }

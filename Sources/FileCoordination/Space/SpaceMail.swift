@@ -44,12 +44,28 @@ package final class SpaceMail: Sendable {
     let slots: MessageSlots
     /// This process's presenters, and the requests of other processes it serves for them.
     let server: PresenterServer
+    /// This process's mailbox, once made (-1 before): made when the process first
+    /// listens or asks another process something (``openMailbox()``).
+    private let mailbox = Locked<Int32>(-1)
 
     init(files: SpaceFiles, hooks: SpaceHooks) {
         self.files = files
         server = PresenterServer(hooks: hooks)
         slots = MessageSlots(me: files.processName)
     }
+
+    /// This process's mailbox: made and opened the first time (a blocking call, for an I/O
+    /// thread), then its descriptor. A process that only claims never needs it.
+    @discardableResult
+    func openMailbox() throws(FileCoordinationError) -> Int32 {
+        try mailbox.withLock { (fd: inout sending Int32) throws(FileCoordinationError) -> Int32 in
+            if fd < 0 { fd = try files.makeMailbox() }
+            return fd
+        }
+    }
+
+    /// The mailbox's descriptor, -1 while the process has none.
+    var mailboxFD: Int32 { mailbox.withLock { $0 } }
 
     /// Starts serving requests to this process's presenters (``PresenterServer``). A
     /// request that finds the serving task waiting is served on the watcher thread that
@@ -83,6 +99,7 @@ package final class SpaceMail: Sendable {
     /// Reads every message in the mailbox (after a queue overflow, as the mailbox starts to
     /// be watched, or on each poll of a process that cannot watch it). Blocking.
     func readWholeMailbox() {
+        guard mailboxFD >= 0 else { return } // none made: nothing can have come
         receiving.withLock { _ in
             for name in rescanOrder() { receive(name, rescanning: true) }
         }
@@ -91,7 +108,9 @@ package final class SpaceMail: Sendable {
     /// Reads and acts on the message file `name`. A rescan leaves alone what may still be
     /// being written (empty, or without its end line): its own event comes later.
     func receive(_ name: [UInt8], rescanning: Bool) {
-        let opened = Self.openMessage(dirFD: files.mailboxFD, name: name)
+        let mailboxFD = mailboxFD
+        guard mailboxFD >= 0 else { return }
+        let opened = Self.openMessage(dirFD: mailboxFD, name: name)
         // Gone: a slot its sender retired (see ``MessageSlots``), or read by a rescan.
         if case .failure(.noSuchFileOrDirectory) = opened { return }
         let fd = (try? opened.get()) ?? -1
@@ -119,7 +138,7 @@ package final class SpaceMail: Sendable {
             // remove.
             case (true, .success(let message)) where hasRecord(message.string(SpaceProtocol.fromKey)) && Self.truncate(fd)
                 && hasRecord(message.string(SpaceProtocol.fromKey)): break
-            default: _ = Self.withCString(name) { Syscall.unlinkat(files.mailboxFD, $0) }
+            default: _ = Self.withCString(name) { Syscall.unlinkat(mailboxFD, $0) }
             }
             // Closed right after the truncation, not kept: on ext4 the next release of a file
             // truncated to zero allocates its delayed blocks and starts their writeback
@@ -187,7 +206,7 @@ package final class SpaceMail: Sendable {
         for name in (try? Self.list(files.directoryFD, SpaceLayout.mailbox(me))) ?? [] where !name.hasPrefix(".") {
             let bytes = Array(name.utf8)
             var time = Int64.max, from = "", id: UInt64 = 0
-            if case .success(let fd) = Self.openMessage(dirFD: files.mailboxFD, name: bytes) {
+            if case .success(let fd) = Self.openMessage(dirFD: mailboxFD, name: bytes) {
                 if case .success(let info) = Syscall.fstat(fd) { time = Int64(info.st_mtim.tv_sec) * 1_000_000_000 + Int64(info.st_mtim.tv_nsec) }
                 if case .success(let decoded) = readMessage(fd), let message = try? SpaceProtocol.Message(decoding: decoded) {
                     (from, id) = (message.header.from, message.header.id)
