@@ -10,11 +10,6 @@ import Glibc
 /// (``RemotePresenter``). The engine, the messenger and the center go through this
 /// protocol; none of them asks which kind of presenter it has.
 package protocol PresenterEndpoint: Sendable {
-    /// Runs one callback (`body`) under `policy`: its value, or nil when it was not
-    /// answered in time and the policy proceeds.
-    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T?
-
     /// Asks for a plan's steps before the access (relinquish, then save or accommodate
     /// the deletion, then the subitem deletions): the reacquirer, or nil.
     func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer?
@@ -24,22 +19,46 @@ package protocol PresenterEndpoint: Sendable {
     var isRegisteredHere: Bool { get }
 }
 
-/// One callback of a presenter under the coordinator's policy, bounded as its endpoint
-/// bounds it (``PresenterEndpoint/bounded(_:_:of:late:_:)``), counted in `metrics` (the
-/// answer's time, or the timeout), a failure wrapped as the coordination's error.
+/// One callback of a presenter under the coordinator's policy, bounded in one of two ways
+/// (raced against the policy's timer in this process, or by the deadline a request to
+/// another process carries), counted in `metrics` (the answer's time, or the timeout),
+/// a failure wrapped as the coordination's error.
 package struct PresenterCall: Sendable {
     let policy: PresenterTimeoutPolicy
     let entry: PresenterRegistry.Entry
     let metrics: CoordinationMetrics
 
-    /// `body`'s value; nil when it was not answered in time and the policy proceeds.
-    /// Throws the callback's error, `FileCoordinationError` `.timedOut` when the policy
-    /// fails, or `CancellationError` if the coordinating task is cancelled meanwhile.
+    /// A callback of a presenter of this process, run in a task of its own and raced
+    /// against the policy's timer (``PresenterMessenger/race(_:_:of:late:_:)``): its value;
+    /// nil when it was not answered in time and the policy proceeds. Throws the callback's
+    /// error, `FileCoordinationError` `.timedOut` when the policy fails, or
+    /// `CancellationError` if the coordinating task is cancelled meanwhile.
     func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
+        try await measured(name) { [policy, entry] in try await PresenterMessenger.race(policy, name, of: entry, late: late, body) }
+    }
+
+    /// A request to a presenter of another process, which carries the policy's deadline
+    /// itself (no task, no timer): its answer; nil when it was not answered in time
+    /// (``RemoteNoAnswer``) and the policy proceeds. Throws as the other form does.
+    func request<T: Sendable>(_ name: String, _ body: () async throws -> T) async throws -> T? {
+        try await measured(name) { [policy, entry] in
+            do {
+                return try await body()
+            } catch is RemoteNoAnswer {
+                let error = PresenterMessenger.timeoutError(policy, name, of: entry)
+                UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
+                if policy.action == .fail { throw error }
+                PresenterMessenger.warnTimeout(policy, name, of: entry)
+                return nil
+            }
+        }
+    }
+
+    private func measured<T: Sendable>(_ name: String, _ bounded: () async throws -> T?) async throws -> T? {
         let start = ContinuousClock.now
         do {
-            let answer = try await entry.endpoint.bounded(policy, name, of: entry, late: late, body)
+            let answer = try await bounded()
             if answer == nil {
                 metrics.presenterTimeouts.increment()
             } else {
@@ -75,11 +94,6 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
     let presenter: any FilePresenter
 
     var isRegisteredHere: Bool { true }
-
-    func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
-        try await PresenterMessenger.race(policy, callback, of: entry, late: late, body)
-    }
 
     func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let presenter = self.presenter
@@ -126,23 +140,10 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
 extension RemotePresenter: PresenterEndpoint {
     package var isRegisteredHere: Bool { false }
 
-    package func bounded<T: Sendable>(_ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-                              late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
-        do {
-            return try await body()
-        } catch is RemoteNoAnswer {
-            let error = PresenterMessenger.timeoutError(policy, callback, of: entry)
-            UnansweredPresenters.current?.note(entry.id, policy.action == .fail ? error : nil)
-            if policy.action == .fail { throw error }
-            PresenterMessenger.warnTimeout(policy, callback, of: entry)
-            return nil
-        }
-    }
-
     package func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let then: FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil
         let timeout = call.policy.timeout
-        let answer = try await call(PresenterCall.relinquishName(steps.kind), late: PresenterCall.late) {
+        let answer = try await call.request(PresenterCall.relinquishName(steps.kind)) {
             try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions,
                                       timeout: timeout)
         }

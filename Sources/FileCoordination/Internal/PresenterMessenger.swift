@@ -8,7 +8,7 @@ import SystemPackage
 /// ``PresenterTimeoutPolicy``, and how a presenter's silence or failure is told.
 package enum PresenterMessenger {
 
-    /// ``PresenterEndpoint/bounded(_:_:of:late:_:)`` for a presenter of this process: the callback runs in a
+    /// How ``PresenterCall`` bounds a callback of a presenter of this process: it runs in a
     /// task of its own, raced against a timer, so a presenter that never returns is left
     /// behind (and cancelled), never waited for.
     static func race<T: Sendable>(
