@@ -10,6 +10,7 @@ import subprocess, re, sys, os
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 SWIFT = os.environ.get('SWIFT', 'swift')
 M='Sources/FileCoordination/Rules/CoordinationMachine.swift'
+S='Sources/FileCoordination/Space/ServingMachine.swift'
 bugs = [
  ("an answer's reacquirer dropped (machine)", M,
   "case .success(let reacquirer?): reacquirers.append((steps.entry, reacquirer))",
@@ -38,6 +39,15 @@ bugs = [
  ("a writer's presenters never told didChange (machine)", M,
   "case .tell where !messages.isEmpty: return .tell(messages)",
   "case .tell where !messages.isEmpty && false: return .tell(messages)"),
+ ("a save that fails after the relinquish does not give the item back (server)", S,
+  "return undo(ledger.reacquire(key).map { [$0] } ?? [], thenReply: .some(failure))",
+  "_ = ledger.reacquire(key)\n            return finish(.reply(failure: failure))"),
+ ("the reply sent before the relinquish is kept (server)", S,
+  "if let orphan = ledger.relinquished(key, keeping: kept) { return undo([orphan], thenReply: .some(nil)) }",
+  "if !followUps { return finish(.reply(failure: nil)) }\n            if let orphan = ledger.relinquished(key, keeping: kept) { return undo([orphan], thenReply: .some(nil)) }"),
+ ("a relinquish whose asker died while it ran is not undone (server)", S,
+  "if let orphan = ledger.relinquished(key, keeping: kept) { return undo([orphan], thenReply: .some(nil)) }",
+  "if ledger.relinquished(key, keeping: kept) != nil { return finish(.reply(failure: nil)) }"),
 ]
 only = set(int(a) for a in sys.argv[1:]) if len(sys.argv) > 1 else None
 missed = []

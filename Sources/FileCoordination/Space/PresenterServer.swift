@@ -12,7 +12,7 @@ import SystemPackage
 /// asker is owed, is decided by the ``ServingLedger``.
 package final class PresenterServer: Sendable {
     /// What a relinquish keeps until its `reacquire` (or its asker's death) undoes it.
-    package struct KeptRelinquish {
+    package struct KeptRelinquish: Sendable {
         package var reacquirer: FileReacquirer?
         package var suppression: EchoSuppression?
 
@@ -98,12 +98,7 @@ package final class PresenterServer: Sendable {
         }) else { return }
         let stream = incomingStream
         Task.detached(executorPreference: executor) { [self] in
-            for await item in stream {
-                switch item {
-                case .message(let message): await serve(message, reply: reply)
-                case .senderGone(let process): await giveBack(process)
-                }
-            }
+            for await item in stream { await serve(item, reply: reply) }
         }
     }
 
@@ -121,19 +116,9 @@ package final class PresenterServer: Sendable {
     /// ends here, and the request may be served here (see ``ServingExecutor``): returns
     /// whether it was.
     package func received(_ message: SpaceProtocol.Message, onWatcherThread: Bool) -> Bool {
-        guard case .presenter(let request) = message.body else { return false }
-        switch request.call {
-        case .reacquire(let re):
-            // Its relinquish not started yet: the asker gave up on it.
-            let key = Key(process: message.header.from, request: re)
-            if onWatcherThread { endSuppressionOnWatcherThread(of: key) }
-            state.withLock { $0.ledger.reacquireArrived(key) }
-        case .relinquish(let relinquish):
-            let key = Key(process: message.header.from, request: relinquish.re)
-            state.withLock { $0.ledger.relinquishArrived(key) }
-        default:
-            break
-        }
+        guard case .presenter(let request) = message.body, let item = ServingMachine<KeptRelinquish>.item(message) else { return false }
+        if onWatcherThread, case .reacquire(let key) = item { endSuppressionOnWatcherThread(of: key) }
+        state.withLock { ServingMachine.arrived(item, ledger: &$0.ledger) }
         guard onWatcherThread else {
             incoming.yield(.message(message))
             return false
@@ -196,73 +181,95 @@ package final class PresenterServer: Sendable {
 
     // MARK: Serving (the serving task)
 
-    func serve(_ message: SpaceProtocol.Message, reply send: @Sendable (SpaceProtocol.Body, String) -> Void) async {
-        guard case .presenter(let request) = message.body else { return }
-        let from = message.header.from
-        let presenter = state.withLock { $0.local[request.presenter]?.presenter }
-        // Made only by the calls that use it: parsing a URL is not free.
-        var url: URL { request.path.fileURL }
-        func replying(_ body: () async throws -> Void) async {
-            var reply = SpaceProtocol.Reply(re: message.header.id)
-            do { try await body() } catch { reply.failure = Self.describe(error) }
-            send(.reply(reply), from)
+    /// Serves one item it was handed: the ``ServingMachine``'s actions, carried out one at
+    /// a time (the machine decides under the lock; the presenter's callbacks and the reply
+    /// run outside it).
+    func serve(_ item: Incoming, reply send: @Sendable (SpaceProtocol.Body, String) -> Void) async {
+        var message: SpaceProtocol.Message?
+        var request: SpaceProtocol.PresenterMessage?
+        let taken: ServingMachine<KeptRelinquish>.Item
+        switch item {
+        case .senderGone(let process):
+            taken = .senderGone(process)
+        case .message(let received):
+            guard case .presenter(let call) = received.body, let item = ServingMachine<KeptRelinquish>.item(received) else { return }
+            (message, request, taken) = (received, call, item)
         }
-        switch request.call {
-        case .relinquish(let relinquish):
-            let key = Key(process: from, request: relinquish.re)
-            // Its asker gave up on it, or died, before it started: nobody waits for it.
-            guard state.withLock({ $0.ledger.startRelinquish(key) }) else { return }
-            await replying {
-                guard let presenter else { return state.withLock { $0.ledger.relinquishFailed(key) } }
-                let writing = relinquish.access == .write
-                let fileRequest = FileAccessRequest(url: url, kind: writing ? .writing : .reading,
-                                                    purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
-                let reacquirer: FileReacquirer?
-                do {
-                    reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
-                        : try await presenter.relinquishPresentedItem(toReader: fileRequest)
-                } catch {
-                    state.withLock { $0.ledger.relinquishFailed(key) }
-                    throw error
+        let presenter = request.flatMap { request in state.withLock { $0.local[request.presenter]?.presenter } }
+        var (machine, action) = state.withLock { ServingMachine.start(taken, hasPresenter: presenter != nil, ledger: &$0.ledger) }
+        while true {
+            let event: ServingMachine<KeptRelinquish>.Event
+            switch action {
+            case .relinquish:
+                event = await relinquish(request, of: message, presenter: presenter)
+            case .followUps:
+                event = await followUps(request, presenter: presenter)
+            case .undo(let kept):
+                await undo(kept)
+                event = .undone
+            case .reacquire(let kept):
+                // Usually ended on arrival (``received(_:onWatcherThread:)``). Otherwise
+                // ending it waits for the watch to catch up (a sync through inotify); the
+                // next request need not wait behind it.
+                if let suppression = kept.suppression { Task { await suppression.end() } }
+                await kept.reacquirer?()
+                event = .undone
+            case .deliver:
+                guard let message, let request else { return }
+                await request.deliver(to: presenter, hooks: hooks) { body in
+                    var reply = SpaceProtocol.Reply(re: message.header.id)
+                    do { try await body() } catch { reply.failure = Self.describe(error) }
+                    send(.reply(reply), message.header.from)
                 }
-                var kept = KeptRelinquish(reacquirer: reacquirer)
-                if writing { kept.suppression = hooks.suppress(presenter, request.path) }
-                // Its asker died while the presenter relinquished: nobody will reacquire.
-                if let orphan = state.withLock({ $0.ledger.relinquished(key, keeping: kept) }) { return await undo(orphan) }
-                // The steps that follow a relinquish, when the request carries them.
-                do {
-                    switch relinquish.then {
-                    case .save: try await presenter.savePresentedItemChanges()
-                    case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
-                    case nil: break
-                    }
-                    for subitem in relinquish.subitemDeletions {
-                        try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
-                    }
-                } catch {
-                    // It relinquished: it takes the item back before the failure is told.
-                    if let kept = state.withLock({ $0.ledger.reacquire(key) }) { await undo(kept) }
-                    throw error
-                }
+                return
+            case .reply(let failure):
+                guard let message else { return }
+                var reply = SpaceProtocol.Reply(re: message.header.id)
+                reply.failure = failure
+                send(.reply(reply), message.header.from)
+                return
+            case .end:
+                return
             }
-        case .reacquire(let re):
-            let key = Key(process: from, request: re)
-            guard let kept = state.withLock({ $0.ledger.reacquire(key) }) else { return }
-            // Usually ended on arrival (``received(_:onWatcherThread:)``). Otherwise ending
-            // it waits for the watch to catch up (a sync through inotify); the next request
-            // need not wait behind it.
-            if let suppression = kept.suppression { Task { await suppression.end() } }
-            await kept.reacquirer?()
-        case .save, .accommodateDeletion, .accommodateSubitemDeletion, .didChange, .didMove, .subitemDidAppear,
-             .subitemDidChange, .subitemDidMove:
-            await request.deliver(to: presenter, hooks: hooks, replying: replying)
+            action = state.withLock { machine.handle(event, ledger: &$0.ledger) }
         }
     }
 
-    /// A dead process's relinquishes are undone (queued behind what was already handed
-    /// to the serving task: see ``ServingLedger/senderDied(_:)``).
-    func giveBack(_ process: String) async {
-        for kept in state.withLock({ $0.ledger.senderGoneServed(process) }) { await undo(kept) }
+    /// Calls the presenter's relinquish: what it keeps until the `reacquire` (the
+    /// reacquirer, and for a writer the echo suppression of the write's events).
+    private func relinquish(_ request: SpaceProtocol.PresenterMessage?, of message: SpaceProtocol.Message?,
+                            presenter: (any FilePresenter)?) async -> ServingMachine<KeptRelinquish>.Event {
+        guard let presenter, let request, let message, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
+        let writing = relinquish.access == .write
+        let fileRequest = FileAccessRequest(url: request.path.fileURL, kind: writing ? .writing : .reading,
+                                            purposeIdentifier: relinquish.purpose, processIdentifier: message.header.pid)
+        do {
+            let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
+                : try await presenter.relinquishPresentedItem(toReader: fileRequest)
+            var kept = KeptRelinquish(reacquirer: reacquirer)
+            if writing { kept.suppression = hooks.suppress(presenter, request.path) }
+            return .relinquished(kept)
+        } catch {
+            return .failed(Self.describe(error))
+        }
+    }
+
+    /// The steps a relinquish request carries for after the relinquish.
+    private func followUps(_ request: SpaceProtocol.PresenterMessage?, presenter: (any FilePresenter)?) async -> ServingMachine<KeptRelinquish>.Event {
+        guard let presenter, let request, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
+        do {
+            switch relinquish.then {
+            case .save: try await presenter.savePresentedItemChanges()
+            case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
+            case nil: break
+            }
+            for subitem in relinquish.subitemDeletions {
+                try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
+            }
+            return .followedUp
+        } catch {
+            return .failed(Self.describe(error))
+        }
     }
 
     /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.

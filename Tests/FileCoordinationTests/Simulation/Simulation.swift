@@ -22,13 +22,15 @@ struct SeededRandom: RandomNumberGenerator {
 /// `Simulation+Coordinating` carries out one per step; the center's requests and the
 /// in-process rules (``CenterRequests``, ``CoordinationRules``); the presenter lookup
 /// (``PresenterRegistry``); each claim's bytes and its tries across processes
-/// (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``); the ledger of
-/// what a process owes other processes' coordinators (``ServingLedger``); and the
-/// protocol's codec (``SpaceProtocol``, every message is encoded and decoded). What is
-/// simulated: the kernel (byte locks that die with their process, ``MemoryLocks``; one
-/// ordered inotify queue per process), the space's files (records, mailboxes, presenter
-/// records), and the serving side around the ledger, which follows `PresenterServer`'s
-/// receive and serve paths and `SpaceMail`'s process-ended path.
+/// (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``); how each
+/// request for a presenter is served (``ServingMachine``, whose actions `serve(in:)`
+/// carries out as `PresenterServer` does, with the ledger of what a process owes other
+/// processes' coordinators, ``ServingLedger``); and the protocol's codec
+/// (``SpaceProtocol``, every message is encoded and decoded). What is simulated: the
+/// kernel (byte locks that die with their process, ``MemoryLocks``; one ordered inotify
+/// queue per process), the space's files (records, mailboxes, presenter records), the
+/// presenters' callbacks (which take a step, and may refuse), and `SpaceMail`'s
+/// process-ended path.
 ///
 /// The invariants of `docs/reliability.md` are checked after every step, and once the
 /// run has settled.
@@ -132,6 +134,16 @@ final class Simulation {
 
     enum Serving { case message(SpaceProtocol.Message), senderGone(String) }
 
+    /// An item the serving task took up: the production ``ServingMachine`` (what a
+    /// relinquish keeps is the presenter's index), its current action, and the message
+    /// and presenter it serves.
+    struct Served {
+        var machine: ServingMachine<Int>
+        var action: ServingMachine<Int>.Action
+        var message: SpaceProtocol.Message?
+        var presenter: Int?
+    }
+
     struct Process {
         var name: String
         var alive = true
@@ -140,9 +152,9 @@ final class Simulation {
         var ledger = ServingLedger<Int>()
         var events: [Event] = []
         var serving: [Serving] = []
-        /// A relinquish whose presenter callback is running (it takes time: other events
-        /// are handled meanwhile), and whether the presenter will refuse.
-        var running: (key: ServingLedger<Int>.Key, presenter: Int?, request: SpaceProtocol.Message, refuses: Bool)?
+        /// The item being served while its presenter's callback runs (it takes time: other
+        /// events are handled meanwhile).
+        var running: Served?
         var coordinators: [Coordinator] = []
         var nextID: UInt64 = 1
         mutating func newID() -> UInt64 {
@@ -399,16 +411,12 @@ final class Simulation {
             log("\(me) could not decode a message")
             return
         }
-        let from = message.header.from
         switch message.body {
         case .reply(let reply):
             resolve(reply.re, refused: reply.failure != nil, in: index)
-        case .presenter(let request):
-            switch request.call {
-            case .reacquire(let re): processes[index].ledger.reacquireArrived(.init(process: from, request: re))
-            case .relinquish(let relinquish): processes[index].ledger.relinquishArrived(.init(process: from, request: relinquish.re))
-            default: break
-            }
+        case .presenter:
+            // As `PresenterServer.received`.
+            if let item = ServingMachine<Int>.item(message) { ServingMachine.arrived(item, ledger: &processes[index].ledger) }
             processes[index].serving.append(.message(message))
         case .status, .statusReply:
             break
@@ -425,63 +433,71 @@ final class Simulation {
         if endAsks(to: name, in: index) { cleanUp(name) }
     }
 
-    // MARK: Serving (each process's serving task), as SpaceMail.serve
+    // MARK: Serving (each process's serving task), with PresenterServer's machine
 
-    /// One step of the serving task: the next message, or the end of a running relinquish.
+    /// One step of the serving task: the next item taken up, or the end of a presenter's
+    /// callback. The ``ServingMachine`` decides; this carries out its actions as
+    /// `PresenterServer.serve` does, with the simulated presenters.
     func serve(in index: Int) {
         let me = processes[index].name
+        var served: Served
         if let running = processes[index].running {
-            // The presenter's callback returns: it relinquished (or refused), and the reply
-            // goes to the asker.
+            // The presenter's callback returns: it relinquished or refused, or its steps
+            // after relinquishing ended.
             processes[index].running = nil
-            let from = running.request.header.from
-            var reply = SpaceProtocol.Reply(re: running.request.header.id)
-            if running.refuses {
-                reply.failure = "refused"
-                processes[index].ledger.relinquishFailed(running.key)
-            } else if let presenter = running.presenter {
+            served = running
+            let refuses = Int.random(in: 0 ..< 100, using: &random) < options.refusePercent
+            let event: ServingMachine<Int>.Event
+            switch (served.action, served.presenter) {
+            case (.relinquish, let presenter?) where !refuses:
                 presenters[presenter].relinquished += 1
-                if let giveBack = processes[index].ledger.relinquished(running.key, keeping: presenter) {
-                    presenters[giveBack].relinquished -= 1
-                    log("\(me) presenter \(presenter) relinquished to \(from), which is gone: given back")
-                } else {
-                    log("\(me) presenter \(presenter) relinquished to \(from)")
-                }
-            } else {
-                processes[index].ledger.relinquishFailed(running.key)
-            }
-            tell(.reply(reply), from: index, to: from)
-            return
-        }
-        let item = processes[index].serving.removeFirst()
-        switch item {
-        case .senderGone(let name):
-            for presenter in processes[index].ledger.senderGoneServed(name) {
-                presenters[presenter].relinquished -= 1
-                log("\(me) gives presenter \(presenter) back (\(name) is gone)")
-            }
-        case .message(let message):
-            guard case .presenter(let request) = message.body else { return }
-            let from = message.header.from
-            let presenter = presenters.firstIndex { $0.process == index && $0.number == request.presenter }
-            switch request.call {
-            case .relinquish(let relinquish):
-                let key = ServingLedger<Int>.Key(process: from, request: relinquish.re)
-                guard processes[index].ledger.startRelinquish(key) else {
-                    log("\(me) drops relinquish \(relinquish.re) of \(from)")
-                    return
-                }
-                let refuses = Int.random(in: 0 ..< 100, using: &random) < options.refusePercent
-                processes[index].running = (key, presenter, message, refuses)
-            case .reacquire(let re):
-                if let presenter = processes[index].ledger.reacquire(.init(process: from, request: re)) {
-                    presenters[presenter].relinquished -= 1
-                    log("\(me) presenter \(presenter) reacquired from \(from)")
-                }
-            case .didChange:
-                if let presenter { presenters[presenter].heardChanges += 1 }
+                log("\(me) presenter \(presenter) relinquished")
+                event = .relinquished(presenter)
+            case (.followUps, _) where !refuses:
+                event = .followedUp
             default:
-                break
+                log("\(me) presenter refuses")
+                event = .failed("refused")
+            }
+            served.action = served.machine.handle(event, ledger: &processes[index].ledger)
+        } else {
+            let message: SpaceProtocol.Message?, taken: ServingMachine<Int>.Item?
+            switch processes[index].serving.removeFirst() {
+            case .senderGone(let name): (message, taken) = (nil, .senderGone(name))
+            case .message(let received): (message, taken) = (received, ServingMachine<Int>.item(received))
+            }
+            guard let taken else { return }
+            var presenter: Int?
+            if let message, case .presenter(let request) = message.body {
+                presenter = presenters.firstIndex { $0.process == index && $0.number == request.presenter }
+            }
+            let (machine, action) = ServingMachine.start(taken, hasPresenter: presenter != nil, ledger: &processes[index].ledger)
+            served = Served(machine: machine, action: action, message: message, presenter: presenter)
+        }
+        // Its actions, up to one that takes time or the last.
+        while true {
+            switch served.action {
+            case .relinquish, .followUps:
+                processes[index].running = served
+                return
+            case .undo(let presenter), .reacquire(let presenter):
+                presenters[presenter].relinquished -= 1
+                log("\(me) presenter \(presenter) gets its item back")
+                served.action = served.machine.handle(.undone, ledger: &processes[index].ledger)
+            case .deliver:
+                if let message = served.message, case .presenter(let request) = message.body, case .didChange = request.call,
+                   let presenter = served.presenter {
+                    presenters[presenter].heardChanges += 1
+                }
+                return
+            case .reply(let failure):
+                guard let message = served.message else { return }
+                var reply = SpaceProtocol.Reply(re: message.header.id)
+                reply.failure = failure
+                tell(.reply(reply), from: index, to: message.header.from)
+                return
+            case .end:
+                return
             }
         }
     }
