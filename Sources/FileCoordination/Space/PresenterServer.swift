@@ -217,22 +217,25 @@ package final class PresenterServer: Sendable {
             case .deliver:
                 guard let message, let request else { return }
                 await request.deliver(to: presenter, hooks: hooks) { body in
-                    var reply = SpaceProtocol.Reply(re: message.header.id)
-                    do { try await body() } catch { reply.failure = Self.describe(error) }
-                    send(.reply(reply), message.header.from)
+                    do { try await body() } catch { return Self.answer(message, failure: Self.describe(error), send) }
+                    Self.answer(message, failure: nil, send)
                 }
                 return
             case .reply(let failure):
-                guard let message else { return }
-                var reply = SpaceProtocol.Reply(re: message.header.id)
-                reply.failure = failure
-                send(.reply(reply), message.header.from)
+                if let message { Self.answer(message, failure: failure, send) }
                 return
             case .end:
                 return
             }
             action = state.withLock { machine.handle(event, ledger: &$0.ledger) }
         }
+    }
+
+    /// Sends `message`'s asker its reply: nil, or the presenter's failure.
+    private static func answer(_ message: SpaceProtocol.Message, failure: String?, _ send: (SpaceProtocol.Body, String) -> Void) {
+        var reply = SpaceProtocol.Reply(re: message.header.id)
+        reply.failure = failure
+        send(.reply(reply), message.header.from)
     }
 
     /// Calls the presenter's relinquish: what it keeps until the `reacquire` (the
