@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -443,4 +444,71 @@ int peer_run_concurrently(char *const *argv, int workers, int runs_each, double 
     free(threads);
     *longest_microseconds = atomic_load(&job.longest);
     return atomic_load(&job.failures) + (workers - started) * runs_each;
+}
+
+struct flock_job { const char *path; int each; _Atomic int failures; _Atomic long longest; };
+
+static void *flock_worker(void *argument) {
+    struct flock_job *job = argument;
+    for (int k = 0; k < job->each; k++) {
+        double asked = monotonic_microseconds();
+        int fd = open(job->path, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) {
+            if (fd >= 0) close(fd);
+            atomic_fetch_add(&job->failures, 1);
+            continue;
+        }
+        long waited = (long)(monotonic_microseconds() - asked);
+        long known = atomic_load(&job->longest);
+        while (waited > known && !atomic_compare_exchange_weak(&job->longest, &known, waited)) {}
+        char text[32];
+        ssize_t got = pread(fd, text, sizeof text - 1, 0);
+        text[got > 0 ? got : 0] = 0;
+        int length = snprintf(text, sizeof text, "%ld\n", strtol(text, NULL, 10) + 1);
+        // Written as a shell's `>` and the library's write in place do: truncated, then written.
+        int out = open(job->path, O_WRONLY | O_TRUNC);
+        if (out < 0 || write(out, text, (size_t)length) != length) atomic_fetch_add(&job->failures, 1);
+        if (out >= 0) close(out);
+        flock(fd, LOCK_UN);
+        close(fd);
+    }
+    return NULL;
+}
+
+int peer_flock_threads(const char *path, int processes, int threads, int each, double *seconds, double *longest_wait_microseconds) {
+    int reports[2];
+    if (pipe(reports) != 0) return processes * threads * each;
+    double start = monotonic_microseconds();
+    int started = 0;
+    for (; started < processes; started++) {
+        pid_t child = fork();
+        if (child < 0) break;
+        if (child == 0) {
+            close(reports[0]);
+            struct flock_job job = { path, each, 0, 0 };
+            pthread_t *workers = calloc((size_t)threads, sizeof *workers);
+            int running = 0;
+            for (; workers != NULL && running < threads; running++) {
+                if (pthread_create(&workers[running], NULL, flock_worker, &job) != 0) break;
+            }
+            for (int k = 0; k < running; k++) pthread_join(workers[k], NULL);
+            long report[2] = { atomic_load(&job.failures) + (threads - running) * each, atomic_load(&job.longest) };
+            ssize_t written = write(reports[1], report, sizeof report);
+            _exit(written == (ssize_t)sizeof report ? 0 : 1);
+        }
+    }
+    close(reports[1]);
+    long failures = (long)(processes - started) * threads * each, longest = 0, report[2];
+    while (read(reports[0], report, sizeof report) == (ssize_t)sizeof report) {
+        failures += report[0];
+        if (report[1] > longest) longest = report[1];
+    }
+    close(reports[0]);
+    for (int k = 0; k < started; k++) {
+        int status = 0;
+        if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failures += 1;
+    }
+    *seconds = (monotonic_microseconds() - start) / 1e6;
+    *longest_wait_microseconds = (double)longest;
+    return (int)failures;
 }

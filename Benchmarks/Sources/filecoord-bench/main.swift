@@ -678,6 +678,7 @@ func residentKiB() -> Int {
 }
 
 if CommandLine.arguments.dropFirst().first == "--child" { try await runChild(Array(CommandLine.arguments.dropFirst(2))) }
+if CommandLine.arguments.dropFirst().first == "--contend-tasks" { try await runTaskContentionChild(Array(CommandLine.arguments.dropFirst(2))) }
 if let first = CommandLine.arguments.dropFirst().first, first.hasPrefix("--etcd-") { try await runEtcdChild(Array(CommandLine.arguments.dropFirst())) }
 let dataset = try makeDataset()
 print("filecoord-bench: dataset \(datasetRoot), \(ProcessInfo.processInfo.activeProcessorCount) cores, warm page cache")
@@ -718,6 +719,9 @@ for workload in workloads {
         try runCommandLine()
     case "contention":
         try runContention()
+        try await runTaskContention()
+    case "contention-tasks":
+        try await runTaskContention()
     case "watch":
         try await runWatch()
         try await runWatchDeletion()

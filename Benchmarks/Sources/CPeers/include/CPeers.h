@@ -53,4 +53,9 @@ size_t peer_heap_in_use(void);
 /// *seconds gets the wall time of the whole, *longest_microseconds the longest single
 /// run (spawn to exit). Returns how many runs failed (did not start or exit 0).
 int peer_run_concurrently(char *const *argv, int workers, int runs_each, double *seconds, double *longest_microseconds);
+/// `processes` processes (forked) of `threads` threads each, every thread making `each`
+/// increments of the decimal counter in the file at `path`: open, flock(LOCK_EX), read,
+/// write the next value (opened again with O_TRUNC, as a shell's `>` does), unlock, close. The whole run's seconds, and the longest
+/// wait for the lock (microseconds). Returns the number of failed increments.
+int peer_flock_threads(const char *path, int processes, int threads, int each, double *seconds, double *longest_wait_microseconds);
 #endif
