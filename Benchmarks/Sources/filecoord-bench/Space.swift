@@ -140,6 +140,14 @@ func runSpace(_ paths: [String]) async throws {
         }
         return
     }
+    // FILECOORD_BENCH_FLOOR_ONLY=N: only N round trips of the C floor (for `perf stat`
+    // beside FILECOORD_BENCH_WRITE_ONLY: CPU per round trip against CPU per write).
+    if let count = ProcessInfo.processInfo.environment["FILECOORD_BENCH_FLOOR_ONLY"].flatMap({ Int($0) }) {
+        var floor = [Double](repeating: 0, count: count)
+        precondition(peer_inotify_round_trips(root + "/c-floor", Int32(count), 0, &floor) == 0, "the C floor failed")
+        print(String(format: "C floor: %d round trips, p50 %.0f us", count, percentile(floor, 0.5)))
+        return
+    }
     // FILECOORD_BENCH_WRITE_ONLY=1: only the write latency with a presenter in the child (for profiling;
     // FILECOORD_BENCH_UNRELATED=N gives the child N unrelated presenters and claims, none by default).
     if ProcessInfo.processInfo.environment["FILECOORD_BENCH_WRITE_ONLY"] != nil {
