@@ -76,9 +76,15 @@ public final class FileCoordinator: Sendable {
         self.center = center
         self.purposeIdentifier = purposeIdentifier
             ?? filePresenter.map { "presenter-\(UInt(bitPattern: ObjectIdentifier($0).hashValue))" }
-            ?? UUID().uuidString
+            ?? "\(Self.purposePrefix)-\(Self.purposeCount.add(1, ordering: .relaxed).newValue)"
         policy = Locked(.default)
     }
+
+    /// A default purpose is this process's random prefix and a count: unique, with no
+    /// random bytes read per coordinator (a `UUID()` opens and reads `/dev/urandom`, which
+    /// cost a coordinator made for one coordination more than the coordination itself).
+    private static let purposePrefix = UUID().uuidString
+    private static let purposeCount = Atomic<UInt64>(0)
 
     /// How long presenters may take to answer, and what happens when they do not.
     /// Default: ``PresenterTimeoutPolicy/default`` (30 s, then proceed with a warning).

@@ -49,6 +49,17 @@ struct CoordinatorBehaviorTests {
         #expect(center.counts == (0, 0))
     }
 
+    @Test("coordinators made without a purpose each have a purpose of their own, also when made from many tasks at once")
+    func defaultPurposesAreUnique() async {
+        let purposes = await withTaskGroup(of: [String].self) { group in
+            for _ in 0 ..< 8 {
+                group.addTask { (0 ..< 1_000).map { _ in FileCoordinator().purposeIdentifier } }
+            }
+            return await group.reduce([]) { $0 + $1 }
+        }
+        #expect(Set(purposes).count == 8_000)
+    }
+
     @Test("a file replaced by a symbolic link right after coordinations of it: the next coordination through its name claims the link's target",
           .serialized, arguments: [false, true])
     func fileBecomesLink(directoryMadeAgain: Bool) async throws {
