@@ -67,13 +67,18 @@ static void *files_worker(void *raw) {
     return NULL;
 }
 
-int64_t peer_read_files(const char *const *paths, size_t count, int threads, uint64_t *checksum) {
-    struct files_job job = { paths, count, 0, 0, 0 };
+/* Runs `worker` on `job` in `threads` threads (1 to 64) and waits for them all. */
+static void run_pool(int threads, void *(*worker)(void *), void *job) {
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     pthread_t handles[64];
-    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, files_worker, &job);
+    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, worker, job);
     for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+}
+
+int64_t peer_read_files(const char *const *paths, size_t count, int threads, uint64_t *checksum) {
+    struct files_job job = { paths, count, 0, 0, 0 };
+    run_pool(threads, files_worker, &job);
     *checksum = atomic_load(&job.sum);
     return atomic_load(&job.bytes);
 }
@@ -111,11 +116,7 @@ static void *stream_worker(void *raw) {
 
 int64_t peer_stream_files(const char *const *paths, size_t count, int threads, size_t chunk, uint64_t *checksum) {
     struct stream_job job = { paths, count, chunk ? chunk : 1, 0, 0, 0 };
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    pthread_t handles[64];
-    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, stream_worker, &job);
-    for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+    run_pool(threads, stream_worker, &job);
     *checksum = atomic_load(&job.sum);
     return atomic_load(&job.bytes);
 }
@@ -195,11 +196,7 @@ int64_t peer_read_files_locked(const char *const *paths, size_t count, int threa
         }
     }
     struct locked_job job = { { paths, count, 0, 0, 0 }, shards, files_per_lock > 1 ? (size_t)files_per_lock : 1, 0 };
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    pthread_t handles[64];
-    for (int k = 0; k < threads; k++) pthread_create(&handles[k], NULL, locked_worker, &job);
-    for (int k = 0; k < threads; k++) pthread_join(handles[k], NULL);
+    run_pool(threads, locked_worker, &job);
     for (int k = 0; k < 64; k++) close(shards[k]);
     *checksum = atomic_load(&job.files.sum);
     return atomic_load(&job.failures) ? -1 : atomic_load(&job.files.bytes);

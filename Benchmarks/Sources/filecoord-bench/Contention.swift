@@ -59,12 +59,11 @@ func runContention() throws {
             flockLongest = max(flockLongest, f.longest)
             execLongest = max(execLongest, e.longest)
         }
-        func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
-        let ratio = median(ratios)
+        let ratio = percentile(ratios, 0.5)
         let goal = workers >= 1000 ? 3.0 : 2.0
         let shape = "\(workers) x \(each)".padding(toLength: 9, withPad: " ", startingAt: 0)
         print(String(format: "  %@  %10.2f s  %19.2f s        %5.2fx (%.2f-%.2f)   %8.0f ms / %6.0f ms          %@", shape,
-                     median(flocks), median(execs), ratio, ratios.min()!, ratios.max()!, flockLongest, execLongest,
+                     percentile(flocks, 0.5), percentile(execs, 0.5), ratio, ratios.min()!, ratios.max()!, flockLongest, execLongest,
                      wrong.isEmpty ? (ratio <= goal ? "<= \(Int(goal))x met" : "<= \(Int(goal))x NOT MET") : "FAILED: a counter was wrong or a command failed (\(Set(wrong).sorted().joined(separator: ", ")))"))
     }
 }
@@ -123,11 +122,10 @@ func runTaskContention() async throws {
             ourLongest = max(ourLongest, longestHere / 1000)
             ratios.append(ours.last! / flocks.last!)
         }
-        func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
-        let ratio = median(ratios)
+        let ratio = percentile(ratios, 0.5)
         let shape = "\(processes) x \(tasks) x \(each)".padding(toLength: 15, withPad: " ", startingAt: 0)
         print(String(format: "  %@  %10.3f s  %21.3f s        %5.2fx (%.2f-%.2f)   %8.1f ms / %6.1f ms          %@", shape,
-                     median(flocks), median(ours), ratio, ratios.min()!, ratios.max()!, flockLongest, ourLongest,
+                     percentile(flocks, 0.5), percentile(ours, 0.5), ratio, ratios.min()!, ratios.max()!, flockLongest, ourLongest,
                      wrong.isEmpty ? (ratio <= 2 ? "<= 2x met" : "<= 2x NOT MET") : "FAILED: a counter was wrong or a process failed (\(Set(wrong).sorted().joined(separator: ", ")))"))
     }
 }
