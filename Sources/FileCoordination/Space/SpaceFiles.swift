@@ -58,7 +58,7 @@ struct SpaceFiles: Sendable {
                 throw fail(.open, path, errno)
             case .failure(let problem):
                 undoJoin()
-                throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
+                throw FileCoordinationError.refused(.joinTheSpace, problem, path: path)
             }
         }
         func make(_ name: String) throws {
@@ -129,7 +129,7 @@ struct SpaceFiles: Sendable {
             _ = Syscall.unlinkat(directoryFD, name, directory: true)
             throw FileCoordinationError(.open, errno: errno, path: path)
         case .failure(let problem):
-            throw FileCoordinationError(.joinTheSpace, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
+            throw FileCoordinationError.refused(.joinTheSpace, problem, path: path)
         }
     }
 
@@ -150,4 +150,12 @@ struct SpaceFiles: Sendable {
     /// The registry's change counter (shared memory).
     func loadSequence() -> UInt64 { fc_atomic_load_u64(sequence) }
     func bumpSequence() { _ = fc_atomic_add_u64(sequence, 1) }
+}
+
+extension FileCoordinationError {
+    /// A file or folder of the space refused for not being this user's alone
+    /// (``OwnedFiles``): `insecureSpace`, naming what is wrong with it.
+    static func refused(_ operation: Operation, _ problem: OwnedFiles.Problem, path: FilePath) -> FileCoordinationError {
+        FileCoordinationError(operation, code: .insecureSpace, path: path, message: "refused: it \(problem.text)")
+    }
 }

@@ -273,7 +273,7 @@ final class SpaceLocks: Sendable {
                 throw error
             case .failure(let problem):
                 for (_, fd) in opened { _ = Syscall.close(fd) }
-                throw FileCoordinationError(.open, code: .insecureSpace, path: directory.appending(name), message: "refused: it \(problem.text)")
+                throw FileCoordinationError.refused(.open, problem, path: directory.appending(name))
             }
             opened.append((shard, fd))
             index += 1
