@@ -50,8 +50,8 @@ package final class InotifyThread: @unchecked Sendable {
     public typealias Handler = @Sendable (InotifyEvent) -> Void
 
     private enum Command {
-        case add(FilePath, UInt32, Handler, CheckedContinuation<Result<Int32, FileCoordinationError>, Never>)
-        case remove(Int32, CheckedContinuation<Void, Never>)
+        case add(FilePath, UInt32, Handler, CheckedContinuation<Result<HandlerWatch, FileCoordinationError>, Never>)
+        case remove(HandlerWatch, CheckedContinuation<Void, Never>)
         case count(CheckedContinuation<Int, Never>)
         case perform(@Sendable (OnThread) -> Void, @Sendable (FileCoordinationError) -> Void)
     }
@@ -149,9 +149,17 @@ package final class InotifyThread: @unchecked Sendable {
 
     // MARK: Requests from any thread
 
+    /// A watch added with a handler: removing it ends that handler's events, and no other
+    /// watcher's on the same inode (the kernel gives every watch of an inode one descriptor).
+    package struct HandlerWatch: Sendable {
+        /// The kernel's watch descriptor.
+        package let wd: Int32
+        fileprivate let client: ClosureClient
+    }
+
     /// Adds a watch on `path` for the `IN_*` events in `mask`; `handler` runs on the
     /// watcher thread for each event and must return quickly.
-    public func addWatch(_ path: FilePath, mask: UInt32, handler: @escaping Handler) async throws -> Int32 {
+    public func addWatch(_ path: FilePath, mask: UInt32, handler: @escaping Handler) async throws -> HandlerWatch {
         if let startupError { throw startupError }
         let result = await withCheckedContinuation { continuation in
             send(.add(path, mask, handler, continuation))
@@ -160,10 +168,10 @@ package final class InotifyThread: @unchecked Sendable {
     }
 
     /// Removes a watch added by ``addWatch(_:mask:handler:)``; its handler is not called again.
-    public func removeWatch(_ wd: Int32) async {
+    public func removeWatch(_ watch: HandlerWatch) async {
         guard startupError == nil else { return }
         await withCheckedContinuation { continuation in
-            send(.remove(wd, continuation))
+            send(.remove(watch, continuation))
         }
     }
 
@@ -376,10 +384,10 @@ package final class InotifyThread: @unchecked Sendable {
         for command in pending {
             switch command {
             case .add(let path, let mask, let handler, let continuation):
-                continuation.resume(returning: addWatchOnThread(path, mask: mask, client: ClosureClient(handler)))
-            case .remove(let wd, let continuation):
-                // The closure API: its client is the only one of its kind on this descriptor.
-                if let client = clients[wd]?.first(where: { $0 is ClosureClient }) { removeClient(client, from: wd) }
+                let client = ClosureClient(handler)
+                continuation.resume(returning: addWatchOnThread(path, mask: mask, client: client).map { HandlerWatch(wd: $0, client: client) })
+            case .remove(let watch, let continuation):
+                removeClient(watch.client, from: watch.wd)
                 continuation.resume()
             case .perform(let body, _):
                 body(OnThread(owner: self))

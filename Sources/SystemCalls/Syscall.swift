@@ -208,6 +208,11 @@ package enum Syscall {
         return .success(map)
     }
 
+    /// Unmaps what ``mapShared(_:_:)`` mapped.
+    package static func unmap(_ map: UnsafeMutableRawPointer, _ length: Int) -> Result<Void, Errno> {
+        Glibc.munmap(map, length) == 0 ? .success(()) : .failure(Errno(rawValue: Glibc.errno))
+    }
+
     /// Waits until `fd` is ready for `events` (`POLLIN`, `POLLOUT`): true when it is,
     /// false when `milliseconds` passed first (-1: no limit). The time is asked again
     /// after an `EINTR`, so that a deadline stays the same.

@@ -30,3 +30,80 @@ struct SpaceLazyPartsTests {
         #expect(!FileManager.default.fileExists(atPath: mailbox))
     }
 }
+
+/// What a process holds of a space while it is in it, and gives back when it leaves: a
+/// long-lived process that joins and leaves spaces keeps nothing of the ones it left.
+@Suite("leaving a space")
+struct SpaceLeavingTests {
+    let sandbox = Sandbox()
+
+    @Test("a process that joined, claimed, presented and watched, then left, keeps no descriptor in the space and no watch on it")
+    func leavingKeepsNothing() async throws {
+        let root = FilePath(sandbox.url.path + "/space")
+        let item = FilePath(sandbox.url.path + "/item")
+        #expect(FileManager.default.createFile(atPath: item.string, contents: Data("x".utf8)))
+        for _ in 0 ..< 3 {
+            let (space, mail) = try await joinUseAndLeave(root, item)
+            // Work under way as the process left (the watcher thread's last delivery) may
+            // hold the space's parts a moment longer; bounded, polled.
+            for _ in 0 ..< 5_000 where space.value != nil || mail.value != nil { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(space.value == nil, "the space is kept after the process left it")
+            #expect(mail.value == nil, "the space's mail is kept after the process left it")
+            #expect(openDescriptors(under: root) == 0, "descriptors left open in a space the process left")
+            let watched = ["", "claims.lock", "claims", "procs"].map { $0.isEmpty ? root : root.appending($0) }
+            #expect(watchedInodes(of: watched) == 0, "watches left on a space the process left")
+        }
+    }
+
+    /// Joins the space at `root`, uses every part of it, leaves it; returns what is left of it.
+    private func joinUseAndLeave(_ root: FilePath, _ item: FilePath) async throws -> (space: Weak<CoordinationSpace>, mail: Weak<SpaceMail>) {
+        let space = try await CoordinationSpace.join(root, hooks: CoordinationCenter.spaceHooks)
+        try await space.locks.openShards(UInt64.max)
+        #expect(space.takeClaimsNow([CoordinationRules.Claim(path: item, access: .writing)], for: 1))
+        space.releaseClaims(of: 1)
+        let presenter = Recorder("p", url: item.fileURL, log: EventLog())
+        #expect(await space.publish(presenter, at: item))
+        #expect(await space.startWatching())
+        #expect(openDescriptors(under: root) > 0, "the space's files are not open while the process is in it")
+        await space.withdraw(presenter)
+        await space.leave()
+        return (Weak(space), Weak(space.mail))
+    }
+}
+
+/// A reference that does not keep its object.
+final class Weak<Object: AnyObject>: @unchecked Sendable {
+    weak var value: Object?
+    init(_ value: Object) { self.value = value }
+}
+
+/// Open descriptors of this process that point into `directory` (other tests running in
+/// parallel open their own files, so a plain count would not be stable).
+func openDescriptors(under directory: FilePath) -> Int {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return entries.filter { entry in
+        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)") else { return false }
+        return target.hasPrefix(directory.string + "/") || target == directory.string
+    }.count
+}
+
+/// How many of this process's kernel inotify watches are on the inodes of `paths`, by the
+/// kernel's own account (`/proc/self/fdinfo`), whatever table the library keeps.
+func watchedInodes(of paths: [FilePath]) -> Int {
+    let wanted = Set(paths.compactMap { path -> UInt64? in
+        var info = stat()
+        return lstat(path.string, &info) == 0 ? UInt64(info.st_ino) : nil
+    })
+    var count = 0
+    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
+        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
+              target == "anon_inode:inotify",
+              let info = try? String(contentsOfFile: "/proc/self/fdinfo/\(entry)", encoding: .utf8) else { continue }
+        for line in info.split(separator: "\n") where line.hasPrefix("inotify wd:") {
+            guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("ino:") }),
+                  let inode = UInt64(field.dropFirst(4), radix: 16) else { continue }
+            if wanted.contains(inode) { count += 1 }
+        }
+    }
+    return count
+}

@@ -20,10 +20,10 @@ struct InotifyThreadTests {
 
         let watcher = InotifyThread.shared
         let events = AsyncStream.makeStream(of: Seen.self)
-        let wd = try await watcher.addWatch(directory, mask: UInt32(IN_CREATE | IN_CLOSE_WRITE)) { event in
+        let watch = try await watcher.addWatch(directory, mask: UInt32(IN_CREATE | IN_CLOSE_WRITE)) { event in
             events.continuation.yield(Seen(name: event.name, mask: event.mask, thread: threadName()))
         }
-        #expect(await watcher.isWatching(wd))
+        #expect(await watcher.isWatching(watch.wd))
 
         let fd = open(directory.appending("hello").string, O_CREAT | O_WRONLY, 0o600)
         #expect(fd >= 0)
@@ -34,9 +34,9 @@ struct InotifyThreadTests {
         #expect(first.mask & UInt32(IN_CREATE) != 0)
         #expect(first.thread == InotifyThread.threadName, "events are read on the watcher thread, not the cooperative pool")
 
-        await watcher.removeWatch(wd)
+        await watcher.removeWatch(watch)
         // Other tests add and remove watches meanwhile: check this one, not the total.
-        #expect(await !watcher.isWatching(wd))
+        #expect(await !watcher.isWatching(watch.wd))
     }
 
     @Test("watching a missing path names it and ENOENT")

@@ -67,6 +67,9 @@ public final class CoordinationSpace: Sendable {
     private let watching = Locked<Task<Bool, Never>?>(nil)
     /// Set once the watches are in place.
     private let watched = Atomic<Bool>(false)
+    /// The watches added, removed when the process leaves (their handlers hold the space's
+    /// parts, and would act on a space the process left).
+    private let watches = Locked<[InotifyThread.HandlerWatch]>([])
     /// What this process's record says (see ``writeRecord(listening:claims:)``).
     private let record = Locked<(listening: Bool, claims: [SpaceProtocol.ClaimLine], waiting: [SpaceProtocol.ClaimLine], left: Bool)>(
         (false, [], [], false))
@@ -76,6 +79,8 @@ public final class CoordinationSpace: Sendable {
     private let claimsGeneration = Atomic<UInt64>(0)
     /// Set while a task is on its way to write the claims into the record.
     private let recordingClaims = Atomic<Bool>(false)
+    /// That task, which leaving ends.
+    private let claimsRecorder = Locked<Task<Void, Never>?>(nil)
 
     init(directory: FilePath, processName: String, locks: SpaceLocks, mail: SpaceMail) {
         self.directory = directory
@@ -100,6 +105,7 @@ public final class CoordinationSpace: Sendable {
     func startWatching() async -> Bool {
         // Every request asks: once the watches are in place, one load answers.
         if watched.load(ordering: .acquiring) { return true }
+        guard !record.withLock({ $0.left }) else { return false }
         let task = watching.withLock { task in
             if let task { return task }
             let (locks, mail, directory) = (locks, mail, directory)
@@ -109,18 +115,18 @@ public final class CoordinationSpace: Sendable {
                     // never does (one that only claims) has none.
                     _ = try await runOnIOThread { try mail.openMailbox() }
                     let thread = InotifyThread.shared
-                    _ = try await thread.addWatch(locks.path, mask: UInt32(IN_MODIFY | IN_CLOSE_WRITE)) { [locks] event in
+                    func watch(_ path: FilePath, _ mask: Int32, _ handler: @escaping InotifyThread.Handler) async throws {
+                        let added = try await thread.addWatch(path, mask: UInt32(mask), handler: handler)
+                        watches.withLock { $0.append(added) }
+                    }
+                    try await watch(locks.path, IN_MODIFY | IN_CLOSE_WRITE) { [locks] event in
                         // (Events lost to an overflow may have held a close.)
                         locks.somethingChanged(closed: event.mask & UInt32(IN_CLOSE_WRITE | IN_Q_OVERFLOW) != 0)
                     }
                     // A shard's last close: a holder that kept it after `claims.lock` let go.
-                    _ = try await thread.addWatch(directory.appending(SpaceLayout.claims), mask: UInt32(IN_CLOSE_WRITE)) { [locks] _ in
-                        locks.shardClosed()
-                    }
-                    _ = try await thread.addWatch(mail.files.mailboxPath, mask: UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) { [mail] event in
-                        mail.received(event)
-                    }
-                    _ = try await thread.addWatch(directory.appending(SpaceLayout.records), mask: UInt32(IN_CLOSE_WRITE | IN_DELETE)) { [mail] event in
+                    try await watch(directory.appending(SpaceLayout.claims), IN_CLOSE_WRITE) { [locks] _ in locks.shardClosed() }
+                    try await watch(mail.files.mailboxPath, IN_CLOSE_WRITE | IN_MOVED_TO) { [mail] event in mail.received(event) }
+                    try await watch(directory.appending(SpaceLayout.records), IN_CLOSE_WRITE | IN_DELETE) { [mail] event in
                         mail.processEnded(event)
                     }
                     // Anything that came before the mailbox was watched.
@@ -174,8 +180,7 @@ public final class CoordinationSpace: Sendable {
             let mail = SpaceMail(files: files, hooks: hooks)
             return (files, mail, (try? mail.deadProcessCandidates()) ?? [])
         }
-        let locks = SpaceLocks(fd: files.lockFD, path: directory.appending(SpaceLayout.claimsLock),
-                               directoryFD: files.directoryFD, directory: directory, owner: files.owner)
+        let locks = SpaceLocks(files: files)
         let space = CoordinationSpace(directory: directory, processName: processName, locks: locks, mail: mail)
         locks.startWatching.set { [weak space] in await space?.startWatching() ?? false }
         mail.startWatching.set { [weak space] in await space?.startWatching() ?? false }
@@ -200,7 +205,7 @@ public final class CoordinationSpace: Sendable {
     func claimsChanged() {
         claimsGeneration.add(1, ordering: .releasing)
         guard !recordingClaims.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        Task.detached { [self] in await recordClaims() }
+        claimsRecorder.withLock { $0 = Task.detached { [self] in await recordClaims() } }
     }
 
     /// How long a claim is held before this process's record lists it (for `status` to
@@ -212,6 +217,7 @@ public final class CoordinationSpace: Sendable {
     private func recordClaims() async {
         while true {
             try? await Task.sleep(for: Self.claimRecordDelay) // ok: the debounce of record writes
+            if Task.isCancelled { return } // the process left the space
             let seen = claimsGeneration.load(ordering: .acquiring)
             let claims = mail.server.hooks.claims()
             let (held, waiting) = (Self.claimLines(claims.held), Self.claimLines(claims.waiting))
@@ -265,6 +271,18 @@ public final class CoordinationSpace: Sendable {
     /// Leaves the space: this process's files are removed (its claims must have ended).
     package func leave() async {
         record.withLock { $0.left = true }
+        // The watches first (a watch being added as the process leaves is waited for):
+        // after this no event reaches the space's parts, whose files then close with them.
+        // (The task holds the space: it is let go of.)
+        let started: Task<Bool, Never>? = watching.withLock { task in
+            defer { task = nil }
+            return task
+        }
+        _ = await started?.value
+        let recorder = claimsRecorder.withLock { $0 }
+        recorder?.cancel()
+        await recorder?.value
+        for watch in watches.withLock({ $0 }) { await InotifyThread.shared.removeWatch(watch) }
         locks.close()
         await mail.leave()
     }

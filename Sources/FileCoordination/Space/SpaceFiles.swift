@@ -10,7 +10,12 @@ import Glibc
 #endif
 
 /// The space's open files, checked as they are opened. Runs on an I/O thread.
-struct SpaceFiles: Sendable {
+///
+/// They are closed when the last of the space's parts that use them is gone (``deinit``),
+/// not when the process leaves: a task still under way in the space when it leaves (a
+/// wait polling, a message being written) goes on with descriptors that are still these
+/// files, where closed ones could by then name a file opened for something else.
+final class SpaceFiles: Sendable {
     let directory: FilePath
     let processName: String
     /// This process's id, and the effective uid the space was checked against when it
@@ -33,8 +38,10 @@ struct SpaceFiles: Sendable {
         // should have to clean up after a process that never joined.
         var madeHidden = false
         var dirFD: Int32 = -1
+        var mapped: UnsafeMutableRawPointer?
         func undoJoin() {
             if madeHidden { _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(processName)) }
+            if let mapped { _ = Syscall.unmap(mapped, 4096) }
             for fd in opened { _ = Syscall.close(fd) }
         }
         func fail(_ operation: FileCoordinationError.Operation, _ path: FilePath, _ code: Errno) -> FileCoordinationError {
@@ -83,8 +90,9 @@ struct SpaceFiles: Sendable {
         if size < 4096, case .failure(let errno) = Syscall.ftruncate(seqFD, 4096) {
             throw fail(.ftruncate, directory.appending(SpaceLayout.registrySequence), errno)
         }
+        let map: UnsafeMutableRawPointer
         switch Syscall.mapShared(seqFD, 4096) {
-        case .success(let map): sequence = map.assumingMemoryBound(to: UInt64.self)
+        case .success(let made): (map, mapped) = (made, made)
         case .failure(let errno): throw fail(.mmap, directory.appending(SpaceLayout.registrySequence), errno)
         }
         // This process's record, locked for as long as it lives. The record is locked
@@ -94,7 +102,6 @@ struct SpaceFiles: Sendable {
         let hidden = SpaceLayout.hiddenRecord(processName)
         let procFD = try openOwned(hidden, O_CREAT | O_EXCL | O_RDWR, kind: .regularFile)
         madeHidden = true
-        processFD = procFD
         let bytes = SpaceProtocol.ProcessRecord(pid: pid, listening: false).encoded().encoded()
         switch bytes.withUnsafeBytes({ Syscall.write(procFD, $0.baseAddress!, $0.count) }) {
         case .success(let written) where written == bytes.count: break
@@ -105,9 +112,14 @@ struct SpaceFiles: Sendable {
         if case .failure(let errno) = Syscall.renameat(dirFD, hidden, SpaceLayout.record(processName)) {
             throw fail(.rename, directory.appending(SpaceLayout.record(processName)), errno)
         }
+        // Set last: once every property is, a failure would run `deinit` too, and close
+        // what `undoJoin` closed.
+        sequence = map.assumingMemoryBound(to: UInt64.self)
+        processFD = procFD
     }
 
-    func close() {
+    deinit {
+        _ = Syscall.unmap(sequence, 4096)
         for fd in [lockFD, processFD, sequenceFD, directoryFD] { _ = Syscall.close(fd) }
     }
 

@@ -138,6 +138,9 @@ final class SpaceLocks: Sendable {
     let directory: FilePath
     /// Whom the shard files must belong to: the effective uid the process joined with.
     let owner: uid_t
+    /// What keeps ``fd`` and ``directoryFD`` open while these locks may use them: the
+    /// space's files (nil when the caller owns the descriptors).
+    private let files: SpaceFiles?
     let state = Locked(State())
     let shards = (0 ..< SpaceLocks.shardCount).map { _ in Shard() }
     /// One bit per open shard, changed under the shard's lock with its `fd` (a hint for
@@ -178,7 +181,8 @@ final class SpaceLocks: Sendable {
 
     /// `shardBudget` nil: ``defaultShardBudget()``.
     init(fd: Int32, path: FilePath, directoryFD: Int32, directory: FilePath, shardBudget: Int? = nil,
-         owner: uid_t = geteuid(), waitsInKernel: Bool = KernelLockWait.signal != nil) {
+         owner: uid_t = geteuid(), waitsInKernel: Bool = KernelLockWait.signal != nil, files: SpaceFiles? = nil) {
+        self.files = files
         self.fd = fd
         self.waitsInKernel = waitsInKernel
         self.owner = owner
@@ -186,6 +190,12 @@ final class SpaceLocks: Sendable {
         self.directoryFD = directoryFD
         self.directory = directory
         self.shardBudget = Swift.max(1, Swift.min(Self.shardCount, shardBudget ?? Self.defaultShardBudget()))
+    }
+
+    /// The claims of the space whose files these are; they stay open as long as the locks.
+    convenience init(files: SpaceFiles) {
+        self.init(fd: files.lockFD, path: files.directory.appending(SpaceLayout.claimsLock), directoryFD: files.directoryFD,
+                  directory: files.directory, owner: files.owner, files: files)
     }
 
     /// Every shard (64) when the process may open 160 descriptors or more; below that,

@@ -54,6 +54,11 @@ package final class SpaceMail: Sendable {
         slots = MessageSlots(me: files.processName)
     }
 
+    deinit {
+        let fd = mailboxFD
+        if fd >= 0 { _ = Syscall.close(fd) }
+    }
+
     /// This process's mailbox: made and opened the first time (a blocking call, for an I/O
     /// thread), then its descriptor. A process that only claims never needs it.
     @discardableResult
