@@ -48,6 +48,12 @@ bugs = [
  ("a relinquish whose asker died while it ran is not undone (server)", S,
   "if let orphan = ledger.relinquished(key, keeping: kept) { return undo([orphan], thenReply: .some(nil)) }",
   "if ledger.relinquished(key, keeping: kept) != nil { return finish(.reply(failure: nil)) }"),
+ ("a process found dead is not given back what it asked (process ending)", 'Sources/FileCoordination/Space/ProcessEnding.swift',
+  "Outcome(unanswered: waiting, givesBack: owes, cleansUp: !waiting.isEmpty)",
+  "Outcome(unanswered: waiting, givesBack: false, cleansUp: !waiting.isEmpty)"),
+ ("after an overflow, nobody looked at again (process ending)", 'Sources/FileCoordination/Space/ProcessEnding.swift',
+  "awaited.union(owed).sorted()",
+  "[]"),
 ]
 only = set(int(a) for a in sys.argv[1:]) if len(sys.argv) > 1 else None
 missed = []

@@ -150,10 +150,12 @@ final class EtcdMail: PresenterMailbox {
     }
 
     /// A process left (its member key went): its requests' waits end (its presenters are
-    /// gone), and what it is owed is given back (``PresenterServer/senderDied(_:)``).
+    /// gone), and what it is owed is given back (``ProcessEnding``). Its member key is gone,
+    /// so it is (no look needed); its keys go with its lease (nothing to clean up).
     func memberGone(_ member: String) {
-        replies.targetGone(member)
-        server.senderDied(member)
+        let outcome = ProcessEnding.decide(waiting: replies.awaiting(member), owes: server.owes(member)) { false }
+        if outcome.givesBack { server.senderDied(member) }
+        for id in outcome.unanswered { replies.resolve(id, with: .success(nil)) }
     }
 
     // MARK: Receiving

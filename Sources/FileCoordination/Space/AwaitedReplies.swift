@@ -135,9 +135,4 @@ package final class AwaitedReplies: Sendable {
 
     /// Every process an answer is awaited from.
     package var targets: Set<String> { table.withLock(\.targets) }
-
-    /// `process` is gone: its requests end with no answer (nil).
-    package func targetGone(_ process: String) {
-        for id in awaiting(process) { resolve(id, with: .success(nil)) }
-    }
 }

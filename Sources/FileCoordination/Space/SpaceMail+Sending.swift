@@ -223,12 +223,11 @@ extension SpaceMail {
     /// process this one waits for or owes something is checked. Run after the mailbox is
     /// read again, so that requests found only by that rescan are covered.
     func recheckAfterOverflow() {
-        let (waited, owed) = (replies.targets, server.owedProcesses)
-        for name in waited.union(owed).sorted() where !isAlive(name) { processEnded(name) }
+        for name in ProcessEnding.toRecheck(awaited: replies.targets, owed: server.owedProcesses) { processEnded(name) }
     }
 
     /// `name`'s record was closed or removed: if that process is gone, its pending
-    /// requests end and what this process owes it is undone.
+    /// requests end and what this process owes it is undone (``ProcessEnding``).
     func processEnded(_ name: String) {
         if slots.hasSpare(for: name) {
             // The spare is a descriptor open in that process's mailbox: kept, it would keep
@@ -238,19 +237,11 @@ extension SpaceMail {
                 if !isAlive(name) { slots.drop(name, dirFD: files.directoryFD) }
             }
         }
-        let waiting = replies.awaiting(name)
-        forgetRequests(of: name)
-        guard !waiting.isEmpty, !isAlive(name) else { return }
-        slots.drop(name, dirFD: files.directoryFD)
-        for id in waiting { replies.resolve(id, with: .success(nil)) }
-        Task { await cleanUp(name) }
-    }
-
-    /// What a dead process left with this process's presenters is undone
-    /// (``PresenterServer/senderDied(_:)``).
-    func forgetRequests(of process: String) {
-        guard server.owes(process), !isAlive(process) else { return }
-        server.senderDied(process)
+        let outcome = ProcessEnding.decide(waiting: replies.awaiting(name), owes: server.owes(name)) { isAlive(name) }
+        if outcome.givesBack { server.senderDied(name) }
+        if outcome.cleansUp { slots.drop(name, dirFD: files.directoryFD) }
+        for id in outcome.unanswered { replies.resolve(id, with: .success(nil)) }
+        if outcome.cleansUp { Task { await cleanUp(name) } }
     }
 
     /// `process`'s record. Blocking.

@@ -31,6 +31,43 @@ extension Simulation {
     struct Refused: Error {}
     struct NotDelivered: Error {}
 
+    /// Which ask of which coordination a request's outcome is for: what the production
+    /// ``ReplyTable`` keeps for a parked task (its continuation).
+    struct AskRef {
+        var coordinator: Int
+        var ask: Int
+    }
+
+    /// The answer an ask gets from its request's outcome, as `RemotePresenter.relinquish`
+    /// makes it: a reply (relinquished, or refused), none (its process is gone, or the
+    /// deadline passed and the policy proceeds), or a failure to deliver it.
+    static func answer(_ outcome: Result<SpaceProtocol.Body?, any Error>) -> Result<FileReacquirer?, any Error> {
+        switch outcome {
+        case .success(.reply(let reply)?): reply.failure == nil ? .success({}) : .failure(Refused())
+        case .success: .success(nil)
+        case .failure(let error) where error is RemoteNoAnswer: .success(nil)
+        case .failure(let error): .failure(error)
+        }
+    }
+
+    /// Gives `ask` of `coordinator` its answer; a relinquish is then owed its reacquire.
+    static func settle(_ ask: Int, of coordinator: inout Coordinator, with outcome: Result<SpaceProtocol.Body?, any Error>) {
+        let answer = answer(outcome)
+        coordinator.asks[ask].answer = answer
+        guard case .success(.some) = answer else { return }
+        let target = coordinator.asks[ask].target
+        coordinator.owed.insert(target)
+        coordinator.relinquishes[target] = coordinator.asks[ask].re
+    }
+
+    /// The outcome of request `id` of process `index` is in: the production table says
+    /// which ask it ends, if any still waits for it.
+    func arrive(_ id: UInt64, _ outcome: Result<SpaceProtocol.Body?, any Error>, in index: Int) {
+        guard let ref = processes[index].replies.arrive(id, outcome),
+              let position = processes[index].coordinators.firstIndex(where: { $0.id == ref.coordinator }) else { return }
+        Self.settle(ref.ask, of: &processes[index].coordinators[position], with: outcome)
+    }
+
     func startCoordination(in index: Int) {
         started += 1
         var paths = [Self.items.randomElement(using: &random)!]
@@ -151,6 +188,9 @@ extension Simulation {
                     let then: SpaceProtocol.Relinquish.FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil
                     let request = SpaceProtocol.Relinquish(access: steps.kind == .writing ? .write : .read, purpose: "#\(coordinator.id)",
                                                            re: ask.re, then: then, subitemDeletions: steps.subitemDeletions)
+                    // As `AwaitedReplies.request`: registered, sent, then the task parks
+                    // (resumed at once if the outcome is in already).
+                    processes[index].replies.register(ask.id, target: process)
                     let sent = send(.presenter(.init(presenter: number, path: FilePath(path), call: .relinquish(request))),
                                     from: index, to: process, id: ask.id, mayFail: true)
                     if sent, isAlive(process) {
@@ -158,10 +198,16 @@ extension Simulation {
                     } else if space.mailboxes[process] == nil || !isAlive(process) {
                         // Gone, or dead after the write: skipped, and cleaned up after.
                         cleanUp(process)
-                        ask.answer = .success(nil)
+                        _ = processes[index].replies.arrive(ask.id, .success(nil))
                     } else {
-                        ask.answer = .failure(NotDelivered())
+                        _ = processes[index].replies.arrive(ask.id, .failure(NotDelivered()))
                     }
+                    coordinator.asks.append(ask)
+                    let ref = AskRef(coordinator: coordinator.id, ask: coordinator.asks.count - 1)
+                    if case .resume(let outcome) = processes[index].replies.park(ask.id, ref) {
+                        Self.settle(ref.ask, of: &coordinator, with: outcome)
+                    }
+                    continue
                 }
                 if case .success(.some)? = ask.answer { coordinator.owed.insert(target) }
                 coordinator.asks.append(ask)
@@ -234,34 +280,9 @@ extension Simulation {
         }
     }
 
-    /// A reply arrived for request `id`.
-    func resolve(_ id: UInt64, refused: Bool, in index: Int) {
-        for position in processes[index].coordinators.indices {
-            guard let ask = processes[index].coordinators[position].asks.firstIndex(where: { $0.id == id && $0.answer == nil }) else { continue }
-            let target = processes[index].coordinators[position].asks[ask].target
-            if refused {
-                processes[index].coordinators[position].asks[ask].answer = .failure(Refused())
-            } else {
-                processes[index].coordinators[position].asks[ask].answer = .success({})
-                processes[index].coordinators[position].owed.insert(target)
-                processes[index].coordinators[position].relinquishes[target] = processes[index].coordinators[position].asks[ask].re
-            }
-            return
-        }
-    }
-
-    /// Asks to a process that ended are answered: it is gone (as ``AwaitedReplies`` ends them).
-    func endAsks(to name: String, in index: Int) -> Bool {
-        var ended = false
-        for position in processes[index].coordinators.indices {
-            for ask in processes[index].coordinators[position].asks.indices where processes[index].coordinators[position].asks[ask].answer == nil {
-                if case .remote(let process, _, _) = processes[index].coordinators[position].asks[ask].target, process == name {
-                    processes[index].coordinators[position].asks[ask].answer = .success(nil)
-                    ended = true
-                }
-            }
-        }
-        return ended
+    /// A reply arrived.
+    func resolve(_ reply: SpaceProtocol.Reply, in index: Int) {
+        arrive(reply.re, .success(.reply(reply)), in: index)
     }
 
     /// Asks not answered within the presenter timeout are given up (the policy proceeds),
@@ -274,7 +295,8 @@ extension Simulation {
                     let waiting = processes[index].coordinators[position].asks[ask]
                     guard waiting.answer == nil, now - waiting.since > options.presenterTimeout,
                           case .remote(let process, let number, let path) = waiting.target else { continue }
-                    processes[index].coordinators[position].asks[ask].answer = .success(nil)
+                    // As `AwaitedReplies`' deadline: the request ends with no answer.
+                    arrive(waiting.id, .failure(RemoteNoAnswer()), in: index)
                     log("\(processes[index].name) #\(processes[index].coordinators[position].id) gives up on \(process)")
                     tell(.presenter(.init(presenter: number, path: FilePath(path), call: .reacquire(re: waiting.re))), from: index, to: process)
                 }

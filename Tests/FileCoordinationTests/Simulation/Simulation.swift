@@ -25,12 +25,13 @@ struct SeededRandom: RandomNumberGenerator {
 /// (``SpaceLocks/plan(for:)``, ``SpaceLocks/attempt(_:queued:calls:)``); how each
 /// request for a presenter is served (``ServingMachine``, whose actions `serve(in:)`
 /// carries out as `PresenterServer` does, with the ledger of what a process owes other
-/// processes' coordinators, ``ServingLedger``); and the protocol's codec
-/// (``SpaceProtocol``, every message is encoded and decoded). What is simulated: the
+/// processes' coordinators, ``ServingLedger``); each request's wait for its outcome (the
+/// table of ``AwaitedReplies``, ``ReplyTable``), and what a process does when another
+/// may have ended (``ProcessEnding``); and the protocol's codec (``SpaceProtocol``, every
+/// message is encoded and decoded). What is simulated: the
 /// kernel (byte locks that die with their process, ``MemoryLocks``; one ordered inotify
 /// queue per process), the space's files (records, mailboxes, presenter records), the
-/// presenters' callbacks (which take a step, and may refuse), and `SpaceMail`'s
-/// process-ended path.
+/// presenters' callbacks (which take a step, and may refuse).
 ///
 /// The invariants of `docs/reliability.md` are checked after every step, and once the
 /// run has settled.
@@ -150,6 +151,9 @@ final class Simulation {
         var stoppedUntil = 0
         var requests = CenterRequests<Int>()
         var ledger = ServingLedger<Int>()
+        /// The requests this process's coordinations sent whose outcome they await: the
+        /// production table of ``AwaitedReplies``.
+        var replies = ReplyTable<AskRef>()
         var events: [Event] = []
         var serving: [Serving] = []
         /// The item being served while its presenter's callback runs (it takes time: other
@@ -384,20 +388,11 @@ final class Simulation {
             // mailbox is read, and the processes this one waits for or owes are checked.
             log("\(me) rescans after an overflow")
             while space.mailboxes[me]?.isEmpty == false { readMessage(in: index) }
-            for name in Set(processes[index].ledger.owedProcesses + waitedFor(in: index)).sorted() where !isAlive(name) {
+            for name in ProcessEnding.toRecheck(awaited: processes[index].replies.targets, owed: processes[index].ledger.owedProcesses) {
                 processEnded(name, in: index)
             }
         case .mail:
             readMessage(in: index)
-        }
-    }
-
-    /// The processes whose answers `index`'s coordinations wait for.
-    func waitedFor(in index: Int) -> [String] {
-        processes[index].coordinators.flatMap { coordinator in
-            coordinator.asks.compactMap { ask in
-                if ask.answer == nil, case .remote(let process, _, _) = ask.target { process } else { nil }
-            }
         }
     }
 
@@ -413,7 +408,7 @@ final class Simulation {
         }
         switch message.body {
         case .reply(let reply):
-            resolve(reply.re, refused: reply.failure != nil, in: index)
+            resolve(reply, in: index)
         case .presenter:
             // As `PresenterServer.received`.
             if let item = ServingMachine<Int>.item(message) { ServingMachine.arrived(item, ledger: &processes[index].ledger) }
@@ -423,14 +418,17 @@ final class Simulation {
         }
     }
 
-    /// As `SpaceMail.processEnded` and `forgetRequests(of:)`.
+    /// `SpaceMail.processEnded`'s decision (``ProcessEnding``), carried out as it does.
     func processEnded(_ name: String, in index: Int) {
         log("\(processes[index].name) hears \(name) ended")
-        guard !isAlive(name) else { return }
-        if processes[index].ledger.owes(name), processes[index].ledger.senderDied(name), !options.forgetsDeadAskers {
+        let outcome = ProcessEnding.decide(waiting: processes[index].replies.awaiting(name), owes: processes[index].ledger.owes(name)) {
+            isAlive(name)
+        }
+        if outcome.givesBack, processes[index].ledger.senderDied(name), !options.forgetsDeadAskers {
             processes[index].serving.append(.senderGone(name))
         }
-        if endAsks(to: name, in: index) { cleanUp(name) }
+        for id in outcome.unanswered { arrive(id, .success(nil), in: index) }
+        if outcome.cleansUp { cleanUp(name) }
     }
 
     // MARK: Serving (each process's serving task), with PresenterServer's machine
@@ -515,6 +513,9 @@ final class Simulation {
             }
             if processes[index].ledger.keptCount != 0 {
                 throw fail("\(processes[index].name) still keeps \(processes[index].ledger.keptCount) relinquishes")
+            }
+            if !processes[index].replies.entries.isEmpty {
+                throw fail("\(processes[index].name) still awaits \(processes[index].replies.entries.count) replies")
             }
         }
         // Every request ended: nothing held or queued in the kernel, nothing tracked here.
