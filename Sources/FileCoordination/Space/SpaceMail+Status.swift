@@ -161,8 +161,9 @@ extension SpaceMail {
     }
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
-    /// ``MessageSlots``); returns whether its record and mailbox are gone now (nothing is
-    /// removed for a process that is alive). On an I/O thread, the liveness check
+    /// ``MessageSlots``); returns whether this call removed some of them and its record and
+    /// mailbox are gone now: false for a process that left (it removed its own files), one
+    /// another process cleaned up after first, and one that is alive (nothing is removed). On an I/O thread, the liveness check
     /// included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
@@ -184,9 +185,10 @@ extension SpaceMail {
         for name in (try? Self.list(dirFD, SpaceLayout.presenters)) ?? [] where SpaceLayout.isPresenterRecord(name, of: process) {
             if case .success = Syscall.unlinkat(dirFD, SpaceLayout.presenterRecord(named: name)) { removedPresenters = true }
         }
-        Self.removeMailbox(dirFD, process)
-        _ = Syscall.unlinkat(dirFD, SpaceLayout.record(process))
-        _ = Syscall.unlinkat(dirFD, SpaceLayout.hiddenRecord(process))
+        var removed = Self.removeMailbox(dirFD, process) || removedPresenters
+        for record in [SpaceLayout.record(process), SpaceLayout.hiddenRecord(process)] {
+            if case .success = Syscall.unlinkat(dirFD, record) { removed = true }
+        }
         // Its slots in other processes' mailboxes (not registry entries).
         if !left { MessageSlots.removeEmptySlots(of: process, dirFD: dirFD) }
         // Another process may have been first: the registry of presenters, which
@@ -196,9 +198,9 @@ extension SpaceMail {
         // directory for a record, a file for a mailbox, one that holds a directory): set
         // aside, or every later look would find it again.
         for (folder, what) in [(SpaceLayout.records, "a process's record"), (SpaceLayout.mailboxes, "a process's mailbox")] where exists(dirFD, "\(folder)/\(process)") {
-            setAside(folder, process, reason: "not \(what) (its type is not one this library makes)")
+            if setAside(folder, process, reason: "not \(what) (its type is not one this library makes)") { removed = true }
         }
-        return !exists(dirFD, SpaceLayout.record(process)) && !exists(dirFD, SpaceLayout.mailbox(process))
+        return removed && !exists(dirFD, SpaceLayout.record(process)) && !exists(dirFD, SpaceLayout.mailbox(process))
     }
 
     /// Whether the space has an entry at `name` (blocking).

@@ -287,15 +287,17 @@ package final class SpaceMail: Sendable {
     /// program's or version's file) out of the way, under a hidden name that listings
     /// skip, and says so once: left in place, every process would warn about it on every
     /// command, for ever. Blocking (`renameat`); nothing is said if another process
-    /// moved it first.
-    func setAside(_ folder: String, _ name: String, reason: String) {
+    /// moved it first. Returns whether this call moved it.
+    @discardableResult
+    func setAside(_ folder: String, _ name: String, reason: String) -> Bool {
         let dirFD = files.directoryFD
         let hidden = SpaceLayout.foreignPrefix + name
-        guard case .success = Syscall.renameat(dirFD, "\(folder)/\(name)", "\(folder)/\(hidden)") else { return }
+        guard case .success = Syscall.renameat(dirFD, "\(folder)/\(name)", "\(folder)/\(hidden)") else { return false }
         FileCoordinator.logger.warning("set aside an entry of the coordination space that is not one of ours",
                                           metadata: ["path": "\(files.directory.appending(folder).appending(name))",
                                                      "now": "\(files.directory.appending(folder).appending(hidden))",
                                                      "reason": "\(reason)"])
+        return true
     }
 
     /// Whether `process` still has its record in `procs/` (it has not left, and has not
