@@ -1,11 +1,6 @@
 import Foundation
 import SystemPackage
 
-/// Marks an ``AsyncFileStream`` opened for reading: only the read methods are available.
-public enum ReadMode {}
-/// Marks an ``AsyncFileStream`` opened for writing: only the write methods are available.
-public enum WriteMode {}
-
 /// A file opened for asynchronous sequential reading or writing.
 ///
 /// The stream is `~Copyable`: exactly one owner uses it, the compiler rejects any use
@@ -85,36 +80,6 @@ extension AsyncFileStream where Mode == WriteMode {
     /// Flushes written data to the device (`fsync`).
     public func synchronize() async throws {
         try await storage.synchronize()
-    }
-}
-
-/// The chunks of an ``AsyncFileStream``, read on demand. See ``AsyncFileStream/chunks(ofSize:)``.
-public struct FileChunks: AsyncSequence, Sendable {
-    public typealias Element = Data
-    let storage: StreamStorage
-    let chunkSize: Int
-
-    /// An iterator reading one chunk per `next()`.
-    public func makeAsyncIterator() -> Iterator {
-        Iterator(storage: storage, chunkSize: chunkSize)
-    }
-
-    /// Reads one chunk per call to ``next()``.
-    public struct Iterator: AsyncIteratorProtocol {
-        let storage: StreamStorage
-        let chunkSize: Int
-        var finished = false
-
-        /// The next chunk; nil at the end of the file.
-        public mutating func next() async throws -> Data? {
-            guard !finished else { return nil }
-            let chunk = try await storage.read(upToCount: chunkSize)
-            if chunk.isEmpty {
-                finished = true
-                return nil
-            }
-            return chunk
-        }
     }
 }
 

@@ -5,69 +5,6 @@ import SystemPackage
 import Glibc
 #endif
 
-/// The outcome of reading one file of a ``FileBatchReader``.
-public struct BatchReadResult: Sendable {
-    /// The file's position in the list the batch was made from.
-    public let index: Int
-    /// The file's path, with the exact bytes it was given with (made when asked for: a
-    /// batch given URLs reads without one).
-    public var path: FilePath { platformPath.filePath }
-    /// The file's path as the kernel took it.
-        package let platformPath: PlatformPath
-    /// The file's whole content, or why it could not be read.
-    public let result: Result<Data, FileCoordinationError>
-
-    /// The file's `file:` URL.
-    public var url: URL { path.fileURL }
-
-    /// The content, or the error that prevented reading it.
-    public func get() throws(FileCoordinationError) -> Data { try result.get() }
-
-    /// A result (for sequences that renumber or wrap batch results).
-    public init(index: Int, path: FilePath, result: Result<Data, FileCoordinationError>) {
-        self.init(index: index, platformPath: PlatformPath(path), result: result)
-    }
-
-        package init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
-        self.index = index
-        self.platformPath = platformPath
-        self.result = result
-    }
-}
-
-/// How a ``FileBatchReader`` reads.
-public struct BatchReadOptions: Sendable {
-    /// The order results are delivered in.
-    public enum Order: Sendable, Hashable {
-        /// The order of the input list.
-        case given
-        /// As each file finishes, whatever its position.
-        case completion
-    }
-
-    /// How many files are read at the same time (at most one descriptor each).
-    public var concurrency: Int
-    /// The order results are delivered in.
-    public var order: Order
-    /// Files larger than this fail with ``FileCoordinationError/Code/fileTooLarge``.
-    public var maximumFileSize: Int
-    /// Reading pauses while this many bytes of results wait for the consumer
-    /// (back-pressure); at least one file is always let through.
-    public var maximumBufferedBytes: Int
-    /// The engine that reads the files.
-    public var engine: FileIOEngine
-
-    /// Options with the given values; the defaults suit many small files on a local disk.
-    public init(concurrency: Int = 16, order: Order = .given, maximumFileSize: Int = .max,
-                maximumBufferedBytes: Int = 256 << 20, engine: FileIOEngine = .default) {
-        self.concurrency = concurrency
-        self.order = order
-        self.maximumFileSize = maximumFileSize
-        self.maximumBufferedBytes = max(1, maximumBufferedBytes)
-        self.engine = engine
-    }
-}
-
 /// Reads many files in parallel and delivers each one's content, or its error, as an
 /// element of an asynchronous sequence.
 ///

@@ -1,0 +1,2 @@
+/// Marks an ``AsyncFileStream`` opened for reading: only the read methods are available.
+public enum ReadMode {}
