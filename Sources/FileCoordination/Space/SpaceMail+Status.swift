@@ -162,9 +162,9 @@ extension SpaceMail {
 
     /// Removes a dead process's record, mailbox, presenters and message slots (see
     /// ``MessageSlots``); returns whether this call removed some of them and its record and
-    /// mailbox are gone now: false for a process that left (it removed its own files), one
-    /// another process cleaned up after first, and one that is alive (nothing is removed). On an I/O thread, the liveness check
-    /// included (it opens the record).
+    /// mailbox are gone now: false for a process that left (it removed its own files), for
+    /// one another process cleaned up after first, and for one that is alive (nothing is
+    /// removed). On an I/O thread, the liveness check included (it opens the record).
     @discardableResult
     func cleanUp(_ process: String) async -> Bool {
         (try? await runOnIOThread { [self] in cleanUpHere(process) }) ?? false
