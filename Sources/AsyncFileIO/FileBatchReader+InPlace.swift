@@ -241,7 +241,9 @@ private final class InPlaceBatch<Partial: Sendable>: Sendable {
                 continue
             }
             let group = indices.map { (index: $0, input: inputs[$0]) }
-            let paths = group.compactMap { file -> (Int, PlatformPath)? in
+            // Labelled as the gate takes them: an array of unlabelled tuples would be cast,
+            // element by element through the runtime, on every group.
+            let paths = group.compactMap { file -> (index: Int, path: PlatformPath)? in
                 if case .path(let path) = file.input { return (file.index, path) } else { return nil }
             }
             // One question for a group of several files; a lone file is asked alone below
