@@ -443,10 +443,3 @@ private final class ClosureClient: InotifyClient {
         }
     }
 }
-
-/// `TMPDIR` without importing Foundation into the watcher.
-enum ProcessInfoLite {
-    static var temporaryDirectory: String {
-        getenv("TMPDIR").map { String(cString: $0) } ?? "/tmp"
-    }
-}

@@ -46,7 +46,9 @@ struct SpaceLeavingTests {
             let (space, mail) = try await joinUseAndLeave(root, item)
             // Work under way as the process left (the watcher thread's last delivery) may
             // hold the space's parts a moment longer; bounded, polled.
-            for _ in 0 ..< 5_000 where space.value != nil || mail.value != nil { try await Task.sleep(for: .milliseconds(1)) }
+            for _ in 0 ..< 5_000 where space.value != nil || mail.value != nil {
+                try await Task.sleep(for: .milliseconds(1)) // ok: polling for another thread's last release, bounded
+            }
             #expect(space.value == nil, "the space is kept after the process left it")
             #expect(mail.value == nil, "the space's mail is kept after the process left it")
             #expect(openDescriptors(under: root) == 0, "descriptors left open in a space the process left")
