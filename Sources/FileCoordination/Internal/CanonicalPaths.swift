@@ -44,6 +44,12 @@ package enum CanonicalPaths {
     /// key would hash byte by byte).
     static let cache = Locked<[PathKey: Entry]>([:])
 
+    /// Directories being resolved on an I/O thread, with the tasks that wait for the same
+    /// resolution: many coordinations starting at once on a directory not known yet make
+    /// one job, not one each (a hundred would each take an I/O thread, and the pool would
+    /// start threads for them).
+    static let resolving = SingleFlight<PathKey, Entry?>()
+
     /// The last item resolved whose last component was no link, with its key and until
     /// when its directory's resolution is trusted: a coordination of the same item again
     /// (the usual loop) makes one `readlink(2)` (or `readlinkat(2)`, ``LinkProbe``) and no
@@ -209,6 +215,15 @@ package enum CanonicalPaths {
 
     /// The canonical bytes, and until when they may be reused without resolving again:
     /// nil when a link was followed, the directory could not be resolved, or `path` is `/`.
+    /// `directory` resolved on an I/O thread, by this task or by one that asked first
+    /// (its result shared); nil when no I/O thread could run it.
+    private static func resolveOnce(_ directory: [UInt8], isolation: isolated (any Actor)? = #isolation) async -> Entry? {
+        await resolving.value(for: PathKey(directory), late: { cached(directory) }) {
+            let made = ContinuousClock.now
+            return try? await runOnIOThread { Entry(resolved: resolveDirectory(directory), made: made) }
+        }
+    }
+
     static func resolve(_ path: [UInt8], followingLast: Bool,
                                 isolation: isolated (any Actor)? = #isolation) async -> ([UInt8], ContinuousClock.Instant?) {
         var bytes = path
@@ -218,13 +233,7 @@ package enum CanonicalPaths {
             let whole = isParentStep(name)
             let wanted = whole ? bytes : directory
             // nil when it could not be resolved (no I/O thread): used as given, not reused.
-            let resolved: Entry?
-            if let known = cached(wanted) {
-                resolved = known
-            } else {
-                let made = ContinuousClock.now
-                resolved = try? await runOnIOThread { Entry(resolved: resolveDirectory(wanted), made: made) }
-            }
+            let resolved: Entry? = if let known = cached(wanted) { known } else { await resolveOnce(wanted) }
             if whole {
                 return (resolved.map { rooted($0.resolved) } ?? bytes, hop == 0 ? resolved.map { $0.made + lifetime } : nil)
             }
