@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import SystemPackage
 import Testing
+import TestSupport
 @testable import AsyncFileIO
 
 @Suite("FileBatchReader.forEachFile (in place)")

@@ -50,17 +50,6 @@ func pattern(_ count: Int, seed: UInt64 = 1) -> Data {
     return data
 }
 
-/// Open descriptors of this process that point into `directory` (other tests running in
-/// parallel open their own files, so a plain count would not be stable).
-func openDescriptors(under directory: FilePath) -> Int {
-    let prefix = directory.string
-    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
-    return entries.filter { entry in
-        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)") else { return false }
-        return target.hasPrefix(prefix)
-    }.count
-}
-
 /// The calling thread's name.
 func currentThreadName() -> String {
     var buffer = [CChar](repeating: 0, count: 32)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import FileCoordination
 
 /// What a process of a space makes only once it needs it: a process that only claims (most
@@ -53,7 +54,7 @@ struct SpaceLeavingTests {
             #expect(mail.value == nil, "the space's mail is kept after the process left it")
             #expect(openDescriptors(under: root) == 0, "descriptors left open in a space the process left")
             let watched = ["", "claims.lock", "claims", "procs"].map { $0.isEmpty ? root : root.appending($0) }
-            #expect(watchedInodes(of: watched) == 0, "watches left on a space the process left")
+            #expect(KernelWatches.count(on: watched) == 0, "watches left on a space the process left")
         }
     }
 
@@ -77,35 +78,4 @@ struct SpaceLeavingTests {
 final class Weak<Object: AnyObject>: @unchecked Sendable {
     weak var value: Object?
     init(_ value: Object) { self.value = value }
-}
-
-/// Open descriptors of this process that point into `directory` (other tests running in
-/// parallel open their own files, so a plain count would not be stable).
-func openDescriptors(under directory: FilePath) -> Int {
-    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
-    return entries.filter { entry in
-        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)") else { return false }
-        return target.hasPrefix(directory.string + "/") || target == directory.string
-    }.count
-}
-
-/// How many of this process's kernel inotify watches are on the inodes of `paths`, by the
-/// kernel's own account (`/proc/self/fdinfo`), whatever table the library keeps.
-func watchedInodes(of paths: [FilePath]) -> Int {
-    let wanted = Set(paths.compactMap { path -> UInt64? in
-        var info = stat()
-        return lstat(path.string, &info) == 0 ? UInt64(info.st_ino) : nil
-    })
-    var count = 0
-    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
-        guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
-              target == "anon_inode:inotify",
-              let info = try? String(contentsOfFile: "/proc/self/fdinfo/\(entry)", encoding: .utf8) else { continue }
-        for line in info.split(separator: "\n") where line.hasPrefix("inotify wd:") {
-            guard let field = line.split(separator: " ").first(where: { $0.hasPrefix("ino:") }),
-                  let inode = UInt64(field.dropFirst(4), radix: 16) else { continue }
-            if wanted.contains(inode) { count += 1 }
-        }
-    }
-    return count
 }

@@ -1,6 +1,7 @@
 import Foundation
 import SystemPackage
 import Testing
+import TestSupport
 @testable import FileWatching
 
 /// A fresh directory; removed at the end.
