@@ -213,8 +213,6 @@ package enum CanonicalPaths {
         last.withLock { $0?.lexical == path && $0?.probe != nil }
     }
 
-    /// The canonical bytes, and until when they may be reused without resolving again:
-    /// nil when a link was followed, the directory could not be resolved, or `path` is `/`.
     /// `directory` resolved on an I/O thread, by this task or by one that asked first
     /// (its result shared); nil when no I/O thread could run it.
     private static func resolveOnce(_ directory: [UInt8], isolation: isolated (any Actor)? = #isolation) async -> Entry? {
@@ -224,6 +222,8 @@ package enum CanonicalPaths {
         }
     }
 
+    /// The canonical bytes, and until when they may be reused without resolving again:
+    /// nil when a link was followed, the directory could not be resolved, or `path` is `/`.
     static func resolve(_ path: [UInt8], followingLast: Bool,
                                 isolation: isolated (any Actor)? = #isolation) async -> ([UInt8], ContinuousClock.Instant?) {
         var bytes = path
