@@ -287,15 +287,8 @@ func runSpace(_ paths: [String]) async throws {
 /// The C pool under a shared lock per file (or per `filesPerLock` files), its 64 shard
 /// files in `shards` (`peer_read_files_locked`).
 func cLockedPool(_ paths: [String], shards: String, filesPerLock: Int) -> Tally {
-    var strings = paths.map { strdup($0) }
-    defer { strings.forEach { free($0) } }
     var sum: UInt64 = 0
-    let bytes = strings.withUnsafeBufferPointer { buffer in
-        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
-            peer_read_files_locked($0, buffer.count, Int32(concurrency), shards, Int32(filesPerLock), &sum)
-        }
-    }
-    strings.removeAll()
+    let bytes = withCPaths(paths) { peer_read_files_locked($0, $1, Int32(concurrency), shards, Int32(filesPerLock), &sum) }
     precondition(bytes >= 0, "the C pool with locks failed (a shard or a lock call)")
     return Tally(bytes: Int(bytes), sum: sum)
 }

@@ -8,15 +8,8 @@ import Foundation
 
 /// The C stream: every file through one reused `chunk`-byte buffer per thread.
 func cStream(_ paths: [String], threads: Int, chunk: Int) -> Tally {
-    var strings = paths.map { strdup($0) }
-    defer { strings.forEach { free($0) } }
     var sum: UInt64 = 0
-    let bytes = strings.withUnsafeBufferPointer { buffer in
-        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
-            peer_stream_files($0, buffer.count, Int32(threads), chunk, &sum)
-        }
-    }
-    strings.removeAll()
+    let bytes = withCPaths(paths) { peer_stream_files($0, $1, Int32(threads), chunk, &sum) }
     return Tally(bytes: Int(bytes), sum: sum)
 }
 

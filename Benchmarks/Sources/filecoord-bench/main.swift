@@ -135,17 +135,21 @@ func warmPageCache(_ paths: [String]) {
 /// The C pool; with `handOff`, each file's bytes are handed to the calling thread
 /// (`peer_read_files_handoff`).
 func cPool(_ paths: [String], threads: Int = concurrency, handOff: Bool = false) -> Tally {
-    var strings = paths.map { strdup($0) }
-    defer { strings.forEach { free($0) } }
     var sum: UInt64 = 0
-    let bytes = strings.withUnsafeBufferPointer { buffer in
-        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) {
-            handOff ? peer_read_files_handoff($0, buffer.count, Int32(threads), &sum)
-                : peer_read_files($0, buffer.count, Int32(threads), &sum)
-        }
+    let bytes = withCPaths(paths) { paths, count in
+        handOff ? peer_read_files_handoff(paths, count, Int32(threads), &sum) : peer_read_files(paths, count, Int32(threads), &sum)
     }
-    strings.removeAll()
     return Tally(bytes: Int(bytes), sum: sum)
+}
+
+/// `paths` as the C peers take them (an array of C strings, and its count), freed once
+/// `body` returns.
+func withCPaths<T>(_ paths: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>, Int) -> T) -> T {
+    let strings = paths.map { strdup($0) }
+    defer { strings.forEach { free($0) } }
+    return strings.withUnsafeBufferPointer { buffer in
+        buffer.baseAddress!.withMemoryRebound(to: UnsafePointer<CChar>?.self, capacity: buffer.count) { body($0, buffer.count) }
+    }
 }
 
 func filecoord(_ paths: [FilePath], engine: FileIOEngine) async throws -> Tally {
