@@ -27,12 +27,20 @@ enum ItemRequest: Sendable {
 }
 
 /// A message to a presenter after an access, delivered once the accessor has returned.
-enum PendingMessage: Sendable {
+package enum PendingMessage: Sendable {
     case didChange(PresenterRegistry.Entry)
     case didMove(PresenterRegistry.Entry, to: FilePath)
     case subitemDidAppear(PresenterRegistry.Entry, FilePath)
     case subitemDidChange(PresenterRegistry.Entry, FilePath)
     case subitemDidMove(PresenterRegistry.Entry, from: FilePath, to: FilePath)
+
+    /// The presenter told.
+    package var entry: PresenterRegistry.Entry {
+        switch self {
+        case .didChange(let entry), .didMove(let entry, _), .subitemDidAppear(let entry, _), .subitemDidChange(let entry, _),
+             .subitemDidMove(let entry, _, _): entry
+        }
+    }
 }
 
 /// The coordination an accessor runs in (a task-local): collects the move messages

@@ -77,24 +77,7 @@ extension FileCoordinator {
     }
 
     private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy, metrics: CoordinationMetrics) async {
-        let (entry, name, body): (PresenterRegistry.Entry, String, @Sendable () async -> Void)
-        switch message {
-        case .didChange(let e):
-            (entry, name, body) = (e, "presentedItemDidChange()", { await e.presenter.presentedItemDidChange() })
-        case .didMove(let e, let path):
-            let url = path.fileURL
-            (entry, name, body) = (e, "presentedItemDidMove(to:)", { await e.presenter.presentedItemDidMove(to: url) })
-        case .subitemDidAppear(let e, let path):
-            let url = path.fileURL
-            (entry, name, body) = (e, "presentedSubitemDidAppear(at:)", { await e.presenter.presentedSubitemDidAppear(at: url) })
-        case .subitemDidChange(let e, let path):
-            let url = path.fileURL
-            (entry, name, body) = (e, "presentedSubitemDidChange(at:)", { await e.presenter.presentedSubitemDidChange(at: url) })
-        case .subitemDidMove(let e, let from, let to):
-            let (old, new) = (from.fileURL, to.fileURL)
-            (entry, name, body) = (e, "presentedSubitem(at:didMoveTo:)", { await e.presenter.presentedSubitem(at: old, didMoveTo: new) })
-        }
-        _ = try? await PresenterCall(policy: policy, entry: entry, metrics: metrics)(name, body)
+        await message.entry.endpoint.tell(message, call: PresenterCall(policy: policy, entry: message.entry, metrics: metrics))
     }
 
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
@@ -102,7 +85,7 @@ extension FileCoordinator {
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
         let metrics = center.metrics
         @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
-            _ = try? await PresenterCall(policy: lenient, entry: entry, metrics: metrics)("reacquirer") { await reacquirer() }
+            await entry.endpoint.giveBack(reacquirer, call: PresenterCall(policy: lenient, entry: entry, metrics: metrics))
         }
         // One (the common case) runs from this task; several, all at once.
         if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }

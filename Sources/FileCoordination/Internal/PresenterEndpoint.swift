@@ -14,6 +14,14 @@ package protocol PresenterEndpoint: Sendable {
     /// the deletion, then the subitem deletions): the reacquirer, or nil.
     func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer?
 
+    /// Tells the presenter what the access did (`message` is for this presenter); a slow
+    /// or failing presenter only delays it, never fails it.
+    func tell(_ message: PendingMessage, call: PresenterCall) async
+
+    /// Runs the reacquirer ``askBefore(_:purpose:call:)`` returned: the presenter takes its
+    /// item back.
+    func giveBack(_ reacquirer: @escaping FileReacquirer, call: PresenterCall) async
+
     /// Whether this process registered the presenter: it publishes it in the coordination
     /// space, and publishes it again where it moves.
     var isRegisteredHere: Bool { get }
@@ -132,6 +140,32 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
         }
         return reacquirer
     }
+
+    func tell(_ message: PendingMessage, call: PresenterCall) async {
+        let presenter = self.presenter
+        let (name, body): (String, @Sendable () async -> Void)
+        switch message {
+        case .didChange:
+            (name, body) = ("presentedItemDidChange()", { await presenter.presentedItemDidChange() })
+        case .didMove(_, let path):
+            let url = path.fileURL
+            (name, body) = ("presentedItemDidMove(to:)", { await presenter.presentedItemDidMove(to: url) })
+        case .subitemDidAppear(_, let path):
+            let url = path.fileURL
+            (name, body) = ("presentedSubitemDidAppear(at:)", { await presenter.presentedSubitemDidAppear(at: url) })
+        case .subitemDidChange(_, let path):
+            let url = path.fileURL
+            (name, body) = ("presentedSubitemDidChange(at:)", { await presenter.presentedSubitemDidChange(at: url) })
+        case .subitemDidMove(_, let from, let to):
+            let (old, new) = (from.fileURL, to.fileURL)
+            (name, body) = ("presentedSubitem(at:didMoveTo:)", { await presenter.presentedSubitem(at: old, didMoveTo: new) })
+        }
+        _ = try? await call(name, body)
+    }
+
+    func giveBack(_ reacquirer: @escaping FileReacquirer, call: PresenterCall) async {
+        _ = try? await call("reacquirer") { await reacquirer() }
+    }
 }
 
 /// A presenter of another process: the steps before an access go in one request, with the
@@ -149,5 +183,23 @@ extension RemotePresenter: PresenterEndpoint {
         }
         guard case .some(let reacquirer) = answer else { return nil }
         return reacquirer
+    }
+
+    /// A message with no answer, posted behind this process's earlier messages to that
+    /// process: nothing to wait for, so no task and no timer.
+    package func tell(_ message: PendingMessage, call: PresenterCall) async {
+        switch message {
+        case .didChange: tell(.didChange)
+        case .didMove(_, let to): tell(.didMove(to: to))
+        case .subitemDidAppear(_, let at): tell(.subitemDidAppear, path: at)
+        case .subitemDidChange(_, let at): tell(.subitemDidChange, path: at)
+        case .subitemDidMove(_, let from, let to): tell(.subitemDidMove(to: to), path: from)
+        }
+    }
+
+    /// The reacquirer of ``relinquish(_:kind:purpose:then:subitemDeletions:timeout:)``
+    /// only posts a `reacquire`: run as it is.
+    package func giveBack(_ reacquirer: @escaping FileReacquirer, call: PresenterCall) async {
+        await reacquirer()
     }
 }

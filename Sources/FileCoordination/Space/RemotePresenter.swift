@@ -83,7 +83,7 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     /// Posts a message that has no answer: the coordination waits for its write once, at
     /// its end (``SpaceMail/flush()``).
-    private func tell(_ call: SpaceProtocol.Call, path: FilePath? = nil) {
+    func tell(_ call: SpaceProtocol.Call, path: FilePath? = nil) {
         mail.tell(message(call, path: path), to: process)
     }
 
