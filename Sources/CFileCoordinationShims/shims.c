@@ -15,6 +15,7 @@
 const int fc_O_TMPFILE = O_TMPFILE;
 const int fc_O_PATH = O_PATH;
 const int fc_O_NOFOLLOW = O_NOFOLLOW;
+const int fc_O_NOATIME = O_NOATIME;
 const int fc_O_DIRECTORY = O_DIRECTORY;
 const int fc_AT_SYMLINK_FOLLOW = AT_SYMLINK_FOLLOW;
 const int fc_AT_FDCWD = AT_FDCWD;

@@ -219,4 +219,32 @@ struct MessageSlotsTests {
             #expect(throws: SpaceMail.SendError.gone) { _ = try slots.open(for: "target", dirFD: directoryFD) }
         }
     }
+
+    @Test("a receiver's read leaves the slot's access time as it was (no inode dirtied per message)")
+    func readLeavesAccessTime() throws {
+        try withSlots { slots, directoryFD throws in
+            _ = try #require(try send("message", slots, directoryFD))
+            // The slot written (the spare beside it is empty).
+            let name = try #require(try FileManager.default.contentsOfDirectory(atPath: mailbox).first {
+                (try? FileManager.default.attributesOfItem(atPath: mailbox + "/" + $0)[.size] as? Int) == 7
+            })
+            // An access time older than the modification time: a `relatime` (or
+            // `strictatime`) mount updates it on the next read.
+            var times = [timespec(tv_sec: 1_000_000, tv_nsec: 0), timespec(tv_sec: 2_000_000, tv_nsec: 0)]
+            #expect(utimensat(AT_FDCWD, mailbox + "/" + name, &times, 0) == 0)
+            let mailboxFD = open(mailbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            try #require(mailboxFD >= 0)
+            defer { close(mailboxFD) }
+            guard case .success(let fd) = SpaceMail.openMessage(dirFD: mailboxFD, name: Array(name.utf8)) else {
+                Issue.record("the slot could not be opened")
+                return
+            }
+            var buffer = [UInt8](repeating: 0, count: 64)
+            #expect(read(fd, &buffer, buffer.count) == 7)
+            close(fd)
+            var info = stat()
+            #expect(stat(mailbox + "/" + name, &info) == 0)
+            #expect(info.st_atim.tv_sec == 1_000_000)
+        }
+    }
 }

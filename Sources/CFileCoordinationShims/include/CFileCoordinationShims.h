@@ -71,6 +71,7 @@ void *fc_map_shared(int fd, size_t length);
 extern const int fc_O_TMPFILE;
 extern const int fc_O_PATH;
 extern const int fc_O_NOFOLLOW;
+extern const int fc_O_NOATIME;
 extern const int fc_O_DIRECTORY;
 extern const int fc_AT_SYMLINK_FOLLOW;
 extern const int fc_AT_FDCWD;

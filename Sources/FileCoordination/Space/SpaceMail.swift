@@ -240,9 +240,17 @@ package final class SpaceMail: Sendable {
         return order
     }
 
-    /// Opens a message file for reading, without following a link or blocking on a FIFO.
+    /// Opens a message file for reading, without following a link or blocking on a FIFO,
+    /// and without updating its access time: a read after each write would otherwise
+    /// dirty the slot's inode again (on a `relatime` mount). Only the file's owner may ask
+    /// that (`EPERM` otherwise), and a file of another user is no message of ours anyway;
+    /// it is opened plainly, for ``readMessage(_:)`` to reject.
     static func openMessage(dirFD: Int32, name: [UInt8]) -> Result<Int32, Errno> {
-        withCString(name) { Syscall.openat(dirFD, $0, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) }
+        withCString(name) { name in
+            let opened = Syscall.openat(dirFD, name, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW | fc_O_NOATIME)
+            guard case .failure(.notPermitted) = opened else { return opened }
+            return Syscall.openat(dirFD, name, O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW)
+        }
     }
 
     /// Reads the message file open at `fd`, checked to be a small regular file of ours.
