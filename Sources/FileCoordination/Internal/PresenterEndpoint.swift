@@ -50,7 +50,9 @@ package struct PresenterCall: Sendable {
     /// itself (no task, no timer): its answer; nil when it was not answered in time
     /// (``RemoteNoAnswer``) and the policy proceeds. Throws as the other form does.
     func request<T: Sendable>(_ name: String, _ body: () async throws -> T) async throws -> T? {
-        try await measured(name) { [policy, entry] in
+        // The answer may take a while: a caller that says what it waits for says so now.
+        WaitObserver.current?.notify()
+        return try await measured(name) { [policy, entry] in
             do {
                 return try await body()
             } catch is RemoteNoAnswer {

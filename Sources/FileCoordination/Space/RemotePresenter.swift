@@ -63,7 +63,6 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
     /// Sends and waits; throws the presenter's own error text when it refused, and says
     /// that the request could not be delivered when the sending failed (a full space).
     private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil, timeout: Duration? = nil) async throws -> Bool {
-        WaitObserver.current?.notify()
         let answer: SpaceProtocol.Body?
         do {
             answer = try await mail.request(message(call, path: path), to: process, timeout: timeout)
