@@ -19,8 +19,9 @@ package final class CoordinationMetrics: Sendable {
     /// How long a coordination's claims waited, here and in other processes, from the
     /// moment they could not be granted at once; a claim granted at once records zero.
     let claimWait: Timer
-    /// How long a presenter took to answer a callback (relinquish, save, a change...),
-    /// here or in another process; one that did not answer in time records nothing.
+    /// How long a presenter took to answer a callback (relinquish, save, a change...); one
+    /// in another process answers only the request before an access. One that did not
+    /// answer in time records nothing.
     let presenterAcknowledgement: Timer
     /// Callbacks a presenter did not answer within the coordinator's timeout.
     let presenterTimeouts: Counter
