@@ -43,4 +43,60 @@ struct PresenterEdgeCaseTests {
             for await _ in reacquired { break }
         }
     }
+
+    @Test("a writer whose task is cancelled during its accessor still tells its presenters of the change and gives them their item back")
+    func cancelledDuringAccessor() async {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("cancelled.txt")
+        await withPresenters([Recorder("P", url: file, log: log), Recorder("Q", url: file, log: log)]) {
+            let writer = Task {
+                try await FileCoordinator().coordinate(writingItemAt: file) { url in
+                    try Data("new".utf8).write(to: url)
+                    withUnsafeCurrentTask { $0?.cancel() }
+                }
+            }
+            _ = await writer.result
+        }
+        for name in ["P", "Q"] {
+            #expect(log.all.filter { $0.hasPrefix(name + ":") } == ["\(name):relinquishToWriter", "\(name):save", "\(name):didChange", "\(name):reacquire"],
+                    "\(log.all)")
+        }
+    }
+
+    /// Saves only when told to, and says when it started saving.
+    final class HeldSaver: FilePresenter {
+        let presentedItemURL: URL?
+        let log: EventLog
+        let saving: AsyncStream<Void>.Continuation
+        let release: AsyncStream<Void>
+        init(url: URL, log: EventLog, saving: AsyncStream<Void>.Continuation, release: AsyncStream<Void>) {
+            (presentedItemURL, self.log, self.saving, self.release) = (url, log, saving, release)
+        }
+        func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+            return { [log] in log.append("reacquire") }
+        }
+        func savePresentedItemChanges() async throws {
+            saving.yield()
+            for await _ in release { break }
+        }
+    }
+
+    @Test("a writer cancelled while its presenter saves fails, and the presenter gets its item back before the coordination ends")
+    func cancelledWhileSaving() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("saving.txt")
+        let (saving, savingContinuation) = AsyncStream.makeStream(of: Void.self)
+        let (release, releaseContinuation) = AsyncStream.makeStream(of: Void.self)
+        let presenter = HeldSaver(url: file, log: log, saving: savingContinuation, release: release)
+        await withPresenters([presenter]) {
+            let writer = Task { try await FileCoordinator().coordinate(writingItemAt: file) { _ in log.append("accessor") } }
+            for await _ in saving { break }
+            writer.cancel()
+            let outcome = await writer.result
+            #expect(throws: CancellationError.self) { try outcome.get() }
+            // Given back before the coordination ended, while the save still runs.
+            #expect(log.all == ["reacquire"])
+            releaseContinuation.yield()
+        }
+    }
 }

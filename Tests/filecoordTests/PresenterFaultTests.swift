@@ -134,6 +134,8 @@ extension CrossProcessTests.PresenterFaultTests {
     static let spaceVariable = "FILECOORD_CHILD_SPACE"
     static let fileVariable = "FILECOORD_CHILD_FILE"
     static let destinationVariable = "FILECOORD_CHILD_DESTINATION"
+    /// Set: one write, whose task is cancelled inside its accessor.
+    static let cancelVariable = "FILECOORD_CHILD_CANCEL"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -156,6 +158,14 @@ extension CrossProcessTests.PresenterFaultTests {
                 try FileManager.default.moveItem(at: from, to: to)
                 await coordinator.item(at: from, didMoveTo: to)
             }
+        } else if Self.environment[Self.cancelVariable] != nil {
+            let writer = Task {
+                try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
+                    try Data("cancelled".utf8).write(to: url)
+                    withUnsafeCurrentTask { $0?.cancel() }
+                }
+            }
+            _ = await writer.result
         } else {
             // Eight coordinated writes started together, right after a presenter appeared.
             try await withThrowingTaskGroup(of: Void.self) { group in
@@ -174,6 +184,20 @@ extension CrossProcessTests.PresenterFaultTests {
 }
 
 extension CrossProcessTests.PresenterFaultTests {
+    @Test("a writer in another process whose task is cancelled during its accessor still tells the presenter of the change and gives it its item back",
+          .timeLimit(.minutes(2)))
+    func cancelledWriterGivesBack() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.cancelVariable: "1"])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("a coordinated move in another process reaches the item's presenter (didMove), which is then asked by writers at the new place",
           .timeLimit(.minutes(2)))
     func moveReachesPresenterInAnotherProcess() async throws {

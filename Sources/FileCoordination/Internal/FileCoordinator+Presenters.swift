@@ -64,13 +64,22 @@ extension FileCoordinator {
         // The change has happened; a slow presenter only delays, never fails it.
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
         let metrics = center.metrics
-        // One message (the common case) is sent from this task; several, all at once.
-        if messages.count == 1 {
-            await Self.deliver(messages[0], policy: lenient, metrics: metrics)
+        // Messages to other processes are posted from this task, in the plan's order.
+        var calls: [PendingMessage] = []
+        for message in messages {
+            if message.entry.endpoint.tellsAtOnce {
+                await Self.deliver(message, policy: lenient, metrics: metrics)
+            } else {
+                calls.append(message)
+            }
+        }
+        // One call (the common case) is made from this task; several, all at once.
+        if calls.count <= 1 {
+            if let call = calls.first { await Self.deliver(call, policy: lenient, metrics: metrics) }
             return
         }
         await withTaskGroup(of: Void.self) { group in
-            for message in messages {
+            for message in calls {
                 group.addTask { await Self.deliver(message, policy: lenient, metrics: metrics) }
             }
         }
@@ -87,10 +96,18 @@ extension FileCoordinator {
         @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
             await entry.endpoint.giveBack(reacquirer, call: PresenterCall(policy: lenient, entry: entry, metrics: metrics))
         }
-        // One (the common case) runs from this task; several, all at once.
-        if reacquirers.count == 1 { return await run(reacquirers[0].0, reacquirers[0].1) }
+        // Those of other processes' presenters (a `reacquire` posted) from this task, in
+        // order; one of this process's (the common case) from this task; several, all at once.
+        var calls: [(PresenterRegistry.Entry, FileReacquirer)] = []
+        for (entry, reacquirer) in reacquirers {
+            if entry.endpoint.tellsAtOnce { await run(entry, reacquirer) } else { calls.append((entry, reacquirer)) }
+        }
+        if calls.count <= 1 {
+            if let (entry, reacquirer) = calls.first { await run(entry, reacquirer) }
+            return
+        }
         await withTaskGroup(of: Void.self) { group in
-            for (entry, reacquirer) in reacquirers {
+            for (entry, reacquirer) in calls {
                 group.addTask { await run(entry, reacquirer) }
             }
         }

@@ -6,8 +6,8 @@ import Glibc
 #endif
 
 /// How a coordination reaches one presenter: by calling it in this process
-/// (``LocalPresenterEndpoint``), or by a request to the process that registered it
-/// (``RemotePresenter``). The engine, the messenger and the center go through this
+/// (``LocalPresenterEndpoint``), or by messages to the process that registered it
+/// (``RemotePresenter``: a request before the access, messages with no answer after it). The engine, the messenger and the center go through this
 /// protocol; none of them asks which kind of presenter it has.
 package protocol PresenterEndpoint: Sendable {
     /// Asks for a plan's steps before the access (relinquish, then save or accommodate
@@ -25,6 +25,10 @@ package protocol PresenterEndpoint: Sendable {
     /// Whether this process registered the presenter: it publishes it in the coordination
     /// space, and publishes it again where it moves.
     var isRegisteredHere: Bool { get }
+
+    /// Whether ``tell(_:call:)`` and ``giveBack(_:call:)`` only post a message, with no
+    /// callback to wait for: such messages are posted one after another, in order.
+    var tellsAtOnce: Bool { get }
 }
 
 /// One callback of a presenter under the coordinator's policy, bounded in one of two ways
@@ -40,10 +44,13 @@ package struct PresenterCall: Sendable {
     /// against the policy's timer (``PresenterMessenger/race(_:_:of:late:_:)``): its value;
     /// nil when it was not answered in time and the policy proceeds. Throws the callback's
     /// error, `FileCoordinationError` `.timedOut` when the policy fails, or
-    /// `CancellationError` if the coordinating task is cancelled meanwhile.
-    func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil,
+    /// `CancellationError` if the coordinating task is cancelled meanwhile (unless
+    /// `ignoringCancellation`: what comes after an access is owed whatever the caller).
+    func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil, ignoringCancellation: Bool = false,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
-        try await measured(name) { [policy, entry] in try await PresenterMessenger.race(policy, name, of: entry, late: late, body) }
+        try await measured(name) { [policy, entry] in
+            try await PresenterMessenger.race(policy, name, of: entry, late: late, cancellable: !ignoringCancellation, body)
+        }
     }
 
     /// A request to a presenter of another process, which carries the policy's deadline
@@ -104,6 +111,7 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
     let presenter: any FilePresenter
 
     var isRegisteredHere: Bool { true }
+    var tellsAtOnce: Bool { false }
 
     func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let presenter = self.presenter
@@ -137,7 +145,7 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
             }
         } catch {
             // This presenter relinquished: let it take the item back before failing.
-            if let reacquirer { _ = try? await call("reacquirer") { await reacquirer() } }
+            if let reacquirer { await giveBack(reacquirer, call: call) }
             throw error
         }
         return reacquirer
@@ -162,11 +170,11 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
             let (old, new) = (from.fileURL, to.fileURL)
             (name, body) = ("presentedSubitem(at:didMoveTo:)", { await presenter.presentedSubitem(at: old, didMoveTo: new) })
         }
-        _ = try? await call(name, body)
+        _ = try? await call(name, ignoringCancellation: true, body)
     }
 
     func giveBack(_ reacquirer: @escaping FileReacquirer, call: PresenterCall) async {
-        _ = try? await call("reacquirer") { await reacquirer() }
+        _ = try? await call("reacquirer", ignoringCancellation: true) { await reacquirer() }
     }
 }
 
@@ -175,6 +183,7 @@ struct LocalPresenterEndpoint: PresenterEndpoint {
 /// it): one round trip. Every other callback is a message with no answer.
 extension RemotePresenter: PresenterEndpoint {
     package var isRegisteredHere: Bool { false }
+    package var tellsAtOnce: Bool { true }
 
     package func askBefore(_ steps: PresenterPlan.Steps, purpose: String, call: PresenterCall) async throws -> FileReacquirer? {
         let then: FollowUp? = steps.accommodateDeletion ? .accommodateDeletion : steps.save ? .save : nil

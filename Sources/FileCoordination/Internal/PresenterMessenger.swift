@@ -10,52 +10,63 @@ package enum PresenterMessenger {
 
     /// How ``PresenterCall`` bounds a callback of a presenter of this process: it runs in a
     /// task of its own, raced against a timer, so a presenter that never returns is left
-    /// behind (and cancelled), never waited for.
+    /// behind (and cancelled), never waited for. With `cancellable`, cancelling the calling task ends the race too (the callback is
+    /// then left behind, or never made).
     static func race<T: Sendable>(
         _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-        late: (@Sendable (T) -> Void)?,
+        late: (@Sendable (T) -> Void)?, cancellable: Bool = true,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
         let race = Race<T>()
+        guard cancellable else { return try await run(race, policy, callback, of: entry, late: late, body) }
         return try await withTaskCancellationHandler {
-            try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
-                // Cancelled before it began: the callback is never made.
-                guard race.install(continuation) else { return }
-                let work = Task {
-                    do {
-                        let value = try await body()
-                        // An answer after the coordination gave up (timeout, cancellation)
-                        // is handed to `late`: a reacquirer must still run.
-                        if !race.finish(.success(value)) { late?(value) }
-                    } catch {
-                        race.finish(.failure(error))
-                    }
-                }
-                let timer = Task {
-                    try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
-                    guard !Task.isCancelled else { return }
-                    switch policy.action {
-                    case .proceed:
-                        if race.finish(.success(nil)) {
-                            UnansweredPresenters.current?.note(entry.id, nil)
-                            warnTimeout(policy, callback, of: entry)
-                            work.cancel()
-                        }
-                    case .fail:
-                        let error = timeoutError(policy, callback, of: entry)
-                        if race.finish(.failure(error)) {
-                            UnansweredPresenters.current?.note(entry.id, error)
-                            work.cancel()
-                        }
-                    }
-                }
-                race.onFinish {
-                    timer.cancel()
-                    work.cancel()
-                }
-            }
+            try await run(race, policy, callback, of: entry, late: late, body)
         } onCancel: {
             race.finish(.failure(CancellationError()))
+        }
+    }
+
+    /// The callback in a task of its own and the policy's timer in another: the first to
+    /// finish `race` decides.
+    private static func run<T: Sendable>(
+        _ race: Race<T>, _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
+        late: (@Sendable (T) -> Void)?, _ body: @escaping @Sendable () async throws -> T
+    ) async throws -> T? {
+        try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
+            // Cancelled before it began: the callback is never made.
+            guard race.install(continuation) else { return }
+            let work = Task {
+                do {
+                    let value = try await body()
+                    // An answer after the coordination gave up (timeout, cancellation)
+                    // is handed to `late`: a reacquirer must still run.
+                    if !race.finish(.success(value)) { late?(value) }
+                } catch {
+                    race.finish(.failure(error))
+                }
+            }
+            let timer = Task {
+                try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
+                guard !Task.isCancelled else { return }
+                switch policy.action {
+                case .proceed:
+                    if race.finish(.success(nil)) {
+                        UnansweredPresenters.current?.note(entry.id, nil)
+                        warnTimeout(policy, callback, of: entry)
+                        work.cancel()
+                    }
+                case .fail:
+                    let error = timeoutError(policy, callback, of: entry)
+                    if race.finish(.failure(error)) {
+                        UnansweredPresenters.current?.note(entry.id, error)
+                        work.cancel()
+                    }
+                }
+            }
+            race.onFinish {
+                timer.cancel()
+                work.cancel()
+            }
         }
     }
 

@@ -187,9 +187,13 @@ package final class PresenterWatch: Sendable {
     }
 
     /// Syncs the watcher, then keeps dropping the path's events only up to that point.
+    /// The sync runs in a task of its own: a coordination cancelled during its accessor
+    /// has written all the same, and ending the suppression without the sync would let
+    /// the write's own events through as a change made outside coordination.
     package func endSuppressing(_ token: Int) async {
         let watcher = state.withLock { $0.watcher }
-        endSuppressing(token, at: (try? await watcher?.syncMark()) ?? 0)
+        let mark = await Task { try? await watcher?.syncMark() }.value
+        endSuppressing(token, at: mark ?? 0)
     }
 
     /// Ends a suppression, called on the watcher thread while it handles an event that
