@@ -36,8 +36,9 @@ package struct OwnMailboxUnavailable: Error {
     package let error: FileCoordinationError
 }
 
-/// A presenter registered by another process, as this process sees it: each callback is
-/// a request into that process's mailbox, answered through this process's mailbox.
+/// A presenter registered by another process, as this process sees it: what it is asked
+/// before an access is a request into that process's mailbox, answered through this
+/// process's mailbox; what it is told after, a message with no answer.
 package final class RemotePresenter: FilePresenter, CustomStringConvertible {
     let mail: any PresenterMailbox
     let process: String
