@@ -770,4 +770,17 @@ struct CoordinatorBehaviorTests {
         #expect(violations.withLock { $0 } == 0)
         #expect(center.counts == (0, 0), "every claim released")
     }
+
+    @Test("a path under a link to a directory resolves to its target from a cancelled task too (no name claimed but the item's)")
+    func cancelledTaskResolves() async throws {
+        let box = Sandbox()
+        let real = box.directory("real")
+        let link = box.url.appendingPathComponent("link")
+        try FileManager.default.createSymbolicLink(at: link, withDestinationURL: real)
+        let resolved = await Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await CanonicalPaths.canonical(FilePath(link.path + "/a"), followingLast: true)
+        }.value
+        #expect(resolved == CanonicalPaths.canonicalNow(FilePath(real.path + "/a"), followingLast: true), "\(resolved)")
+    }
 }

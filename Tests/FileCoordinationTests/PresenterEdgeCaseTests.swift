@@ -99,4 +99,19 @@ struct PresenterEdgeCaseTests {
             releaseContinuation.yield()
         }
     }
+
+    @Test("a writer cancelled during an accessor that creates nothing tells the directory's presenter of no new subitem")
+    func cancelledCreatingNothing() async {
+        let box = Sandbox(), log = EventLog()
+        let directory = box.directory("d")
+        let file = directory.appendingPathComponent("new.txt")
+        await withPresenters([Recorder("D", url: directory, log: log)]) {
+            let writer = Task {
+                try await FileCoordinator().coordinate(writingItemAt: file) { _ in withUnsafeCurrentTask { $0?.cancel() } }
+            }
+            _ = await writer.result
+        }
+        #expect(!log.all.contains("D:subitemDidAppear:new.txt"), "\(log.all)")
+        #expect(!FileManager.default.fileExists(atPath: file.path))
+    }
 }

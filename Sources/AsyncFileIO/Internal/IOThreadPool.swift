@@ -258,6 +258,15 @@ package func runOnIOThread<T: Sendable>(_ body: @escaping @Sendable () throws ->
     try await IOThreadPool.shared.run(body)
 }
 
+/// Runs `body` on an I/O thread and returns its result whatever becomes of the calling
+/// task: for work owed however the caller ends (what a coordination tells its presenters
+/// after an access), or shared with tasks that did not ask for it.
+package func runOnIOThreadToCompletion<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withUnsafeContinuation { continuation in
+        IOThreadPool.shared.submit { continuation.resume(returning: body()) }
+    }
+}
+
 /// Work for the I/O threads is expected within `microseconds`: one of them stays awake
 /// for it (see `IOThreadPool.expectWork(withinMicroseconds:)`).
 package func expectIOWork(withinMicroseconds microseconds: Int) {

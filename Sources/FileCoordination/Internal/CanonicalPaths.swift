@@ -214,11 +214,13 @@ package enum CanonicalPaths {
     }
 
     /// `directory` resolved on an I/O thread, by this task or by one that asked first
-    /// (its result shared); nil when no I/O thread could run it.
+    /// (its result shared). The resolution runs to its end even if the task that started
+    /// it is cancelled: the tasks waiting for it were not, and a path used as given would
+    /// claim, and look up presenters, under another name than the item's.
     private static func resolveOnce(_ directory: [UInt8], isolation: isolated (any Actor)? = #isolation) async -> Entry? {
         await resolving.value(for: PathKey(directory), late: { cached(directory) }) {
             let made = ContinuousClock.now
-            return try? await runOnIOThread { Entry(resolved: resolveDirectory(directory), made: made) }
+            return await runOnIOThreadToCompletion { Entry(resolved: resolveDirectory(directory), made: made) }
         }
     }
 

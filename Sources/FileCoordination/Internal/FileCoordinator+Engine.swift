@@ -250,7 +250,7 @@ extension FileCoordinator {
                 return nil
             case .checkExistenceAfter(let paths):
                 var answers: [Bool] = []
-                for path in paths { answers.append((try? await Self.exists(path)) ?? true) }
+                for path in paths { answers.append(await FileSystemQueries.existsToCompletion(path)) }
                 action = machine.handle(.existence(answers))
             case .endSuppressing:
                 for (watch, token) in session.suppressions { await watch.endSuppressing(token) }

@@ -10,9 +10,17 @@ import Glibc
 /// (a `stat` on a hung mount must not hold a cooperative-pool thread).
 enum FileSystemQueries {
     static func exists(_ path: FilePath) async throws -> Bool {
-        try await runOnIOThread {
-            if case .success = path.withPlatformString({ Syscall.lstat(path: $0) }) { true } else { false }
-        }
+        try await runOnIOThread { existsNow(path) }
+    }
+
+    /// Whether `path` exists, looked at on an I/O thread whatever becomes of the calling
+    /// task (what a coordination tells its presenters after the access depends on it).
+    static func existsToCompletion(_ path: FilePath) async -> Bool {
+        await runOnIOThreadToCompletion { existsNow(path) }
+    }
+
+    private static func existsNow(_ path: FilePath) -> Bool {
+        if case .success = path.withPlatformString({ Syscall.lstat(path: $0) }) { true } else { false }
     }
 
     static func isDirectory(_ path: FilePath) async throws -> Bool {
