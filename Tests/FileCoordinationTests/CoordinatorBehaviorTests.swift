@@ -783,4 +783,34 @@ struct CoordinatorBehaviorTests {
         }.value
         #expect(resolved == CanonicalPaths.canonicalNow(FilePath(real.path + "/a"), followingLast: true), "\(resolved)")
     }
+
+    @Test("a claim with a deadline whose task is cancelled as the claim is granted gives it back (300 tries)")
+    func deadlineCancelledAsGranted() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("granted.txt")
+        for _ in 0 ..< 300 {
+            let holderIn = Gate(), releaseHolder = Gate()
+            let holder = Task {
+                try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in
+                    holderIn.open()
+                    await releaseHolder.wait()
+                }
+            }
+            await holderIn.wait()
+            let waiter = Task {
+                let coordinator = privateCoordinator(center)
+                coordinator.setClaimTimeout(.seconds(60))
+                try await coordinator.coordinate(readingItemAt: file) { _ in }
+            }
+            await center.waitUntilWaiting(1)
+            releaseHolder.open()
+            try await holder.value
+            // The waiter was granted as the holder's claim went; cancelled right after.
+            waiter.cancel()
+            _ = await waiter.result
+            let counts = center.counts
+            #expect(counts == (0, 0))
+            if counts != (0, 0) { break }
+        }
+    }
 }

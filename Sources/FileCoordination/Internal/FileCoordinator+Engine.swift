@@ -172,7 +172,10 @@ extension FileCoordinator {
             case (.success(nil), _):
                 let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
                 throw FileCoordinationError(.coordinate, code: .timedOut, path: path, message: "a conflicting claim did not end within \(seconds) s")
-            case (.failure(let error), _):
+            case (.failure(let error), let second):
+                // The deadline's task ended first by the caller's cancellation, as the claim
+                // was granted: the grant is given back.
+                if case .success(let granted?) = second { center.release(granted.id) }
                 throw error
             }
         }
