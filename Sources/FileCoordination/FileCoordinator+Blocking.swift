@@ -233,12 +233,22 @@ extension FileCoordinator {
                                request: .writing(url, writingOptions), url: url, subtree: false))
         }
         let reacquirers = try await messageBefore(items)
-        let once = Locked(false)
+        // Run once, by the first of the completion handler and the accessor's return; every
+        // caller waits for that run: `prepare` returns only once the presenters have their
+        // items back.
+        let ending = Locked<Task<Void, Never>?>(nil)
         let finish: @Sendable () async -> Void = { [self] in
-            guard once.withLock({ done in defer { done = true }; return !done }) else { return }
-            await runReacquirers(reacquirers)
-            // A reacquirer of another process's presenter is posted: written by now.
-            await center.messagesWritten()
+            let run = ending.withLock { ending in
+                if let ending { return ending }
+                let run = Task {
+                    await runReacquirers(reacquirers)
+                    // A reacquirer of another process's presenter is posted: written by now.
+                    await center.messagesWritten()
+                }
+                ending = run
+                return run
+            }
+            await run.value
         }
         let prepared = PreparedBatch(presenters: Set(reacquirers.map(\.0.id)).union(
             items.flatMap { item in

@@ -114,4 +114,42 @@ struct PresenterEdgeCaseTests {
         #expect(!log.all.contains("D:subitemDidAppear:new.txt"), "\(log.all)")
         #expect(!FileManager.default.fileExists(atPath: file.path))
     }
+
+    /// A presenter whose reacquirer waits for `gate` (a new one each time) between two log lines.
+    final class GatedReacquirer: FilePresenter {
+        let presentedItemURL: URL?
+        let log: EventLog
+        let gate = Locked(Gate())
+        init(url: URL, log: EventLog) { (presentedItemURL, self.log) = (url, log) }
+        func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+            let gate = self.gate.withLock { $0 }
+            return { [log] in
+                log.append("reacquire begins")
+                await gate.wait()
+                log.append("reacquire ends")
+            }
+        }
+    }
+
+    @Test("prepare returns once the batch's reacquirers have run, also when the accessor called its completion handler first (50 tries)")
+    func prepareWaitsForReacquirers() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("batch.txt")
+        let presenter = GatedReacquirer(url: file, log: log)
+        try await withPresenters([presenter]) {
+            for _ in 0 ..< 50 {
+                log.clear()
+                let gate = Gate()
+                presenter.gate.withLock { $0 = gate }
+                try await FileCoordinator().prepare(forReadingItemsAt: [], writingItemsAt: [file]) { done in
+                    done()
+                    await log.waitFor("reacquire begins")
+                    gate.open()
+                }
+                log.append("prepare returned")
+                #expect(log.all == ["reacquire begins", "reacquire ends", "prepare returned"])
+                if log.all.last != "prepare returned" || log.all.count != 3 { break }
+            }
+        }
+    }
 }
