@@ -49,6 +49,9 @@ public final class FileCoordinator: Sendable {
     /// Bumped by ``cancel()``: a coordination that saw another value when it started is
     /// cancelled even if it was already messaging presenters.
     let cancellations = Atomic<Int>(0)
+    /// The signals of this coordinator's coordinations asking their presenters now:
+    /// ``cancel()`` fires them.
+    let asking = Locked<(next: UInt64, signals: [UInt64: CancelSignal])>((0, [:]))
     /// The last absolute URL this coordinator turned into a path, with the path's bytes:
     /// a coordinator used again on the same item skips the conversion (a third of an
     /// uncontended coordination's cost).
@@ -116,6 +119,8 @@ public final class FileCoordinator: Sendable {
     /// run. Accessors already running finish normally.
     public func cancel() {
         cancellations.add(1, ordering: .relaxed)
+        let signals = asking.withLock { Array($0.signals.values) }
+        for signal in signals { signal.fire(FileCoordinationError.coordinatorCancelled()) }
         center.cancel(owner: ObjectIdentifier(self))
     }
 

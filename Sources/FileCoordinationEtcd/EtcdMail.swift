@@ -140,11 +140,11 @@ final class EtcdMail: PresenterMailbox {
         put(bytes, to: target, id: id)
     }
 
-    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?) async throws -> SpaceProtocol.Body? {
+    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?, ending: CancelSignal?) async throws -> SpaceProtocol.Body? {
         guard await startMail() else { return nil }
         let id = nextID()
         guard let bytes = wire(message, id: id) else { return nil }
-        return try await replies.request(id, to: target, timeout: timeout) {
+        return try await replies.request(id, to: target, timeout: timeout, ending: ending) {
             put(bytes, to: target, id: id)
         }
     }

@@ -152,4 +152,25 @@ struct PresenterEdgeCaseTests {
             }
         }
     }
+
+    @Test("cancel() ends a coordination waiting for a presenter that does not answer, at once, not at the presenter timeout",
+          .timeLimit(.minutes(1)))
+    func cancelWhileAsking() async {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("asked.txt")
+        await withPresenters([Recorder("H", url: file, log: log, behavior: .hangOnWriters)]) {
+            let coordinator = FileCoordinator()
+            // Far past the test's time limit: only cancel() can end the wait in time.
+            coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(600), action: .proceed))
+            let writer = Task { try await coordinator.coordinate(writingItemAt: file) { _ in log.append("accessor") } }
+            await log.waitFor("H:relinquishToWriter")
+            coordinator.cancel()
+            // The test's time limit cancels the writer too, should cancel() not end it.
+            let error = await #expect(throws: FileCoordinationError.self) {
+                try await withTaskCancellationHandler { try await writer.value } onCancel: { writer.cancel() }
+            }
+            #expect(error?.code == .cancelled)
+            #expect(!log.all.contains("accessor"))
+        }
+    }
 }

@@ -231,7 +231,20 @@ extension FileCoordinator {
                 action = machine.handle(.presenters(found, silent: UnansweredPresenters.current?.outcomes ?? [:],
                                                     prepared: PreparedBatch.current?.presenters ?? []))
             case .ask(let steps):
-                action = machine.handle(.answered(await ask(steps)))
+                // Until every presenter answered, ``cancel()`` ends the asking (at once if it
+                // came since the coordination began).
+                let ending = CancelSignal()
+                let key = asking.withLock { asking in
+                    defer { asking.next += 1 }
+                    asking.signals[asking.next] = ending
+                    return asking.next
+                }
+                if cancellations.load(ordering: .relaxed) != session.cancellations {
+                    ending.fire(FileCoordinationError.coordinatorCancelled(path: machine.items.first?.path))
+                }
+                let answers = await ask(steps, ending: ending)
+                asking.withLock { _ = $0.signals.removeValue(forKey: key) }
+                action = machine.handle(.answered(answers))
             case .checkExistence(let paths):
                 do {
                     var answers: [Bool] = []

@@ -36,25 +36,24 @@ extension FileCoordinator {
 
     /// Asks each presenter its steps (relinquish, then save or accommodate a deletion),
     /// all presenters at once, each one's steps in order: their answers, in order.
-    func ask(_ plans: [PresenterPlan.Steps]) async -> [Result<FileReacquirer?, any Error>] {
+    /// `ending`: fired when the coordinator is cancelled, which ends the asking.
+    func ask(_ plans: [PresenterPlan.Steps], ending: CancelSignal? = nil) async -> [Result<FileReacquirer?, any Error>] {
         guard !plans.isEmpty else { return [] }
         let (policy, purpose, metrics) = (presenterTimeoutPolicy, purposeIdentifier, center.metrics)
+        @Sendable func run(_ steps: PresenterPlan.Steps) async throws -> FileReacquirer? {
+            try await steps.entry.endpoint.askBefore(steps, purpose: purpose,
+                                                     call: PresenterCall(policy: policy, entry: steps.entry, metrics: metrics, ending: ending))
+        }
         // One presenter (the common case) is asked from this task; several, all at once.
-        if plans.count == 1 { return [await Result { try await Self.run(plans[0], purpose: purpose, policy: policy, metrics: metrics) }] }
+        if plans.count == 1 { return [await Result { try await run(plans[0]) }] }
         return await withTaskGroup(of: (Int, Result<FileReacquirer?, any Error>).self) { group in
             for (index, plan) in plans.enumerated() {
-                group.addTask { (index, await Result { try await Self.run(plan, purpose: purpose, policy: policy, metrics: metrics) }) }
+                group.addTask { (index, await Result { try await run(plan) }) }
             }
             var outcomes = [Result<FileReacquirer?, any Error>?](repeating: nil, count: plans.count)
             for await (index, outcome) in group { outcomes[index] = outcome }
             return outcomes.map { $0! }
         }
-    }
-
-    private static func run(_ steps: PresenterPlan.Steps, purpose: String, policy: PresenterTimeoutPolicy,
-                            metrics: CoordinationMetrics) async throws -> FileReacquirer? {
-        try await steps.entry.endpoint.askBefore(steps, purpose: purpose,
-                                                 call: PresenterCall(policy: policy, entry: steps.entry, metrics: metrics))
     }
 
     // MARK: Presenters after the access

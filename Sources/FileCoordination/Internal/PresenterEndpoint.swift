@@ -39,6 +39,9 @@ package struct PresenterCall: Sendable {
     let policy: PresenterTimeoutPolicy
     let entry: PresenterRegistry.Entry
     let metrics: CoordinationMetrics
+    /// Fired by ``FileCoordinator/cancel()``: a callback or request under way then ends
+    /// with the coordinator's cancellation (before an access only).
+    var ending: CancelSignal? = nil
 
     /// A callback of a presenter of this process, run in a task of its own and raced
     /// against the policy's timer (``PresenterMessenger/race(_:_:of:late:_:)``): its value;
@@ -49,7 +52,8 @@ package struct PresenterCall: Sendable {
     func callAsFunction<T: Sendable>(_ name: String, late: (@Sendable (T) -> Void)? = nil, ignoringCancellation: Bool = false,
                                      _ body: @escaping @Sendable () async throws -> T) async throws -> T? {
         try await measured(name) { [policy, entry] in
-            try await PresenterMessenger.race(policy, name, of: entry, late: late, cancellable: !ignoringCancellation, body)
+            try await PresenterMessenger.race(policy, name, of: entry, late: late, cancellable: !ignoringCancellation,
+                                              ending: ignoringCancellation ? nil : ending, body)
         }
     }
 
@@ -88,6 +92,8 @@ package struct PresenterCall: Sendable {
             throw error
         } catch is CancellationError {
             throw CancellationError()
+        } catch let error as FileCoordinationError where error.code == .cancelled {
+            throw error // the coordinator was cancelled: no answer, no timeout
         } catch {
             // A refusal is an answer too.
             metrics.presenterAcknowledgement.recordNanoseconds((.now - start).nanoseconds)
@@ -190,7 +196,7 @@ extension RemotePresenter: PresenterEndpoint {
         let timeout = call.policy.timeout
         let answer = try await call.request(PresenterCall.relinquishName(steps.kind)) {
             try await self.relinquish(steps.path, kind: steps.kind, purpose: purpose, then: then, subitemDeletions: steps.subitemDeletions,
-                                      timeout: timeout)
+                                      timeout: timeout, ending: call.ending)
         }
         guard case .some(let reacquirer) = answer else { return nil }
         return reacquirer

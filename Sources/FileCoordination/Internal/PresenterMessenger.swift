@@ -11,13 +11,14 @@ package enum PresenterMessenger {
     /// How ``PresenterCall`` bounds a callback of a presenter of this process: it runs in a
     /// task of its own, raced against a timer, so a presenter that never returns is left
     /// behind (and cancelled), never waited for. With `cancellable`, cancelling the calling task ends the race too (the callback is
-    /// then left behind, or never made).
+    /// then left behind, or never made); so does `ending` when it fires.
     static func race<T: Sendable>(
         _ policy: PresenterTimeoutPolicy, _ callback: String, of entry: PresenterRegistry.Entry,
-        late: (@Sendable (T) -> Void)?, cancellable: Bool = true,
+        late: (@Sendable (T) -> Void)?, cancellable: Bool = true, ending: CancelSignal? = nil,
         _ body: @escaping @Sendable () async throws -> T
     ) async throws -> T? {
         let race = Race<T>()
+        ending?.onFire { error in race.finish(.failure(error)) }
         guard cancellable else { return try await run(race, policy, callback, of: entry, late: late, body) }
         return try await withTaskCancellationHandler {
             try await run(race, policy, callback, of: entry, late: late, body)
@@ -100,7 +101,7 @@ package enum PresenterMessenger {
     static func failure(_ error: any Error, callback: String, entry: PresenterRegistry.Entry) -> any Error {
         if error is CancellationError { return error }
         if let error = error as? FileCoordinationError,
-           error.code == .timedOut || error.code == .presenterFailed || entry.presenter is RemotePresenter { return error }
+           error.code == .timedOut || error.code == .presenterFailed || error.code == .cancelled || entry.presenter is RemotePresenter { return error }
         return FileCoordinationError(code: .presenterFailed, path: entry.path, operation: callback,
                                      message: "the presenter refused: \(error)", cause: error)
     }

@@ -98,9 +98,10 @@ package final class AwaitedReplies: Sendable {
 
     /// Registers request `id` to `target`, calls `send` (which must not wait for the
     /// reply), and waits for the outcome. After `timeout` (when given) it throws
-    /// ``RemoteNoAnswer``; cancelled, it throws `CancellationError`.
+    /// ``RemoteNoAnswer``; cancelled, it throws `CancellationError`; when `ending` fires,
+    /// the error its coordinator was cancelled with.
     package func request(
-        _ id: UInt64, to target: String, timeout: Duration?, send: () -> Void
+        _ id: UInt64, to target: String, timeout: Duration?, ending: CancelSignal? = nil, send: () -> Void
     ) async throws -> SpaceProtocol.Body? {
         table.withLock { $0.register(id, target: target) }
         if let timeout {
@@ -108,6 +109,7 @@ package final class AwaitedReplies: Sendable {
         }
         defer { deadlines.remove(id) }
         send()
+        ending?.onFire { [self] error in resolve(id, with: .failure(error)) }
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
                 if case .resume(let outcome) = table.withLock({ $0.park(id, continuation) }) {

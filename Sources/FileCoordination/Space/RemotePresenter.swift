@@ -20,8 +20,8 @@ package protocol PresenterMailbox: Sendable {
     /// Sends a request and waits for its reply; nil when the target process is gone.
     /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``; throws
     /// ``OwnMailboxUnavailable`` when this process cannot have the mailbox the reply
-    /// comes to.
-    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?) async throws -> SpaceProtocol.Body?
+    /// comes to, and the coordinator's cancellation when `ending` fires.
+    func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration?, ending: CancelSignal?) async throws -> SpaceProtocol.Body?
     /// Posts a message that has no reply, in order behind those posted before it.
     func tell(_ message: SpaceProtocol.Body, to target: String)
     /// A number unique among this process's messages.
@@ -63,10 +63,11 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
 
     /// Sends and waits; throws the presenter's own error text when it refused, and says
     /// that the request could not be delivered when the sending failed (a full space).
-    private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil, timeout: Duration? = nil) async throws -> Bool {
+    private func ask(_ call: SpaceProtocol.Call, path: FilePath? = nil, timeout: Duration? = nil,
+                     ending: CancelSignal? = nil) async throws -> Bool {
         let answer: SpaceProtocol.Body?
         do {
-            answer = try await mail.request(message(call, path: path), to: process, timeout: timeout)
+            answer = try await mail.request(message(call, path: path), to: process, timeout: timeout, ending: ending)
         } catch let unavailable as OwnMailboxUnavailable {
             throw unavailable.error
         } catch let error as FileCoordinationError where error.code != .timedOut && error.code != .cancelled {
@@ -90,16 +91,18 @@ package final class RemotePresenter: FilePresenter, CustomStringConvertible {
     typealias FollowUp = SpaceProtocol.Relinquish.FollowUp
 
     /// Relinquish, then the follow-up step and the subitem deletions, in one round trip,
-    /// answered within `timeout` (when given) or ``RemoteNoAnswer`` is thrown. Returns nil
-    /// when the presenter's process is gone.
+    /// answered within `timeout` (when given) or ``RemoteNoAnswer`` is thrown, and until
+    /// `ending` fires (the coordinator was cancelled). Returns nil when the presenter's
+    /// process is gone.
     func relinquish(_ item: FilePath, kind: FileAccessRequest.Kind, purpose: String, then followUp: FollowUp? = nil,
-                    subitemDeletions: [FilePath] = [], timeout: Duration? = nil) async throws -> FileReacquirer? {
+                    subitemDeletions: [FilePath] = [], timeout: Duration? = nil, ending: CancelSignal? = nil) async throws -> FileReacquirer? {
         let re = mail.nextID()
         let request = SpaceProtocol.Relinquish(access: kind == .writing ? .write : .read, purpose: purpose, re: re,
                                                then: followUp, subitemDeletions: subitemDeletions)
         do {
-            guard try await ask(.relinquish(request), path: item, timeout: timeout) else { return nil }
-        } catch let error where error is CancellationError || error is RemoteNoAnswer {
+            guard try await ask(.relinquish(request), path: item, timeout: timeout, ending: ending) else { return nil }
+        } catch let error where error is CancellationError || error is RemoteNoAnswer
+                    || (error as? FileCoordinationError)?.code == .cancelled {
             // Given up on (the presenter timeout, or the coordination was cancelled): the
             // presenter may still relinquish later, and must then get its item back.
             // Posted now, ahead of anything this process sends that presenter next.

@@ -161,7 +161,8 @@ extension SpaceMail {
     /// parks once, until the reply (or the write's failure, or the target's death) arrives.
     ///
     /// Within `timeout` (when given), else it throws ``RemoteNoAnswer``.
-    package func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration? = nil) async throws -> SpaceProtocol.Body? {
+    package func request(_ message: SpaceProtocol.Body, to target: String, timeout: Duration? = nil,
+                         ending: CancelSignal? = nil) async throws -> SpaceProtocol.Body? {
         // The reply comes into this process's mailbox, watched or polled.
         if mailboxFD < 0 {
             do { _ = try await runOnIOThread { [self] in try openMailbox() } } catch let error as FileCoordinationError {
@@ -170,7 +171,7 @@ extension SpaceMail {
         }
         let watched = await startWatching()
         let id = nextID()
-        return try await replies.request(id, to: target, timeout: timeout) {
+        return try await replies.request(id, to: target, timeout: timeout, ending: ending) {
             if !watched { pollForReply(id, from: target) }
             let write = prepare(message, to: target, id: id)
             post(to: target) { [self] in
