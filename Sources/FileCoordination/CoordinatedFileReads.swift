@@ -77,10 +77,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                     body(&partial, BatchFileContents(index: positions[file.index], platformPath: file.platformPath, bytes: file.bytes))
                 }
             } catch {
-                await coordinator.finish(session, accessorSucceeded: true)
+                await coordinator.finish(session, accessorRan: true)
                 throw error
             }
-            await coordinator.finish(session, accessorSucceeded: true)
+            await coordinator.finish(session, accessorRan: true)
         }
         return partials
     }
@@ -268,7 +268,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
         deinit {
             // Abandoned mid-window: the claim must still go.
             for session in [session, skipped?.session].compactMap({ $0 }) {
-                Task { [owner] in await owner.coordinator.finish(session, accessorSucceeded: true) }
+                Task { [owner] in await owner.coordinator.finish(session, accessorRan: true) }
             }
         }
 
@@ -360,7 +360,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
                 failed = true
                 if let window = skipped {
                     skipped = nil
-                    await owner.coordinator.finish(window.session, accessorSucceeded: true)
+                    await owner.coordinator.finish(window.session, accessorRan: true)
                 }
                 throw error
             }
@@ -379,7 +379,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             skipped = window
             if window.left == 0 {
                 skipped = nil
-                await owner.coordinator.finish(window.session, accessorSucceeded: true)
+                await owner.coordinator.finish(window.session, accessorRan: true)
             }
             guard let found else { preconditionFailure("a skipped file's window ended without it") }
             return found
@@ -391,10 +391,10 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             do {
                 read = try await window.reads.next()
             } catch {
-                await owner.coordinator.finish(window.session, accessorSucceeded: true)
+                await owner.coordinator.finish(window.session, accessorRan: true)
                 throw error
             }
-            await owner.coordinator.finish(window.session, accessorSucceeded: true)
+            await owner.coordinator.finish(window.session, accessorRan: true)
             guard let read else { preconditionFailure("a skipped file's window ended without it") }
             return BatchReadResult(index: index, platformPath: read.platformPath, result: read.result)
         }
@@ -426,7 +426,7 @@ public struct CoordinatedFileReads: AsyncSequence, Sendable {
             inner = nil
             if let session {
                 self.session = nil
-                await owner.coordinator.finish(session, accessorSucceeded: true)
+                await owner.coordinator.finish(session, accessorRan: true)
             }
         }
     }

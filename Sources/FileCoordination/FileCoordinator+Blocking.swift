@@ -72,8 +72,8 @@ extension FileCoordinator {
            try Self.wait({ await transport.accessorEnds(request.raw) }) == false {
             failure = FileCoordinationError.claimsLost(path: session.items.first?.path)
         }
-        let succeeded = failure == nil
-        _ = try? Self.wait { await self.finish(session, accessorSucceeded: succeeded) }
+        // It ran, to its end or not: its presenters are told as after any write.
+        _ = try? Self.wait { await self.finish(session, accessorRan: true) }
         if let failure { throw failure }
     }
 
@@ -170,7 +170,7 @@ extension FileCoordinator {
                     resume(true)
                 }, { resume(false) })
             }
-            await self.finish(session, accessorSucceeded: ran)
+            await self.finish(session, accessorRan: ran)
         }
     }
 

@@ -69,7 +69,7 @@ struct CoordinationMachineTests {
         case .ask(let steps): .answered(steps.map { _ in .success(Self.reacquirer) })
         case .checkExistence(let paths), .checkExistenceAfter(let paths): .existence(paths.map { _ in true })
         case .checkCancellation: .cancellation(nil)
-        case .runAccessor: .accessorEnded(succeeded: true, moved: [], deferred: [])
+        case .runAccessor: .accessorEnded(ran: true, moved: [], deferred: [])
         case .updateIntents, .suppress, .endSuppressing, .tell, .giveBack, .release, .end: .done
         }
     }
@@ -157,7 +157,7 @@ struct CoordinationMachineTests {
         let moved = PendingMessage.didMove(entry(file), to: FilePath("/e/f"))
         let words = run([write("/d/f", .forMoving)], presenters: [concerned(item: [file], containers: [folder])]) { action in
             switch action {
-            case .runAccessor: .accessorEnded(succeeded: true, moved: [ObjectIdentifier(file)], deferred: [moved])
+            case .runAccessor: .accessorEnded(ran: true, moved: [ObjectIdentifier(file)], deferred: [moved])
             case .checkExistenceAfter: .existence([false])
             default: nil
             }
@@ -223,11 +223,11 @@ struct CoordinationMachineTests {
         #expect(words.suffix(3) == ["give back /d", "release", "end: Refused"])
     }
 
-    @Test("the accessor failed: no did… messages, but the moves it reported are told; reacquirers, then release")
-    func accessorFailed() {
+    @Test("the accessor never ran: no did… messages, but the moves reported are told; reacquirers, then release")
+    func accessorNeverRan() {
         let moved = PendingMessage.subitemDidMove(entry(folder), from: FilePath("/d/f"), to: FilePath("/d/g"))
         let words = run([write()], presenters: [concerned(item: [file], containers: [folder])]) { action in
-            if case .runAccessor = action { return .accessorEnded(succeeded: false, moved: [], deferred: [moved]) }
+            if case .runAccessor = action { return .accessorEnded(ran: false, moved: [], deferred: [moved]) }
             return nil
         }
         #expect(words.suffix(5) == ["end suppressing", "tell subitemDidMove /d /d/f /d/g", "give back /d/f, /d", "release", "end"])

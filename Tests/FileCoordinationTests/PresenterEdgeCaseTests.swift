@@ -173,4 +173,20 @@ struct PresenterEdgeCaseTests {
             #expect(!log.all.contains("accessor"))
         }
     }
+
+    @Test("a writer whose accessor writes, then throws, tells its presenters of the change as any writer does")
+    func throwingAccessorTells() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("thrown.txt")
+        struct Failed: Error {}
+        await withPresenters([Recorder("P", url: file, log: log)]) {
+            _ = await #expect(throws: Failed.self) {
+                try await FileCoordinator().coordinate(writingItemAt: file) { url in
+                    try Data("half".utf8).write(to: url)
+                    throw Failed()
+                }
+            }
+        }
+        #expect(log.all == ["P:relinquishToWriter", "P:save", "P:didChange", "P:reacquire"], "\(log.all)")
+    }
 }

@@ -84,7 +84,7 @@ final class PreparedBatch: Sendable {
 }
 
 /// A coordination between its two halves (``FileCoordinator/begin(_:intents:claimPath:)``
-/// and ``FileCoordinator/finish(_:accessorSucceeded:)``): its machine, and what its
+/// and ``FileCoordinator/finish(_:accessorRan:)``): its machine, and what its
 /// driver holds for it.
 final class CoordinationSession: Sendable {
     let context: CoordinationContext

@@ -9,7 +9,7 @@ import Glibc
 extension FileCoordinator {
     // MARK: The two halves of a coordination
 
-    /// Runs `body` between ``begin(_:intents:claimPath:)`` and ``finish(_:accessorSucceeded:)``.
+    /// Runs `body` between ``begin(_:intents:claimPath:)`` and ``finish(_:accessorRan:)``.
     /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:_:)``)
     /// does not apply; `claimPath`: the one request's claim path, which the caller
     /// resolved for that check.
@@ -32,22 +32,32 @@ extension FileCoordinator {
             return try await withSnapshots(session, body)
         }
         let outcome: Result<T, any Error>
+        // Whether the accessor ran, to its end or not: one that threw may have written
+        // before it did, and its presenters are told as after any write (Apple's are told
+        // after every writing coordination).
+        var ran = false
         do {
             // Only a writer can report moves; readers skip the task-local.
             if let transport = center.transport, transport.fencesClaims, let request = session.request {
                 outcome = .success(try await fenced(transport, request, path: session.items.first?.path) {
-                    try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) }
+                    try await CoordinationContext.$current.withValue(session.context) {
+                        ran = true
+                        return try await body(session.urls)
+                    }
                 })
             } else if session.items.contains(where: \.isWrite) {
-                outcome = .success(try await CoordinationContext.$current.withValue(session.context) { try await body(session.urls) })
+                outcome = .success(try await CoordinationContext.$current.withValue(session.context) {
+                    ran = true
+                    return try await body(session.urls)
+                })
             } else {
+                ran = true
                 outcome = .success(try await body(session.urls))
             }
         } catch {
             outcome = .failure(error)
         }
-        let succeeded = if case .success = outcome { true } else { false }
-        await finish(session, accessorSucceeded: succeeded)
+        await finish(session, accessorRan: ran)
         return try outcome.get()
     }
 
@@ -201,9 +211,9 @@ extension FileCoordinator {
 
     /// The second half: after the accessor, the machine's `did…` messages, reacquirers
     /// and release.
-    func finish(_ session: CoordinationSession, accessorSucceeded: Bool) async {
+    func finish(_ session: CoordinationSession, accessorRan: Bool) async {
         var machine = session.machine
-        let next = machine.handle(.accessorEnded(succeeded: accessorSucceeded, moved: session.context.movedPresenters,
+        let next = machine.handle(.accessorEnded(ran: accessorRan, moved: session.context.movedPresenters,
                                                  deferred: session.context.takeDeferred()))
         _ = await drive(&machine, from: next, session)
     }
@@ -360,10 +370,10 @@ extension FileCoordinator {
         do {
             snapshots = try await FileSystemQueries.snapshots(of: session.items.map(\.path))
         } catch {
-            await finish(session, accessorSucceeded: false)
+            await finish(session, accessorRan: false)
             throw error
         }
-        await finish(session, accessorSucceeded: true)
+        await finish(session, accessorRan: true)
         return snapshots
     }
 }

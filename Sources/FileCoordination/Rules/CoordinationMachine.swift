@@ -61,7 +61,7 @@ struct CoordinationMachine: Sendable {
         /// Whether the task or the coordinator was cancelled: then ``Event/cancellation(_:)``.
         case checkCancellation
         /// Run the accessor with these URLs: then, once it returned,
-        /// ``Event/accessorEnded(succeeded:moved:deferred:)``.
+        /// ``Event/accessorEnded(ran:moved:deferred:)``.
         case runAccessor([URL])
         /// Whether each path exists now (after the access; an error counts as existing):
         /// then ``Event/existence(_:)``.
@@ -94,9 +94,11 @@ struct CoordinationMachine: Sendable {
         case existence([Bool])
         /// nil: not cancelled.
         case cancellation(Cancellation?)
+        /// `ran`: the accessor ran, whether it returned or threw (one that never ran, as a
+        /// queue's whose block was never called, changed nothing: no `did…` messages);
         /// `moved`: presenters told of a move inside the accessor (they hear `didMove`,
         /// not `didChange`); `deferred`: the move messages it reported.
-        case accessorEnded(succeeded: Bool, moved: Set<ObjectIdentifier>, deferred: [PendingMessage])
+        case accessorEnded(ran: Bool, moved: Set<ObjectIdentifier>, deferred: [PendingMessage])
         /// The action failed; the coordination ends with `error`.
         case failed(any Error)
         /// The action was carried out.
@@ -205,10 +207,10 @@ struct CoordinationMachine: Sendable {
                 failure = FileCoordinationError.coordinatorCancelled(path: items.first?.path)
             }
             return ending()
-        case (.accessing, .accessorEnded(let succeeded, let moved, let deferred)):
+        case (.accessing, .accessorEnded(let ran, let moved, let deferred)):
             self.moved = moved
             messages = deferred
-            guard succeeded else { return ending() }
+            guard ran else { return ending() }
             checked = items.indices.filter { told($0).containers.isEmpty == false }
             guard !checked.isEmpty else { return after(existing: []) }
             phase = .checkingAfter

@@ -140,7 +140,7 @@ extension Simulation {
         case .accessing:
             coordinator.phase = .driving
             if coordinator.write { coordinator.toTell = coordinator.itemPresenters }
-            coordinator.action = coordinator.machine.handle(.accessorEnded(succeeded: true, moved: [], deferred: []))
+            coordinator.action = coordinator.machine.handle(.accessorEnded(ran: true, moved: [], deferred: []))
         case .done:
             break
         }
