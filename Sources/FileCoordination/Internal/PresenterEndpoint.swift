@@ -7,8 +7,9 @@ import Glibc
 
 /// How a coordination reaches one presenter: by calling it in this process
 /// (``LocalPresenterEndpoint``), or by messages to the process that registered it
-/// (``RemotePresenter``: a request before the access, messages with no answer after it). The engine, the messenger and the center go through this
-/// protocol; none of them asks which kind of presenter it has.
+/// (``RemotePresenter``: a request before the access, messages with no answer after
+/// it). The engine, the messenger and the center go through this protocol; none of them
+/// asks which kind of presenter it has.
 package protocol PresenterEndpoint: Sendable {
     /// Asks for a plan's steps before the access (relinquish, then save or accommodate
     /// the deletion, then the subitem deletions): the reacquirer, or nil.
