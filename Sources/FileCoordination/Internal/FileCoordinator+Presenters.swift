@@ -59,56 +59,38 @@ extension FileCoordinator {
     // MARK: Presenters after the access
 
     func deliver(_ messages: [PendingMessage]) async {
-        guard !messages.isEmpty else { return }
         // The change has happened; a slow presenter only delays, never fails it.
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
         let metrics = center.metrics
-        // Messages to other processes are posted from this task, in the plan's order.
-        var calls: [PendingMessage] = []
-        for message in messages {
-            if message.entry.endpoint.tellsAtOnce {
-                await Self.deliver(message, policy: lenient, metrics: metrics)
-            } else {
-                calls.append(message)
-            }
+        await Self.afterAccess(messages, entry: \.entry) { message in
+            await message.entry.endpoint.tell(message, call: PresenterCall(policy: lenient, entry: message.entry, metrics: metrics))
         }
-        // One call (the common case) is made from this task; several, all at once.
-        if calls.count <= 1 {
-            if let call = calls.first { await Self.deliver(call, policy: lenient, metrics: metrics) }
-            return
-        }
-        await withTaskGroup(of: Void.self) { group in
-            for message in calls {
-                group.addTask { await Self.deliver(message, policy: lenient, metrics: metrics) }
-            }
-        }
-    }
-
-    private static func deliver(_ message: PendingMessage, policy: PresenterTimeoutPolicy, metrics: CoordinationMetrics) async {
-        await message.entry.endpoint.tell(message, call: PresenterCall(policy: policy, entry: message.entry, metrics: metrics))
     }
 
     func runReacquirers(_ reacquirers: [(PresenterRegistry.Entry, FileReacquirer)]) async {
-        guard !reacquirers.isEmpty else { return }
         let lenient = PresenterTimeoutPolicy(timeout: presenterTimeoutPolicy.timeout, action: .proceed)
         let metrics = center.metrics
-        @Sendable func run(_ entry: PresenterRegistry.Entry, _ reacquirer: @escaping FileReacquirer) async {
-            await entry.endpoint.giveBack(reacquirer, call: PresenterCall(policy: lenient, entry: entry, metrics: metrics))
+        await Self.afterAccess(reacquirers, entry: \.0) { pair in
+            await pair.0.endpoint.giveBack(pair.1, call: PresenterCall(policy: lenient, entry: pair.0, metrics: metrics))
         }
-        // Those of other processes' presenters (a `reacquire` posted) from this task, in
-        // order; one of this process's (the common case) from this task; several, all at once.
-        var calls: [(PresenterRegistry.Entry, FileReacquirer)] = []
-        for (entry, reacquirer) in reacquirers {
-            if entry.endpoint.tellsAtOnce { await run(entry, reacquirer) } else { calls.append((entry, reacquirer)) }
+    }
+
+    /// Runs `body` for each of `items`: for other processes' presenters (a message posted)
+    /// from this task, in order; for this process's, from this task when there is one
+    /// (the common case), else all at once.
+    private static func afterAccess<Item: Sendable>(
+        _ items: [Item], entry: (Item) -> PresenterRegistry.Entry, _ body: @escaping @Sendable (Item) async -> Void
+    ) async {
+        var calls: [Item] = []
+        for item in items {
+            if entry(item).endpoint.tellsAtOnce { await body(item) } else { calls.append(item) }
         }
         if calls.count <= 1 {
-            if let (entry, reacquirer) = calls.first { await run(entry, reacquirer) }
+            if let call = calls.first { await body(call) }
             return
         }
         await withTaskGroup(of: Void.self) { group in
-            for (entry, reacquirer) in calls {
-                group.addTask { await run(entry, reacquirer) }
-            }
+            for call in calls { group.addTask { await body(call) } }
         }
     }
 }
