@@ -160,8 +160,8 @@ struct PresenterEdgeCaseTests {
         let file = box.file("asked.txt")
         await withPresenters([Recorder("H", url: file, log: log, behavior: .hangOnWriters)]) {
             let coordinator = FileCoordinator()
-            // Far past the test's time limit: only cancel() can end the wait in time.
-            coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(600), action: .proceed))
+            // Without cancel(), the wait would end at the timeout, with `.timedOut`.
+            coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(20), action: .fail))
             let writer = Task { try await coordinator.coordinate(writingItemAt: file) { _ in log.append("accessor") } }
             await log.waitFor("H:relinquishToWriter")
             coordinator.cancel()

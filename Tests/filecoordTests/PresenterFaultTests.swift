@@ -136,6 +136,8 @@ extension CrossProcessTests.PresenterFaultTests {
     static let destinationVariable = "FILECOORD_CHILD_DESTINATION"
     /// Set: one write, whose task is cancelled inside its accessor.
     static let cancelVariable = "FILECOORD_CHILD_CANCEL"
+    /// Set: one write, whose coordinator is cancelled as its request to the presenter goes out.
+    static let cancelAskingVariable = "FILECOORD_CHILD_CANCEL_ASKING"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -158,6 +160,17 @@ extension CrossProcessTests.PresenterFaultTests {
                 try FileManager.default.moveItem(at: from, to: to)
                 await coordinator.item(at: from, didMoveTo: to)
             }
+        } else if Self.environment[Self.cancelAskingVariable] != nil {
+            // The presenter is stopped: without cancel(), the wait would end at the timeout,
+            // with `.timedOut`.
+            coordinator.setPresenterTimeoutPolicy(PresenterTimeoutPolicy(timeout: .seconds(20), action: .fail))
+            let observer = WaitObserver { coordinator.cancel() }
+            let error = await #expect(throws: FileCoordinationError.self) {
+                try await WaitObserver.$current.withValue(observer) {
+                    try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { _ in }
+                }
+            }
+            #expect(error?.code == .cancelled)
         } else if Self.environment[Self.cancelVariable] != nil {
             let writer = Task {
                 try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
@@ -194,6 +207,20 @@ extension CrossProcessTests.PresenterFaultTests {
                                                                RemoteProxyChild.cancelVariable: "1"])
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
+    @Test("cancel() ends a coordination waiting for a stopped presenter in another process at once, not at the presenter timeout",
+          .timeLimit(.minutes(2)))
+    func cancelWhileAskingAnotherProcess() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, _) = try await present(file)
+        presenter.signal(SIGSTOP)
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.cancelAskingVariable: "1"])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        presenter.signal(SIGCONT)
         presenter.signal(SIGTERM)
         _ = await presenter.wait()
     }
