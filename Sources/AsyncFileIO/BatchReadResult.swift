@@ -9,7 +9,7 @@ public struct BatchReadResult: Sendable {
     /// batch given URLs reads without one).
     public var path: FilePath { platformPath.filePath }
     /// The file's path as the kernel took it.
-        package let platformPath: PlatformPath
+    package let platformPath: PlatformPath
     /// The file's whole content, or why it could not be read.
     public let result: Result<Data, FileCoordinationError>
 
@@ -24,7 +24,7 @@ public struct BatchReadResult: Sendable {
         self.init(index: index, platformPath: PlatformPath(path), result: result)
     }
 
-        package init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
+    package init(index: Int, platformPath: PlatformPath, result: Result<Data, FileCoordinationError>) {
         self.index = index
         self.platformPath = platformPath
         self.result = result

@@ -13,15 +13,15 @@ public struct BatchFileContents {
     /// The file, as given (made when asked for: a file given as a URL is read without one).
     public var path: FilePath { platformPath.filePath }
     /// The file's path as the kernel took it.
-        package let platformPath: PlatformPath
+    package let platformPath: PlatformPath
     /// The whole content, or why it could not be read.
     public let bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>
 
-        package init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+    package init(index: Int, path: FilePath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.init(index: index, platformPath: PlatformPath(path), bytes: bytes)
     }
 
-        package init(index: Int, platformPath: PlatformPath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
+    package init(index: Int, platformPath: PlatformPath, bytes: Result<UnsafeRawBufferPointer, FileCoordinationError>) {
         self.index = index
         self.platformPath = platformPath
         self.bytes = bytes
