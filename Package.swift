@@ -111,7 +111,7 @@ let package = Package(
         .testTarget(name: "NSFileCoordinationTests", dependencies: ["NSFileCoordination", "FileCoordination", "filecoord", "TestSupport"]),
         .testTarget(name: "FileCoordinationEtcdTests", dependencies: ["FileCoordination", "FileCoordinationEtcd",
                                                                        .product(name: "SystemPackage", package: "swift-system")]),
-        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "FileCoordinationEtcd", "filecoord", "TestSupport",
+        .testTarget(name: "filecoordTests", dependencies: ["AsyncFileIO", "FileCoordination", "FileCoordinationEtcd", "filecoord", "SystemCalls", "TestSupport",
                                                           .product(name: "ArgumentParser", package: "swift-argument-parser"),
                                                           .product(name: "MetricsTestKit", package: "swift-metrics"),
                                                           .product(name: "SystemPackage", package: "swift-system")]),

@@ -49,7 +49,7 @@ struct WatcherOverflowTests {
         // answers the marker: with the whole suite beside it on two cores that passes the
         // default 30 s, which is not what this test is about.
         let syncing = Task { try await watcher.sync(timeout: .seconds(120)) }
-        try await offThePool { try waitForCreation(in: dir.path, prefix: ".filecoord-sync-") }
+        try await offThePool { try waitForCreation(in: dir.path.string, within: .seconds(120)) { $0.hasPrefix(".filecoord-sync-") } }
         release()
         try await within(.seconds(150), "sync after an overflow") { try await syncing.value }
         let events = try await within(.seconds(60), "settle") { try await watcher.settle() }
@@ -74,43 +74,5 @@ struct WatcherOverflowTests {
         #expect(events.count == count + 1)
         #expect(events.last?.kind == .resync)
         watcher.cancel()
-    }
-}
-
-/// Blocks until an entry whose name starts with `prefix` is created in `directory`, as
-/// seen by an inotify instance of its own (the library's is stalled meanwhile); throws
-/// `ETIMEDOUT` when none is within 120 s.
-func waitForCreation(in directory: FilePath, prefix: String) throws {
-    let fd = inotify_init1(Int32(IN_CLOEXEC))
-    guard fd >= 0 else { throw FixtureError(path: directory.string, operation: "inotify_init1", errno: errno) }
-    defer { close(fd) }
-    guard inotify_add_watch(fd, directory.string, UInt32(IN_CREATE)) >= 0 else {
-        throw FixtureError(path: directory.string, operation: "inotify_add_watch", errno: errno)
-    }
-    // Made before the watch existed: already there.
-    if let names = try? FileManager.default.contentsOfDirectory(atPath: directory.string),
-       names.contains(where: { $0.hasPrefix(prefix) }) { return }
-    var buffer = [UInt8](repeating: 0, count: 64 * 1024)
-    let deadline = ContinuousClock.now + .seconds(120)
-    while true {
-        let left = deadline - ContinuousClock.now
-        var ready = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard left > .zero, poll(&ready, 1, Int32(left.components.seconds * 1000 + 1)) != 0 else {
-            throw FixtureError(path: directory.string, operation: "wait for a creation of \(prefix)*", errno: ETIMEDOUT)
-        }
-        let length = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if length < 0 && errno == EINTR { continue }
-        guard length > 0 else { throw FixtureError(path: directory.string, operation: "read", errno: errno) }
-        var offset = 0
-        while offset < length {
-            let (nameLength, name) = buffer.withUnsafeBytes { raw -> (Int, String) in
-                let event = raw.loadUnaligned(fromByteOffset: offset, as: inotify_event.self)
-                let start = offset + MemoryLayout<inotify_event>.size
-                let bytes = raw[start ..< start + Int(event.len)].prefix { $0 != 0 }
-                return (Int(event.len), String(decoding: bytes, as: UTF8.self))
-            }
-            if name.hasPrefix(prefix) { return }
-            offset += MemoryLayout<inotify_event>.size + nameLength
-        }
     }
 }

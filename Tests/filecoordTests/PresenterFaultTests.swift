@@ -1,5 +1,6 @@
 import FileCoordination
 import Foundation
+import SystemCalls
 import SystemPackage
 import Testing
 import TestSupport
@@ -138,6 +139,9 @@ extension CrossProcessTests.PresenterFaultTests {
     static let cancelVariable = "FILECOORD_CHILD_CANCEL"
     /// Set: one write, whose coordinator is cancelled as its request to the presenter goes out.
     static let cancelAskingVariable = "FILECOORD_CHILD_CANCEL_ASKING"
+    /// Set: one write, whose messages after the accessor fail to be written once (ENOSPC);
+    /// the child stays in the space until the file named by the variable exists.
+    static let failingTellsVariable = "FILECOORD_CHILD_FAILING_TELLS"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -171,6 +175,14 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let leaveWhen = Self.environment[Self.failingTellsVariable] {
+            try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { _ in
+                // The next two message writes of this process: its `did-change` and `reacquire`.
+                Faults.inject(.write, .noSpace, times: 2)
+            }
+            // Alive, the presenter's item is its own to give back: a death would give it.
+            let (directory, name) = ((leaveWhen as NSString).deletingLastPathComponent, (leaveWhen as NSString).lastPathComponent)
+            try await offThePool { try waitForCreation(in: directory, within: .seconds(30)) { $0 == name } }
         } else if Self.environment[Self.cancelVariable] != nil {
             let writer = Task {
                 try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
@@ -207,6 +219,25 @@ extension CrossProcessTests.PresenterFaultTests {
                                                                RemoteProxyChild.cancelVariable: "1"])
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
+    @Test("a writer in another process whose did-change and reacquire fail to be written once (ENOSPC) writes them again: the presenter hears both, in order, while the writer lives",
+          .timeLimit(.minutes(2)))
+    func failedTellsWrittenAgain() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let leave = scratch.path + "/leave"
+        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                RemoteProxyChild.failingTellsVariable: leave])
+        let heard = await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" }
+        #expect(FileManager.default.createFile(atPath: leave, contents: nil))
+        let (status, output) = try await child
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        #expect(heard == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        #expect(output.contains("could not be written; trying again") && output.contains("ENOSPC"), "\(output)")
         presenter.signal(SIGTERM)
         _ = await presenter.wait()
     }

@@ -250,6 +250,9 @@ final class MessageSlots: Sendable {
         }
     }
 
+    /// Whether this process left the space (``removeAll(dirFD:)``): it writes no more.
+    var isClosed: Bool { state.withLock { $0.closed } }
+
     /// Closes the spares and removes every empty slot of this process, the forgotten ones
     /// included (it leaves the space, its record already removed), from the mailboxes it
     /// made slots in (a process that sent nothing looks at no mailbox: with a thousand

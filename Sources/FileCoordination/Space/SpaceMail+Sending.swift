@@ -15,83 +15,120 @@ extension SpaceMail {
 
     enum SendError: Error { case gone }
 
+    /// A message's write, given how many times it failed already: true once done
+    /// (written, or given up), false to be run again after a pause.
+    typealias OutgoingWrite = @Sendable (_ failures: Int) -> Bool
+
     /// Runs `job`, the write of a message to `target`, after every one posted before it
     /// for `target`, on an I/O thread: one job at a time writes a process's queue, so
     /// messages to it keep their order without the posting task waiting for each write,
     /// and messages posted together are written after one wake-up. With `inline` (the
     /// caller is on an I/O thread) and nothing queued, it runs right here.
-    func post(to target: String, inline: Bool = false, _ job: @escaping @Sendable () -> Void) {
+    func post(to target: String, inline: Bool = false, _ job: @escaping OutgoingWrite) {
         let start = outboxes.withLock { boxes -> Bool in
             if boxes[target] != nil {
-                boxes[target]?.append(job)
+                boxes[target]?.post(job)
                 return false
             }
-            boxes[target] = inline ? [] : [job]
+            boxes[target] = Outbox(job)
             return true
         }
         guard start else { return }
-        if inline {
-            job()
-            // What was posted meanwhile is not this caller's to write.
-            let more = outboxes.withLock { boxes -> Bool in
-                guard boxes[target]?.isEmpty == false else {
-                    boxes[target] = nil
-                    return false
-                }
-                return true
-            }
-            guard more else { return }
-        }
-        submitToIOThread { [self] in drain(target) }
+        if inline { drain(target, onlyFirst: true) } else { submitToIOThread { [self] in drain(target) } }
     }
 
-    /// Runs `target`'s queued jobs until there are none (on an I/O thread).
-    func drain(_ target: String) {
-        while let job = outboxes.withLock({ boxes -> (@Sendable () -> Void)? in
-            guard let queue = boxes[target], let first = queue.first else {
-                boxes[target] = nil
-                return nil
+    /// Carries out `target`'s outbox (on an I/O thread) until it is empty, or until a
+    /// write must be run again later. With `onlyFirst`, what was posted behind the first
+    /// job is handed to an I/O thread: not this caller's to write.
+    func drain(_ target: String, onlyFirst: Bool = false) {
+        var first = true
+        while true {
+            if onlyFirst && !first {
+                // What was posted meanwhile is not this caller's to write.
+                let more = outboxes.withLock { boxes -> Bool in
+                    guard boxes[target]?.isEmpty == false else {
+                        boxes[target] = nil
+                        return false
+                    }
+                    return true
+                }
+                if more { submitToIOThread { [self] in drain(target) } }
+                return
             }
-            boxes[target]?.removeFirst()
-            return first
-        }) {
-            job()
+            first = false
+            let next = outboxes.withLock { boxes -> OutboxOfMail.Next in
+                let next = boxes[target]?.next() ?? .empty
+                if case .empty = next { boxes[target] = nil }
+                return next
+            }
+            switch next {
+            case .empty: return
+            case .resume(let continuation):
+                // The coordination's messages are written: no more are expected.
+                endExpectedIOWork()
+                continuation.resume()
+            case .write(let write, let failures):
+                if write(failures) {
+                    outboxes.withLock { $0[target]?.written() }
+                    continue
+                }
+                let (pause, waiting) = outboxes.withLock { $0[target]?.failed() } ?? (0, [])
+                for continuation in waiting {
+                    endExpectedIOWork()
+                    continuation.resume()
+                }
+                DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(pause)) { [self] in
+                    submitToIOThread { [self] in drain(target) }
+                }
+                return
+            }
         }
     }
 
     /// Whether jobs wait in `target`'s queue behind the one running.
     func hasQueued(for target: String) -> Bool {
-        outboxes.withLock { $0[target]?.isEmpty == false }
+        outboxes.withLock { $0[target]?.hasQueued == true }
     }
 
-    /// Returns once every message posted so far (to any process) is written.
+    /// Returns once every message posted so far (to any process) is written, or waits to
+    /// be written again after a failure.
     func flush() async {
         for target in outboxes.withLock({ Array($0.keys) }) {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
-                let queued = outboxes.withLock { boxes -> Bool in
-                    guard boxes[target] != nil else { return false }
-                    boxes[target]?.append {
-                        // The coordination's messages are written: no more are expected.
-                        endExpectedIOWork()
-                        continuation.resume()
-                    }
-                    return true
-                }
+                let queued = outboxes.withLock { $0[target]?.wait(continuation) ?? false }
                 if !queued { continuation.resume() }
             }
         }
     }
 
+    /// Times a `did…` message or a `reacquire` is written at most: over some 35 s of
+    /// pauses (see ``Outbox``).
+    static let tellAttempts = 40
+
     /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
-    /// it); a failure to write it is ignored, as for any `did…` message or `reacquire`.
+    /// it). A write that fails (no space, no descriptor to spare) is tried again, in order,
+    /// up to ``tellAttempts`` times while `target` lives: a lost `reacquire` would leave its
+    /// presenter relinquished for as long as this process lives.
     package func tell(_ message: SpaceProtocol.Body, to target: String) {
         let write = prepare(message, to: target, id: nextID())
-        post(to: target) { [self] in
+        post(to: target) { [self] failures in
+            // Left the space since: its presenters were given back what it took.
+            guard failures == 0 || !slots.isClosed else { return true }
             do {
                 try write()
+                return true
             } catch SendError.gone {
                 slots.drop(target, dirFD: files.directoryFD)
-            } catch {}
+                return true
+            } catch {
+                let tryAgain = failures + 1 < Self.tellAttempts && !slots.isClosed && isAlive(target)
+                if failures == 0 || !tryAgain {
+                    let what = tryAgain ? "could not be written; trying again" : "could not be written; given up"
+                    FileCoordinator.logger.warning("a \(message.kind) message to another process \(what)",
+                                                   metadata: ["error": "\(error)", "attempts": "\(failures + 1)"])
+                }
+                return !tryAgain
+            }
         }
     }
 
@@ -174,11 +211,11 @@ extension SpaceMail {
         return try await replies.request(id, to: target, timeout: timeout, ending: ending) {
             if !watched { pollForReply(id, from: target) }
             let write = prepare(message, to: target, id: id)
-            post(to: target) { [self] in
+            post(to: target) { [self] _ in
                 do {
                     try write()
                     // Died before it could read the request: its close already fired.
-                    guard !isAlive(target) else { return }
+                    guard !isAlive(target) else { return true }
                     slots.drop(target, dirFD: files.directoryFD)
                     replies.resolve(id, with: .success(nil))
                     cleanUpHere(target) // on this I/O thread already: no task to hop to another
@@ -189,8 +226,10 @@ extension SpaceMail {
                     cleanUpHere(target)
                     replies.resolve(id, with: .success(nil))
                 } catch {
+                    // The coordination fails with it, naming the mailbox: nothing to write again.
                     replies.resolve(id, with: .failure(error))
                 }
+                return true
             }
         }
     }

@@ -37,8 +37,10 @@ package final class SpaceMail: Sendable {
     /// whose reply must be heard; false when they cannot be had, and replies are polled.
     let startWatching = WatchingHook()
     /// Messages waiting to be written to each process, in the order they were posted. A
-    /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``).
-    let outboxes = Locked<[String: [@Sendable () -> Void]]>([:])
+    /// process is listed while one I/O job writes its queue (see ``post(to:inline:_:)``),
+    /// or while a message that could not be written waits to be written again.
+    let outboxes = Locked<[String: OutboxOfMail]>([:])
+    typealias OutboxOfMail = Outbox<OutgoingWrite, UnsafeContinuation<Void, Never>>
     /// The requests sent whose replies are awaited.
     let replies = AwaitedReplies()
     let slots: MessageSlots
@@ -80,7 +82,10 @@ package final class SpaceMail: Sendable {
         server.start { [weak self] body, target in
             guard let self else { return }
             let write = prepare(body, to: target, id: nextID())
-            post(to: target, inline: true) { try? write() }
+            post(to: target, inline: true) { _ in
+                try? write()
+                return true
+            }
         }
     }
 
