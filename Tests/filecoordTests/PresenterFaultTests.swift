@@ -142,6 +142,10 @@ extension CrossProcessTests.PresenterFaultTests {
     /// Set: one write, whose messages after the accessor fail to be written once (ENOSPC);
     /// the child stays in the space until the file named by the variable exists.
     static let failingTellsVariable = "FILECOORD_CHILD_FAILING_TELLS"
+    /// Set to a directory: the child presents the file, and its reply to the first writer
+    /// fails to be written once (ENOSPC); it says it is `ready` and leaves once `leave`
+    /// exists, both files in that directory.
+    static let failingReplyVariable = "FILECOORD_CHILD_FAILING_REPLY"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -175,6 +179,12 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let signals = Self.environment[Self.failingReplyVariable] {
+            let presenter = ReplyFaultPresenter(URL(fileURLWithPath: file))
+            await FileCoordinator.addFilePresenter(presenter)
+            #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
+            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
+            await FileCoordinator.removeFilePresenter(presenter)
         } else if let leaveWhen = Self.environment[Self.failingTellsVariable] {
             try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { _ in
                 // The next two message writes of this process: its `did-change` and `reacquire`.
@@ -242,6 +252,28 @@ extension CrossProcessTests.PresenterFaultTests {
         _ = await presenter.wait()
     }
 
+    @Test("a presenter's reply that fails to be written once (ENOSPC) is written again: the writer in another process goes on at once, not at its presenter timeout",
+          .timeLimit(.minutes(2)))
+    func failedReplyWrittenAgain() async throws {
+        let file = scratch.write("doc", "old")
+        let signals = scratch.path + "/signals"
+        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                RemoteProxyChild.failingReplyVariable: signals])
+        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        let clock = ContinuousClock()
+        let start = clock.now
+        // Without the reply, --strict fails the write at the timeout (exit 3).
+        let written = try await filecoord("write", file, "--space", space, "--presenter-timeout", "20", "--strict", stdin: Data("new".utf8))
+        let elapsed = clock.now - start
+        #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
+        let (status, output) = try await child
+        #expect(written.status == 0, "\(written.errorText)")
+        #expect(elapsed < .seconds(10), "the write took \(elapsed)")
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        #expect(output.contains("a reply message to another process could not be written; trying again") && output.contains("ENOSPC"), "\(output)")
+    }
+
     @Test("cancel() ends a coordination waiting for a stopped presenter in another process at once, not at the presenter timeout",
           .timeLimit(.minutes(2)))
     func cancelWhileAskingAnotherProcess() async throws {
@@ -301,5 +333,17 @@ extension CrossProcessTests.PresenterFaultTests {
             })
             #expect(named == Set(files), "\(mode): \(named.count) names, e.g. \(Array(named.prefix(3)))")
         }
+    }
+}
+
+/// A presenter whose process cannot write its reply to the first writer once: the next
+/// message write of the process fails (ENOSPC).
+final class ReplyFaultPresenter: FilePresenter {
+    let presentedItemURL: URL?
+    init(_ url: URL) { presentedItemURL = url }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        Faults.inject(.write, .noSpace, times: 1)
+        return nil
     }
 }

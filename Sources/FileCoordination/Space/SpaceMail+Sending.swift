@@ -101,35 +101,40 @@ extension SpaceMail {
         }
     }
 
-    /// Times a `did…` message or a `reacquire` is written at most: over some 35 s of
-    /// pauses (see ``Outbox``).
-    static let tellAttempts = 40
+    /// Times a message that waits for no answer (a `did…`, a `reacquire`, a reply) is
+    /// written at most: over some 35 s of pauses (see ``Outbox``).
+    static let writeAttempts = 40
 
     /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
-    /// it). A write that fails (no space, no descriptor to spare) is tried again, in order,
-    /// up to ``tellAttempts`` times while `target` lives: a lost `reacquire` would leave its
-    /// presenter relinquished for as long as this process lives.
+    /// it). A write that fails is tried again (``writtenOrGivenUp(_:_:to:failures:)``): a
+    /// lost `reacquire` would leave its presenter relinquished for as long as this process
+    /// lives.
     package func tell(_ message: SpaceProtocol.Body, to target: String) {
         let write = prepare(message, to: target, id: nextID())
-        post(to: target) { [self] failures in
-            // Left the space since: its presenters were given back what it took.
-            guard failures == 0 || !slots.isClosed else { return true }
-            do {
-                try write()
-                return true
-            } catch SendError.gone {
-                slots.drop(target, dirFD: files.directoryFD)
-                return true
-            } catch {
-                let tryAgain = failures + 1 < Self.tellAttempts && !slots.isClosed && isAlive(target)
-                if failures == 0 || !tryAgain {
-                    let what = tryAgain ? "could not be written; trying again" : "could not be written; given up"
-                    FileCoordinator.logger.warning("a \(message.kind) message to another process \(what)",
-                                                   metadata: ["error": "\(error)", "attempts": "\(failures + 1)"])
-                }
-                return !tryAgain
+        post(to: target) { [self] failures in writtenOrGivenUp(write, message.kind, to: target, failures: failures) }
+    }
+
+    /// Runs `write`, of a message of `kind` that waits for no answer, after it failed
+    /// `failures` times: true once it is done with (written, `target` gone, or given up),
+    /// false to be run again, in order, after a pause. A write that fails (no space, no
+    /// descriptor to spare) is given up after ``writeAttempts``, or when `target` dies
+    /// or this process leaves the space (each gives back what the other was owed).
+    func writtenOrGivenUp(_ write: () throws -> Void, _ kind: String, to target: String, failures: Int) -> Bool {
+        guard failures == 0 || !slots.isClosed else { return true }
+        do {
+            try write()
+        } catch SendError.gone {
+            slots.drop(target, dirFD: files.directoryFD)
+        } catch {
+            let tryAgain = failures + 1 < Self.writeAttempts && !slots.isClosed && isAlive(target)
+            if failures == 0 || !tryAgain {
+                let what = tryAgain ? "could not be written; trying again" : "could not be written; given up"
+                FileCoordinator.logger.warning("a \(kind) message to another process \(what)",
+                                               metadata: ["error": "\(error)", "attempts": "\(failures + 1)"])
             }
+            return !tryAgain
         }
+        return true
     }
 
     /// Writes `message` into `target`'s mailbox (on an I/O thread). Throws `.gone` when the

@@ -82,10 +82,7 @@ package final class SpaceMail: Sendable {
         server.start { [weak self] body, target in
             guard let self else { return }
             let write = prepare(body, to: target, id: nextID())
-            post(to: target, inline: true) { _ in
-                try? write()
-                return true
-            }
+            post(to: target, inline: true) { [self] failures in writtenOrGivenUp(write, body.kind, to: target, failures: failures) }
         }
     }
 
