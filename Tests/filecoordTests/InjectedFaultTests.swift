@@ -56,6 +56,25 @@ extension CrossProcessTests.InjectedFaultTests {
         _ = await presenter.wait()
     }
 
+    @Test("a live presenter's record that cannot be opened (EMFILE) for the liveness check counts as alive: nothing of its process is removed, and the writer asks it",
+          .timeLimit(.minutes(2)))
+    func unknownLivenessIsAlive() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let before = (spaceEntries("procs"), spaceEntries("mail"), spaceEntries("presenters"))
+        // Every open of the presenter's record fails in the writer: joining looks at it
+        // (a dead process is cleaned up), and so does each request's check after writing.
+        let written = try await filecoordWith(faults: "open:EMFILE:procs/\(presenter.pid)-", "write", file, "--space", space,
+                                              stdin: Data("new".utf8))
+        #expect(written.status == 0, "\(written.errorText)")
+        #expect(spaceEntries("procs") == before.0 && spaceEntries("mail") == before.1 && spaceEntries("presenters") == before.2,
+                "the live presenter's files were removed")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("a file this process may not write (access says EACCES) is not replaced: the write fails with one line naming the file and the cause, and the file keeps its content")
     func refusedReplacement() async throws {
         let file = scratch.write("doc", "old")

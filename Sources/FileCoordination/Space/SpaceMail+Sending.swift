@@ -298,14 +298,20 @@ extension SpaceMail {
         }
     }
 
-    /// Whether `process` still holds the lock on its record.
+    /// Whether `process` still holds the lock on its record. False only when that is
+    /// known: no record (or a link where it should be), or its lock is free. A check that
+    /// fails otherwise (no descriptor to spare, no memory) answers true: a live process
+    /// taken for dead would be cleaned up after, its record, mailbox and presenters removed.
     func isAlive(_ process: String) -> Bool {
         guard Self.isProcessName(process) else { return false }
-        guard case .success(let fd) = Syscall.openat(files.directoryFD, SpaceLayout.record(process), O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) else {
-            return false
+        let fd: Int32
+        switch Syscall.openat(files.directoryFD, SpaceLayout.record(process), O_RDONLY | O_NONBLOCK | fc_O_NOFOLLOW) {
+        case .success(let opened): fd = opened
+        case .failure(.noSuchFileOrDirectory), .failure(.notDirectory), .failure(.tooManySymbolicLinkLevels): return false
+        case .failure: return true
         }
         defer { _ = Syscall.close(fd) }
-        guard case .success(let conflicting) = Syscall.conflictingLock(fd, fc_F_WRLCK, 0, 1) else { return false }
+        guard case .success(let conflicting) = Syscall.conflictingLock(fd, fc_F_WRLCK, 0, 1) else { return true }
         return conflicting != fc_F_UNLCK
     }
 }
