@@ -146,6 +146,10 @@ extension CrossProcessTests.PresenterFaultTests {
     /// fails to be written once (ENOSPC); it says it is `ready` and leaves once `leave`
     /// exists, both files in that directory.
     static let failingReplyVariable = "FILECOORD_CHILD_FAILING_REPLY"
+    /// Set to a directory: the child presents the file, says it is `ready`, and leaves
+    /// the space once `leave` exists there (a writer holding the file meanwhile); its
+    /// presenter must then get its item back.
+    static let leavingPresenterVariable = "FILECOORD_CHILD_LEAVING_PRESENTER"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -179,6 +183,24 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let signals = Self.environment[Self.leavingPresenterVariable] {
+            let (reacquired, continuation) = AsyncStream<Void>.makeStream()
+            let presenter = ReacquiringPresenter(URL(fileURLWithPath: file), reacquired: continuation)
+            await FileCoordinator.addFilePresenter(presenter)
+            #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
+            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
+            // The writer still holds the file: its `reacquire` cannot reach a process that left.
+            await FileCoordinator.leaveCoordinationSpace()
+            let ran = await withTaskGroup(of: Bool.self) { group in
+                group.addTask { await reacquired.first { _ in true } != nil }
+                group.addTask {
+                    try? await Task.sleep(for: .seconds(10)) // ok: the bound on the wait for the reacquirer
+                    return false
+                }
+                defer { group.cancelAll() }
+                return await group.next() ?? false
+            }
+            #expect(ran, "the presenter's reacquirer did not run after its process left the space")
         } else if let signals = Self.environment[Self.failingReplyVariable] {
             let presenter = ReplyFaultPresenter(URL(fileURLWithPath: file))
             await FileCoordinator.addFilePresenter(presenter)
@@ -274,6 +296,23 @@ extension CrossProcessTests.PresenterFaultTests {
         #expect(output.contains("a reply message to another process could not be written; trying again") && output.contains("ENOSPC"), "\(output)")
     }
 
+    @Test("a presenter's process that leaves the space while a writer in another process holds its item gives the presenter its item back",
+          .timeLimit(.minutes(2)))
+    func leavingGivesBack() async throws {
+        let file = scratch.write("doc", "old")
+        let signals = scratch.path + "/signals"
+        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                RemoteProxyChild.leavingPresenterVariable: signals])
+        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        // Its command runs once the presenter relinquished.
+        let writer = try await holdingWriter(of: file)
+        #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
+        let (status, output) = try await child
+        await killWriter(writer)
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+    }
+
     @Test("cancel() ends a coordination waiting for a stopped presenter in another process at once, not at the presenter timeout",
           .timeLimit(.minutes(2)))
     func cancelWhileAskingAnotherProcess() async throws {
@@ -345,5 +384,18 @@ final class ReplyFaultPresenter: FilePresenter {
     func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
         Faults.inject(.write, .noSpace, times: 1)
         return nil
+    }
+}
+
+/// A presenter that says when its reacquirer runs.
+final class ReacquiringPresenter: FilePresenter {
+    let presentedItemURL: URL?
+    let reacquired: AsyncStream<Void>.Continuation
+    init(_ url: URL, reacquired: AsyncStream<Void>.Continuation) {
+        (presentedItemURL, self.reacquired) = (url, reacquired)
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        { [reacquired] in reacquired.yield() }
     }
 }

@@ -105,8 +105,12 @@ package final class PresenterServer: Sendable {
     /// Whether the serving task was started (for tests).
     var isServing: Bool { state.withLock { $0.started } }
 
-    /// Ends the serving task once what it was handed is served.
+    /// Ends the serving task once what it was handed is served: the process left the
+    /// space, and no `reacquire` can reach it any more. What it keeps for other processes
+    /// is given back as for askers that died (``senderDied(_:)``), or its presenters would
+    /// stay relinquished, and deaf to their items' changes, for as long as it lives.
     package func finish() {
+        for process in owedProcesses { senderDied(process) }
         incoming.finish()
     }
 
