@@ -150,6 +150,10 @@ extension CrossProcessTests.PresenterFaultTests {
     /// the space once `leave` exists there (a writer holding the file meanwhile); its
     /// presenter must then get its item back.
     static let leavingPresenterVariable = "FILECOORD_CHILD_LEAVING_PRESENTER"
+    /// Set to a directory: the child presents the file, says it is `ready` there, and
+    /// fails to read the first message after its relinquish once (EIO); its presenter
+    /// must still hear the writer's steps, in order.
+    static let failingReadVariable = "FILECOORD_CHILD_FAILING_READ"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -183,6 +187,25 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let signals = Self.environment[Self.failingReadVariable] {
+            let (events, continuation) = AsyncStream<String>.makeStream()
+            let presenter = RecordingPresenter(URL(fileURLWithPath: file), events: continuation) {
+                // The next message this process reads: the writer's `did-change`.
+                Faults.inject(.read, .ioError, times: 1)
+            }
+            await FileCoordinator.addFilePresenter(presenter)
+            #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
+            let heard = await withTaskGroup(of: [String].self) { group in
+                group.addTask { await events.prefix { $0 != "reacquire" }.reduce(into: []) { $0.append($1) } + ["reacquire"] }
+                group.addTask {
+                    try? await Task.sleep(for: .seconds(10)) // ok: the bound on the wait for the writer's steps
+                    return ["(no reacquire within 10 s)"]
+                }
+                defer { group.cancelAll() }
+                return await group.next() ?? []
+            }
+            #expect(heard == ["relinquishToWriter", "didChange", "reacquire"])
+            await FileCoordinator.removeFilePresenter(presenter)
         } else if let signals = Self.environment[Self.leavingPresenterVariable] {
             let (reacquired, continuation) = AsyncStream<Void>.makeStream()
             let presenter = ReacquiringPresenter(URL(fileURLWithPath: file), reacquired: continuation)
@@ -313,6 +336,22 @@ extension CrossProcessTests.PresenterFaultTests {
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
     }
 
+    @Test("a message the presenter's process fails to read once (EIO) is read again, not removed: its presenter hears the writer's did-change before its reacquire",
+          .timeLimit(.minutes(2)))
+    func failedReadReadAgain() async throws {
+        let file = scratch.write("doc", "old")
+        let signals = scratch.path + "/signals"
+        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                RemoteProxyChild.failingReadVariable: signals])
+        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        let written = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
+        #expect(written.status == 0, "\(written.errorText)")
+        let (status, output) = try await child
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        #expect(output.contains("could not be read") && output.contains("EIO") && !output.contains("ignored a file"), "\(output)")
+    }
+
     @Test("cancel() ends a coordination waiting for a stopped presenter in another process at once, not at the presenter timeout",
           .timeLimit(.minutes(2)))
     func cancelWhileAskingAnotherProcess() async throws {
@@ -397,5 +436,26 @@ final class ReacquiringPresenter: FilePresenter {
 
     func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
         { [reacquired] in reacquired.yield() }
+    }
+}
+
+/// A presenter that says which of its callbacks ran, in order, and runs `onRelinquish`
+/// as it relinquishes.
+final class RecordingPresenter: FilePresenter {
+    let presentedItemURL: URL?
+    let events: AsyncStream<String>.Continuation
+    let onRelinquish: @Sendable () -> Void
+    init(_ url: URL, events: AsyncStream<String>.Continuation, onRelinquish: @escaping @Sendable () -> Void) {
+        (presentedItemURL, self.events, self.onRelinquish) = (url, events, onRelinquish)
+    }
+
+    func relinquishPresentedItem(toWriter writer: FileAccessRequest) async throws -> FileReacquirer? {
+        events.yield("relinquishToWriter")
+        onRelinquish()
+        return { [events] in events.yield("reacquire") }
+    }
+
+    func presentedItemDidChange() async {
+        events.yield("didChange")
     }
 }

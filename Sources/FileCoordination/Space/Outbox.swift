@@ -24,9 +24,6 @@ struct Outbox<Write, Waiter> {
         case empty
     }
 
-    /// The longest pause before a failed write is run again, in milliseconds.
-    static var longestPause: Int { 1000 }
-
     private var jobs: [Job]
     private var failures = 0
 
@@ -66,7 +63,7 @@ struct Outbox<Write, Waiter> {
     }
 
     /// The first write failed: it stays first. Returns the pause before it is run again
-    /// (doubling from 10 ms to ``longestPause``) and the waiters to resume now.
+    /// (``RetryPause``) and the waiters to resume now.
     mutating func failed() -> (pauseMilliseconds: Int, resume: [Waiter]) {
         failures += 1
         var waiting: [Waiter] = []
@@ -75,7 +72,7 @@ struct Outbox<Write, Waiter> {
             waiting.append(waiter)
             return true
         }
-        return (min(10 << min(failures - 1, 7), Self.longestPause), waiting)
+        return (RetryPause.milliseconds(afterFailures: failures), waiting)
     }
 
     /// Whether anything waits behind the first job.
@@ -83,4 +80,17 @@ struct Outbox<Write, Waiter> {
 
     /// Whether nothing is left.
     var isEmpty: Bool { jobs.isEmpty }
+}
+
+/// How a message that could not be written or read is tried again: after pauses doubling
+/// from 10 ms to 1 s, up to ``attempts`` times (some 35 s in all). Enough for a process to
+/// get a descriptor or some space back; bounded, so that a lasting failure ends in a
+/// warning rather than a stall.
+enum RetryPause {
+    static let attempts = 40
+
+    /// The pause after `failures` failures (at least 1), in milliseconds.
+    static func milliseconds(afterFailures failures: Int) -> Int {
+        min(10 << min(max(failures, 1) - 1, 7), 1000)
+    }
 }

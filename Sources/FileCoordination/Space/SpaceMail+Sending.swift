@@ -101,10 +101,6 @@ extension SpaceMail {
         }
     }
 
-    /// Times a message that waits for no answer (a `did…`, a `reacquire`, a reply) is
-    /// written at most: over some 35 s of pauses (see ``Outbox``).
-    static let writeAttempts = 40
-
     /// Posts `message` to `target` without waiting for its write (``flush()`` waits for
     /// it). A write that fails is tried again (``writtenOrGivenUp(_:_:to:failures:)``): a
     /// lost `reacquire` would leave its presenter relinquished for as long as this process
@@ -117,7 +113,7 @@ extension SpaceMail {
     /// Runs `write`, of a message of `kind` that waits for no answer, after it failed
     /// `failures` times: true once it is done with (written, `target` gone, or given up),
     /// false to be run again, in order, after a pause. A write that fails (no space, no
-    /// descriptor to spare) is given up after ``writeAttempts``, or when `target` dies
+    /// descriptor to spare) is given up after ``RetryPause/attempts``, or when `target` dies
     /// or this process leaves the space (each gives back what the other was owed).
     func writtenOrGivenUp(_ write: () throws -> Void, _ kind: String, to target: String, failures: Int) -> Bool {
         guard failures == 0 || !slots.isClosed else { return true }
@@ -126,7 +122,7 @@ extension SpaceMail {
         } catch SendError.gone {
             slots.drop(target, dirFD: files.directoryFD)
         } catch {
-            let tryAgain = failures + 1 < Self.writeAttempts && !slots.isClosed && isAlive(target)
+            let tryAgain = failures + 1 < RetryPause.attempts && !slots.isClosed && isAlive(target)
             if failures == 0 || !tryAgain {
                 let what = tryAgain ? "could not be written; trying again" : "could not be written; given up"
                 FileCoordinator.logger.warning("a \(kind) message to another process \(what)",
@@ -260,7 +256,9 @@ extension SpaceMail {
     func processEnded(_ event: InotifyEvent) {
         // An overflow reaches the mailbox's watch too, whose handler checks what the
         // deaths lost meant, after reading the mailbox again (``recheckAfterOverflow()``).
-        guard event.mask & UInt32(IN_Q_OVERFLOW) == 0 else { return }
+        // So does reading it again after a message was left unread: what a dead process
+        // is owed is given back after the messages it sent.
+        guard event.mask & UInt32(IN_Q_OVERFLOW) == 0, !waitsToReadAgain else { return }
         processEnded(String(decoding: event.name, as: UTF8.self))
     }
 

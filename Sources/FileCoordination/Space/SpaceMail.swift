@@ -32,7 +32,8 @@ package final class SpaceMail: Sendable {
     let state = Locked(State())
     /// Held while a message file is read and acted on: by the watcher thread, or by a
     /// poll of the mailbox (a process that could not watch it, or a rescan as it starts to).
-    let receiving = Locked(())
+    /// Counts the failed reads of the mailbox since a message was left unread.
+    let receiving = Locked(Rereading())
     /// Starts the space's watches (``CoordinationSpace/startWatching()``) before a request
     /// whose reply must be heard; false when they cannot be had, and replies are polled.
     let startWatching = WatchingHook()
@@ -100,31 +101,66 @@ package final class SpaceMail: Sendable {
             return
         }
         guard !event.name.isEmpty, event.mask & UInt32(IN_ISDIR) == 0 else { return }
-        receiving.withLock { _ in receive(event.name, rescanning: false) }
+        receiving.withLock { rereading in
+            // A message left unread: the whole mailbox is read again, in order, after a pause.
+            guard rereading.failures == 0 else { return }
+            if receive(event.name, rescanning: false) { readAgainLater(&rereading) }
+        }
     }
 
     /// Reads every message in the mailbox (after a queue overflow, as the mailbox starts to
     /// be watched, or on each poll of a process that cannot watch it). Blocking.
     func readWholeMailbox() {
         guard mailboxFD >= 0 else { return } // none made: nothing can have come
-        receiving.withLock { _ in
-            for name in rescanOrder() { receive(name, rescanning: true) }
+        let caughtUp = receiving.withLock { rereading -> Bool in
+            let waited = rereading.failures > 0
+            if readInOrder(lastTry: false) {
+                rereading.failures = 0
+                return waited
+            }
+            if !waited { readAgainLater(&rereading) }
+            return false
         }
+        // Read after a message was left unread: the processes that ended meanwhile.
+        if caughtUp { recheckAfterOverflow() }
+    }
+
+    /// Reads the mailbox's messages in the order they were written (``rescanOrder()``);
+    /// false when it could not be listed, or a message could not be read (the rest wait
+    /// behind it). With `lastTry`, a message that cannot be read is removed with a warning.
+    func readInOrder(lastTry: Bool) -> Bool {
+        guard let order = rescanOrder() else { return false }
+        for name in order where receive(name, rescanning: true, lastTry: lastTry) { return false }
+        return true
     }
 
     /// Reads and acts on the message file `name`. A rescan leaves alone what may still be
-    /// being written (empty, or without its end line): its own event comes later.
-    func receive(_ name: [UInt8], rescanning: Bool) {
+    /// being written (empty, or without its end line): its own event comes later. Returns
+    /// true when the file was left unread because opening or reading it failed (no
+    /// descriptor to spare, no memory, an I/O error): a message lost there could leave a
+    /// presenter relinquished, or a writer waiting for its timeout. Unless `lastTry`.
+    @discardableResult
+    func receive(_ name: [UInt8], rescanning: Bool, lastTry: Bool = false) -> Bool {
         let mailboxFD = mailboxFD
-        guard mailboxFD >= 0 else { return }
+        guard mailboxFD >= 0 else { return false }
         let opened = Self.openMessage(dirFD: mailboxFD, name: name)
+        var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
+        switch opened {
         // Gone: a slot its sender retired (see ``MessageSlots``), or read by a rescan.
-        if case .failure(.noSuchFileOrDirectory) = opened { return }
+        case .failure(.noSuchFileOrDirectory): return false
+        case .failure(let errno) where !lastTry && Self.mayPass(errno):
+            Self.unread(path, FileCoordinationError(.open, errno: errno, path: path).description)
+            return true
+        default: break
+        }
         let fd = (try? opened.get()) ?? -1
-        let outcome = fd >= 0 ? readMessage(fd) : .failure(.notAMessage)
-        if rescanning, case .failure(let reason) = outcome, reason == .empty || reason == .truncated {
+        var failure: Errno?
+        let outcome = fd >= 0 ? readMessage(fd, failure: &failure) : .failure(.notAMessage)
+        if case .failure(let reason) = outcome, rescanning && (reason == .empty || reason == .truncated) || !lastTry && reason == .unreadable {
             if fd >= 0 { _ = Syscall.close(fd) }
-            return
+            guard reason == .unreadable else { return false }
+            Self.unread(path, FileCoordinationError(.read, errno: failure ?? .ioError, path: path).description)
+            return true
         }
         // Whether the message was served right here (its reply, if any, is written).
         var servedHere = false
@@ -153,17 +189,19 @@ package final class SpaceMail: Sendable {
             // sender's close after its next message, every message would start a writeback.
             if fd >= 0 { _ = Syscall.close(fd) }
         }
-        var path: FilePath { files.mailboxPath.appending(String(decoding: name, as: UTF8.self)) } // for warnings
         let message: SpaceProtocol.Message
         switch outcome {
         case .success(let decoded):
             do {
                 message = try SpaceProtocol.Message(decoding: decoded)
             } catch {
-                return Self.ignored(path, error.text)
+                Self.ignored(path, error.text)
+                return false
             }
-        case .failure(.empty): return
-        case .failure(let reason): return Self.ignored(path, reason.rawValue)
+        case .failure(.empty): return false
+        case .failure(let reason):
+            Self.ignored(path, reason.rawValue)
+            return false
         }
         let header = message.header
         if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("message \(message.body.kind) #\(header.id) from \(header.from)") }
@@ -181,6 +219,7 @@ package final class SpaceMail: Sendable {
         case .presenter:
             servedHere = server.received(message, onWatcherThread: true)
         }
+        return false
     }
 
     /// The one warning for a file in the space that is not a message of ours.
@@ -207,10 +246,12 @@ package final class SpaceMail: Sendable {
     /// sender's slots are used in turn, so their names say nothing; and times can be
     /// equal). The directory's order is arbitrary: serving a writer's `reacquire` before
     /// its `relinquish` would leave the presenter without its item. Each file is read
-    /// here and again when served; this runs only after events were lost.
-    func rescanOrder() -> [[UInt8]] {
+    /// here and again when served; this runs only after events were lost, or a message
+    /// could not be read. Nil when the mailbox cannot be listed.
+    func rescanOrder() -> [[UInt8]]? {
         var found: [(name: [UInt8], time: Int64, from: String, id: UInt64)] = []
-        for name in (try? Self.list(files.directoryFD, SpaceLayout.mailbox(me))) ?? [] where !name.hasPrefix(".") {
+        guard let names = try? Self.list(files.directoryFD, SpaceLayout.mailbox(me)) else { return nil }
+        for name in names where !name.hasPrefix(".") {
             let bytes = Array(name.utf8)
             var time = Int64.max, from = "", id: UInt64 = 0
             if case .success(let fd) = Self.openMessage(dirFD: mailboxFD, name: bytes) {
@@ -257,16 +298,30 @@ package final class SpaceMail: Sendable {
 
     /// Reads the message file open at `fd`, checked to be a small regular file of ours.
     func readMessage(_ fd: Int32) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        guard case .success(let info) = OwnedFiles.check(fd, kind: .regularFile, privateOnly: false, owner: files.owner) else {
-            return .failure(.notAMessage)
+        var failure: Errno?
+        return readMessage(fd, failure: &failure)
+    }
+
+    /// ``readMessage(_:)``, which gives the errno of the `fstat` or `read` that failed
+    /// (``SpaceMessage/MalformedReason/unreadable``) in `failure`.
+    func readMessage(_ fd: Int32, failure: inout Errno?) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
+        let info: stat
+        switch OwnedFiles.check(fd, kind: .regularFile, privateOnly: false, owner: files.owner) {
+        case .success(let checked): info = checked
+        case .failure(.system(let errno)):
+            failure = errno
+            return .failure(.unreadable)
+        case .failure: return .failure(.notAMessage)
         }
         guard info.st_size <= SpaceMessage.maximumSize else { return .failure(.tooLarge) }
         guard info.st_size > 0 else { return .failure(.empty) }
         var buffer = [UInt8](repeating: 0, count: Int(info.st_size) + 1)
-        guard case .success(let count) = buffer.withUnsafeMutableBytes({ Syscall.read(fd, $0.baseAddress!, $0.count) }) else {
-            return .failure(.notAMessage)
+        switch buffer.withUnsafeMutableBytes({ Syscall.read(fd, $0.baseAddress!, $0.count) }) {
+        case .success(let count): return SpaceMessage.decode(buffer[..<count])
+        case .failure(let errno):
+            failure = errno
+            return .failure(.unreadable)
         }
-        return SpaceMessage.decode(buffer[..<count])
     }
 
     /// Whether `name` can name a process in the space: not empty, and no `/`. Tested on

@@ -141,6 +141,8 @@ package struct SpaceMessage: Sendable, Equatable {
         case truncated = "truncated (no end line)"
         case unsupportedVersion = "written for another protocol version"
         case notAMessage = "not a filecoord message"
+        /// Its `fstat` or `read` failed: it may be whole, and is read again later.
+        case unreadable = "could not be read"
         case badField = "a field is malformed"
         /// An empty message file: a slot already read, or a file an earlier sender made
         /// ahead and closed unused (removed without a warning).
