@@ -282,6 +282,31 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(ended.stderr.contains("ignored a file in the coordination space"), "\(ended.stderr)")
     }
 
+    @Test("a message whose sender is not a process's name (`from ../../escape`) is ignored with a warning: nothing is written outside the space", .timeLimit(.minutes(2)))
+    func forgedSender() async throws {
+        let file = scratch.write("doc", "old")
+        let escape = scratch.path + "/escape"
+        try FileManager.default.createDirectory(atPath: escape, withIntermediateDirectories: false)
+        let (presenter, _, box) = try await presentAlone(file)
+        // A real relinquish, left unread while the presenter is stopped, copied under a
+        // sender's name that climbs out of the mailboxes.
+        presenter.signal(SIGSTOP)
+        let gaveUp = try await filecoord("write", file, "--space", space, "--presenter-timeout", "0.3", stdin: Data("new".utf8))
+        #expect(gaveUp.status == 0, "\(gaveUp.errorText)")
+        let names = try FileManager.default.contentsOfDirectory(atPath: box)
+        let request = try #require(names.lazy.compactMap { try? String(contentsOfFile: box + "/" + $0, encoding: .utf8) }
+            .first { $0.contains("kind relinquish") })
+        let forged = request.split(separator: "\n").map { $0.hasPrefix("from ") ? "from ../../escape" : String($0) }.joined(separator: "\n") + "\n"
+        #expect(FileManager.default.createFile(atPath: box + "/forged", contents: Data(forged.utf8)))
+        presenter.signal(SIGCONT)
+        // It reads its mailbox in order: once it has answered `status`, it has read the forgery.
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: escape).isEmpty, "a reply was written outside the space")
+        presenter.signal(SIGTERM)
+        let ended = await presenter.wait()
+        #expect(ended.stderr.contains("ignored a file in the coordination space") && ended.stderr.contains("forged"), "\(ended.stderr)")
+    }
+
     @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(3)))
     func spareMessageFiles() async throws {
         let file = scratch.write("doc", "old")

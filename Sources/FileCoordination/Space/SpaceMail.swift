@@ -204,6 +204,12 @@ package final class SpaceMail: Sendable {
             return false
         }
         let header = message.header
+        // The name a reply goes to, in `mail/`: one of another shape (`../x`) would have it
+        // written outside the space. (The file is then removed above: no record has it.)
+        guard Self.isProcessName(header.from) else {
+            Self.ignored(path, "its sender's name is not a process's name")
+            return false
+        }
         if LibraryLogger.logs(.debug) { FileCoordinator.logger.debug("message \(message.body.kind) #\(header.id) from \(header.from)") }
         switch message.body {
         case .reply(let reply):
