@@ -521,7 +521,7 @@ struct CrossProcessTests: CrossProcessFixture {
         let writers = 6
         let base = Date(timeIntervalSinceNow: -1000)
         for writer in 0 ..< writers {
-            let from = "99999\(writer)-fake", item = tmpfs.path + "/c\(writer)"
+            let from = "99999\(writer)-fade", item = tmpfs.path + "/c\(writer)"
             let reacquire = "filecoord 1\nkind reacquire\npresenter \(number)\npath \(item)\nre 1\nfrom \(from)\nid 2\npid 1\nend\n"
             let relinquish = "filecoord 1\nkind relinquish\npresenter \(number)\npath \(item)\naccess write\npurpose test\nre 1\nfrom \(from)\nid 1\npid 1\nend\n"
             #expect(FileManager.default.createFile(atPath: box + "/\(from)-2", contents: Data(reacquire.utf8),

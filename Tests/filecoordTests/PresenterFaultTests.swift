@@ -154,6 +154,8 @@ extension CrossProcessTests.PresenterFaultTests {
     /// fails to read the first message after its relinquish once (EIO); its presenter
     /// must still hear the writer's steps, in order.
     static let failingReadVariable = "FILECOORD_CHILD_FAILING_READ"
+    /// Set: two writes; the child's first open of a presenter record fails (EMFILE).
+    static let failingRecordVariable = "FILECOORD_CHILD_FAILING_RECORD"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -187,6 +189,13 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if Self.environment[Self.failingRecordVariable] != nil {
+            Faults.inject(.open, .tooManyOpenFiles, times: 1, whereNameContains: "presenters/")
+            for round in 0 ..< 2 {
+                try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
+                    try Data("w\(round)".utf8).write(to: url)
+                }
+            }
         } else if let signals = Self.environment[Self.failingReadVariable] {
             let (events, continuation) = AsyncStream<String>.makeStream()
             let presenter = RecordingPresenter(URL(fileURLWithPath: file), events: continuation) {
@@ -334,6 +343,23 @@ extension CrossProcessTests.PresenterFaultTests {
         let (status, output) = try await child
         await killWriter(writer)
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+    }
+
+    @Test("a presenter record that a writer in another process fails to open once (EMFILE) is read by its next coordination: the presenter is asked, not ignored for good",
+          .timeLimit(.minutes(2)))
+    func failedRecordReadAgain() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.failingRecordVariable: "1"])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+        // The first write, made without asking it, is heard through its watch.
+        let heard = await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" }
+        #expect(heard.suffix(4) == ["relinquishToWriter", "save", "didChange", "reacquire"], "\(heard)")
+        #expect(!output.contains("ignored a file"), "\(output)")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
     }
 
     @Test("a message the presenter's process fails to read once (EIO) is read again, not removed: its presenter hears the writer's did-change before its reacquire",

@@ -73,9 +73,12 @@ extension SpaceMail {
         let (dirFD, me) = (files.directoryFD, me)
         let known = state.withLock { Set($0.remoteByName.keys) }
         let ignored = state.withLock { $0.ignoredRecords }
-        let scan: ([String], [String: SpaceProtocol.PresenterRecord])? = try? await runOnIOThread {
+        let scan: ([String], [String: SpaceProtocol.PresenterRecord], Bool)? = try? await runOnIOThread {
             let names = try Self.list(dirFD, SpaceLayout.presenters).filter { !$0.hasPrefix(".") && !$0.hasPrefix(me + "-") }
             var fresh: [String: SpaceProtocol.PresenterRecord] = [:]
+            // A record that could not be read this time (no descriptor to spare): read
+            // again by the next coordination, the cache not marked current.
+            var complete = true
             for name in names where !known.contains(name) && !ignored.contains(name) {
                 guard let owner = Self.processOfPresenter(name) else {
                     self.setAside(SpaceLayout.presenters, name, reason: "not a presenter record's name")
@@ -92,6 +95,9 @@ extension SpaceMail {
                     } catch {
                         reason = error.text
                     }
+                case .failure(.unreadable):
+                    complete = false
+                    continue
                 case .failure(let failure): reason = failure.rawValue
                 }
                 // Ours to remove once its process is gone; while it lives, said once here.
@@ -102,9 +108,9 @@ extension SpaceMail {
                     self.state.withLock { _ = $0.ignoredRecords.insert(name) }
                 }
             }
-            return (names, fresh)
+            return (names, fresh, complete)
         }
-        guard let (names, fresh) = scan else { return }
+        guard let (names, fresh, complete) = scan else { return }
         state.withLock { state in
             let present = Set(names)
             for (name, proxy) in state.remoteByName where !present.contains(name) {
@@ -120,7 +126,7 @@ extension SpaceMail {
                 state.remoteByName[name] = proxy
                 state.remote.add(proxy, at: record.path, endpoint: proxy)
             }
-            state.remoteSequence = sequence
+            if complete { state.remoteSequence = sequence }
         }
     }
 

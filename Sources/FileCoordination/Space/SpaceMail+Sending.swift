@@ -116,7 +116,8 @@ extension SpaceMail {
     /// descriptor to spare) is given up after ``RetryPause/attempts``, or when `target` dies
     /// or this process leaves the space (each gives back what the other was owed).
     func writtenOrGivenUp(_ write: () throws -> Void, _ kind: String, to target: String, failures: Int) -> Bool {
-        guard failures == 0 || !slots.isClosed else { return true }
+        // Left the space: what the other process was owed was given back as this one left.
+        guard !slots.isClosed else { return true }
         do {
             try write()
         } catch SendError.gone {
@@ -266,6 +267,8 @@ extension SpaceMail {
     /// process this one waits for or owes something is checked. Run after the mailbox is
     /// read again, so that requests found only by that rescan are covered.
     func recheckAfterOverflow() {
+        // A message left unread: the read that follows rechecks.
+        guard !waitsToReadAgain else { return }
         for name in ProcessEnding.toRecheck(awaited: replies.targets, owed: server.owedProcesses) { processEnded(name) }
     }
 

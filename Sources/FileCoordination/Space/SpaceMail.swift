@@ -240,9 +240,14 @@ package final class SpaceMail: Sendable {
     }
 
     /// Reads one small message file (`name` relative to `dirFD`) without following links
-    /// or blocking on a FIFO.
+    /// or blocking on a FIFO. ``SpaceMessage/MalformedReason/unreadable`` when opening or
+    /// reading it failed in a way that may pass (``mayPass(_:)``).
     func readMessage(dirFD: Int32, name: [UInt8]) -> Result<SpaceMessage, SpaceMessage.MalformedReason> {
-        guard case .success(let fd) = Self.openMessage(dirFD: dirFD, name: name) else { return .failure(.notAMessage) }
+        let fd: Int32
+        switch Self.openMessage(dirFD: dirFD, name: name) {
+        case .success(let opened): fd = opened
+        case .failure(let errno): return .failure(Self.mayPass(errno) ? .unreadable : .notAMessage)
+        }
         defer { _ = Syscall.close(fd) }
         return readMessage(fd)
     }
