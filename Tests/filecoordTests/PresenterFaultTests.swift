@@ -1,4 +1,4 @@
-import FileCoordination
+@testable import FileCoordination
 import Foundation
 import SystemCalls
 import SystemPackage
@@ -156,6 +156,9 @@ extension CrossProcessTests.PresenterFaultTests {
     static let failingReadVariable = "FILECOORD_CHILD_FAILING_READ"
     /// Set: two writes; the child's first open of a presenter record fails (EMFILE).
     static let failingRecordVariable = "FILECOORD_CHILD_FAILING_RECORD"
+    /// Set to a path: a writer of the file waits behind a coordinator that moves the file
+    /// to that path, then checks that another process cannot read it there meanwhile.
+    static let movedWaiterVariable = "FILECOORD_CHILD_MOVED_WAITER"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -189,6 +192,26 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let destination = Self.environment[Self.movedWaiterVariable] {
+            let (from, to) = (URL(fileURLWithPath: file), URL(fileURLWithPath: destination))
+            let mover = FileCoordinator()
+            let (holding, held) = AsyncStream<Void>.makeStream()
+            let moving = Task {
+                try await mover.coordinate(writingItemAt: from, options: .forMoving, writingItemAt: to, options: .forReplacing) { from, to in
+                    held.yield()
+                    await CoordinationCenter.shared.waitUntilWaiting(1)
+                    try FileManager.default.moveItem(at: from, to: to)
+                    await mover.item(at: from, didMoveTo: to)
+                }
+            }
+            _ = await holding.first { true }
+            // Waits here behind the mover; granted, it writes the item where it moved to.
+            let read = try await coordinator.coordinate(writingItemAt: from) { url in
+                #expect(url.path == destination)
+                return try await runToEnd([filecoordBinary, "read", "--space", space, "--timeout", "0.5", destination], includeStandardError: true)
+            }
+            #expect(read.status == 3, "another process read the item while this one wrote it: \(read.output)")
+            try await moving.value
         } else if Self.environment[Self.failingRecordVariable] != nil {
             Faults.inject(.open, .tooManyOpenFiles, times: 1, whereNameContains: "presenters/")
             for round in 0 ..< 2 {
@@ -360,6 +383,14 @@ extension CrossProcessTests.PresenterFaultTests {
         #expect(!output.contains("ignored a file"), "\(output)")
         presenter.signal(SIGTERM)
         _ = await presenter.wait()
+    }
+
+    @Test("a writer that waited in its process behind a coordinator moving the item holds the item where it moved to, against other processes too")
+    func movedWaiterClaimsNewPath() async throws {
+        let file = scratch.write("a", "content")
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.movedWaiterVariable: scratch.path + "/b"])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
     }
 
     @Test("a message the presenter's process fails to read once (EIO) is read again, not removed: its presenter hears the writer's did-change before its reacquire",

@@ -294,11 +294,15 @@ package final class CoordinationCenter: Sendable {
         } onCancel: {
             withdraw(id, because: CancellationError())
         }
-        if let transport, !transport.takeClaimsNow(claims, for: id.raw) {
-            try await takeKernelClaims(id, claims, coordinator: coordinator, since: cancellations)
+        // As they are now: a coordinator that moved an item while this request waited
+        // moved its claims too (``CoordinationRules/move(from:to:)``), and other processes
+        // must meet them where the item is.
+        let current = self.claims(of: id)
+        if let transport, !transport.takeClaimsNow(current, for: id.raw) {
+            try await takeKernelClaims(id, current, coordinator: coordinator, since: cancellations)
         }
-        Self.trace("claim granted after waiting", id, claims)
-        metrics.granted(claims, waited: .now - pending.since)
+        Self.trace("claim granted after waiting", id, current)
+        metrics.granted(current, waited: .now - pending.since)
         return (id, true)
     }
 
