@@ -159,6 +159,9 @@ extension CrossProcessTests.PresenterFaultTests {
     /// Set to a path: a writer of the file waits behind a coordinator that moves the file
     /// to that path, then checks that another process cannot read it there meanwhile.
     static let movedWaiterVariable = "FILECOORD_CHILD_MOVED_WAITER"
+    /// Set: the child reads the file while a writer in another process starts to wait for
+    /// it, starts listening to the doorbell only then, and ends its read.
+    static let lateListenerVariable = "FILECOORD_CHILD_LATE_LISTENER"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -192,6 +195,31 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if Self.environment[Self.lateListenerVariable] != nil {
+            let (released, release) = AsyncStream<Void>.makeStream()
+            let (holding, held) = AsyncStream<Void>.makeStream()
+            let reading = Task {
+                try await coordinator.coordinate(readingItemAt: URL(fileURLWithPath: file)) { _ in
+                    held.yield()
+                    _ = await released.first { true }
+                }
+            }
+            _ = await holding.first { true }
+            let writer = Task {
+                try await runToEnd(["sh", "-c", "printf z | '\(filecoordBinary)' write --space '\(space)' --timeout 10 '\(file)'"], includeStandardError: true)
+            }
+            // The writer raised the waiting flag and rang a doorbell this process, not
+            // listening yet, could not hear.
+            try await offThePool { try waitForWaitingFlag(in: space) }
+            let space = try #require(CoordinationCenter.shared.transport as? CoordinationSpace)
+            #expect(await space.startWatching())
+            release.yield()
+            try await reading.value
+            let clock = ContinuousClock()
+            let start = clock.now
+            let written = try await writer.value
+            #expect(written.status == 0, "\(written.output)")
+            #expect(clock.now - start < .seconds(5), "the writer waited \(clock.now - start) after the read ended")
         } else if let destination = Self.environment[Self.movedWaiterVariable] {
             let (from, to) = (URL(fileURLWithPath: file), URL(fileURLWithPath: destination))
             let mover = FileCoordinator()
@@ -385,6 +413,15 @@ extension CrossProcessTests.PresenterFaultTests {
         _ = await presenter.wait()
     }
 
+    @Test("a reader in a process that starts listening to the doorbell after a writer in another process rang it gives its byte back as its read ends: the writer goes on",
+          .timeLimit(.minutes(2)))
+    func lateListenerGivesBack() async throws {
+        let file = scratch.write("doc", "old")
+        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                               RemoteProxyChild.lateListenerVariable: "1"])
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
+    }
+
     @Test("a writer that waited in its process behind a coordinator moving the item holds the item where it moved to, against other processes too")
     func movedWaiterClaimsNewPath() async throws {
         let file = scratch.write("a", "content")
@@ -514,5 +551,28 @@ final class RecordingPresenter: FilePresenter {
 
     func presentedItemDidChange() async {
         events.yield("didChange")
+    }
+}
+
+/// Blocks until a process holds the waiting flag of the space at `space` (it waits for a
+/// claim): looked at after each change of `claims.lock` (the doorbell a waiter rings after
+/// raising the flag), for at most 30 s.
+func waitForWaitingFlag(in space: String) throws {
+    let path = space + "/claims.lock"
+    let fd = open(path, O_RDONLY | O_CLOEXEC), watch = inotify_init1(Int32(IN_CLOEXEC))
+    defer { close(fd); close(watch) }
+    guard fd >= 0, watch >= 0, inotify_add_watch(watch, path, UInt32(IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB)) >= 0 else {
+        throw FixtureError(path: path, operation: "open and watch", errno: errno)
+    }
+    let deadline = ContinuousClock.now + .seconds(30)
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        if case .success(let holder) = Syscall.conflictingLock(fd, Int16(F_WRLCK), SpaceLocks.waitingFlagOffset, 1), holder != Int16(F_UNLCK) { return }
+        let left = deadline - ContinuousClock.now
+        var ready = pollfd(fd: watch, events: Int16(POLLIN), revents: 0)
+        guard left > .zero, poll(&ready, 1, Int32(left.components.seconds * 1000 + 1)) > 0 else {
+            throw FixtureError(path: path, operation: "wait for the waiting flag", errno: ETIMEDOUT)
+        }
+        _ = buffer.withUnsafeMutableBytes { read(watch, $0.baseAddress, $0.count) }
     }
 }

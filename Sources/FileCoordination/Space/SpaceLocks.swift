@@ -174,8 +174,15 @@ final class SpaceLocks: Sendable {
     /// again and again (not a one-shot command) keeps idle bytes.
     let releases = Atomic<Int>(0)
 
-    /// The watches are in place: idle bytes may be kept from now on.
-    func nowListening() { listening.store(true, ordering: .relaxed) }
+    /// The watches are in place: idle bytes may be kept from now on, unless another
+    /// process holds the waiting flag. It rang the doorbell before this process could hear
+    /// it, and a byte kept idle now would hold it off until something else rang.
+    func nowListening() {
+        if case .success(let holder) = Syscall.conflictingLock(fd, fc_F_WRLCK, Self.waitingFlagOffset, 1), holder != fc_F_UNLCK {
+            suspended.store(true, ordering: .relaxed)
+        }
+        listening.store(true, ordering: .relaxed)
+    }
     /// The longest pause between two tries of a claim that waits without a watch.
     static let longestPoll: Duration = .milliseconds(50)
 
