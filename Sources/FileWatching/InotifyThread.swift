@@ -233,6 +233,16 @@ package final class InotifyThread: @unchecked Sendable {
             failAll(.noSuchFileOrDirectory)
             return
         }
+        // libinotifytools waits with select(2), whose sets end at descriptor 1023: FD_SET
+        // of a higher one aborts the process. The kernel gives the lowest free descriptor,
+        // so a higher one means that every lower one is in use.
+        guard instance < 1024 else {
+            inotifytools_cleanup()
+            failAll(FileCoordinationError(.inotifyInit, code: .tooManyOpenFiles, path: nil, errno: .tooManyOpenFiles,
+                                          message: "the inotify instance got descriptor \(instance), and libinotifytools can wait "
+                                              + "only on descriptors below 1024, all of which this process has open"))
+            return
+        }
         self.instance = instance
         // Commands sent before the doorbell was watched rang nothing: serve them now.
         drainCommands()
@@ -422,6 +432,10 @@ package final class InotifyThread: @unchecked Sendable {
         // The instance itself could not be had: no file is to blame. (The EMFILE of
         // `inotify_init` is the per-user instance limit, or this process's descriptors.)
         if error.operation == "inotify_init" { error.path = nil }
+        failAll(error)
+    }
+
+    private func failAll(_ error: FileCoordinationError) {
         let pending = queue.withLock { queue in
             queue.failure = error
             defer { queue.commands.removeAll() }

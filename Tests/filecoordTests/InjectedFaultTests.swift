@@ -75,6 +75,22 @@ extension CrossProcessTests.InjectedFaultTests {
         _ = await presenter.wait()
     }
 
+    @Test("a writer whose descriptors below 1024 are all in use gets no inotify instance libinotifytools can wait on: it polls for the presenter's reply instead of aborting",
+          .enabled(if: hardDescriptorLimit >= 2048), .timeLimit(.minutes(2)))
+    func inotifyInstanceAbove1023() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream) = try await present(file)
+        var lines = stream
+        let written = try await shell("""
+            printf new | exec bash -c 'ulimit -n 2048 && for i in $(seq 3 1100); do eval "exec $i</dev/null"; done && exec "$FILECOORD" write --space "$1" "$2"' _ '\(space)' '\(file)'
+            """)
+        #expect(written.status == 0, "\(written.errorText)")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "new")
+        #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("a file this process may not write (access says EACCES) is not replaced: the write fails with one line naming the file and the cause, and the file keeps its content")
     func refusedReplacement() async throws {
         let file = scratch.write("doc", "old")
@@ -113,4 +129,10 @@ extension CrossProcessTests.InjectedFaultTests {
         let lines = failed.errorText.split(separator: "\n")
         #expect(lines.count == 1 && lines[0].contains("127.0.0.1:\(port): Too many open files"), "\(failed.errorText)")
     }
+}
+
+/// The hard limit on this process's descriptors (what `ulimit -n` may raise the soft one to).
+var hardDescriptorLimit: rlim_t {
+    var limit = rlimit()
+    return getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0 ? limit.rlim_max : 0
 }
