@@ -162,6 +162,11 @@ extension CrossProcessTests.PresenterFaultTests {
     /// Set: the child reads the file while a writer in another process starts to wait for
     /// it, starts listening to the doorbell only then, and ends its read.
     static let lateListenerVariable = "FILECOORD_CHILD_LATE_LISTENER"
+    /// Set to a directory: a write of the file waits in the kernel behind another
+    /// process; once it does, the child's next two lock calls fail (ENOLCK) and it says
+    /// `injected`; when the write has failed it says `failed`, and leaves once `leave`
+    /// exists (files in that directory).
+    static let failingTakeVariable = "FILECOORD_CHILD_FAILING_TAKE"
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
@@ -195,6 +200,22 @@ extension CrossProcessTests.PresenterFaultTests {
                 }
             }
             #expect(error?.code == .cancelled)
+        } else if let signals = Self.environment[Self.failingTakeVariable] {
+            let writing = Task { try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { _ in } }
+            let space = try #require(CoordinationCenter.shared.transport as? CoordinationSpace)
+            // No event says a thread is in its lock call: looked at every millisecond, 10 s at most.
+            var waiting = false
+            for _ in 0 ..< 10_000 where !waiting {
+                waiting = space.locks.kernelWaitsInCall.load(ordering: .relaxed) > 0
+                if !waiting { try await Task.sleep(for: .milliseconds(1)) } // ok: bounded, see above
+            }
+            try #require(waiting, "the write never waited in the kernel")
+            // The lock that counts the byte the kernel grants, and the next try's.
+            Faults.inject(.lock, .noLocks, times: 2)
+            #expect(FileManager.default.createFile(atPath: signals + "/injected", contents: nil))
+            await #expect(throws: (any Error).self) { try await writing.value }
+            #expect(FileManager.default.createFile(atPath: signals + "/failed", contents: nil))
+            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
         } else if Self.environment[Self.lateListenerVariable] != nil {
             let (released, release) = AsyncStream<Void>.makeStream()
             let (holding, held) = AsyncStream<Void>.makeStream()
@@ -411,6 +432,25 @@ extension CrossProcessTests.PresenterFaultTests {
         #expect(!output.contains("ignored a file"), "\(output)")
         presenter.signal(SIGTERM)
         _ = await presenter.wait()
+    }
+
+    @Test("a write granted its queue byte by the kernel that then fails to count it (ENOLCK) gives the byte back: another process's writer goes on while it lives",
+          .timeLimit(.minutes(2)))
+    func failedTakeGivesBack() async throws {
+        let file = scratch.write("doc", "old")
+        let signals = scratch.path + "/signals"
+        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        let holder = try await holdingWriter(of: file)
+        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
+                                                RemoteProxyChild.failingTakeVariable: signals])
+        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "injected" } }
+        await killWriter(holder)
+        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "failed" } }
+        let written = try await filecoord("write", file, "--space", space, "--timeout", "2", stdin: Data("new".utf8))
+        #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
+        #expect(written.status == 0, "the queue byte stayed locked: \(written.errorText)")
+        let (status, output) = try await child
+        #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
     }
 
     @Test("a reader in a process that starts listening to the doorbell after a writer in another process rang it gives its byte back as its read ends: the writer goes on",

@@ -63,8 +63,11 @@ extension SpaceLocks {
                 case .success?:
                     // Counted as any take; a lock call that finds it held already by this
                     // process (lost meanwhile to the process's own release: wait again).
-                    guard case .taken? = try? take(blocker.byte) else { return .tryAgain }
-                    return .taken
+                    if case .taken? = try? take(blocker.byte) { return .taken }
+                    // Not counted (its lock call failed, ENOLCK): the kernel's grant is given
+                    // back, or it would hold off every writer of the item while the process lives.
+                    giveBackUncounted(offset, fd: fd)
+                    return .tryAgain
                 case nil, .failure(.interrupted)?: return .tryAgain
                 case .failure?: return .unavailable
                 }
