@@ -90,6 +90,7 @@ let package = Package(
                 "FileCoordinationEtcd",
                 "CFileCoordinationShims",
                 "CFilecoordCommand",
+                "SystemCalls",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -3,6 +3,7 @@ import AsyncFileIO
 import CFileCoordinationShims
 import FileCoordination
 import Foundation
+import SystemCalls
 
 struct Write: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -69,8 +70,8 @@ struct WriteSettings: Sendable {
             }
             try await write(to: resolved) { url in
                 let file = try FilePath(fileURL: url)
-                // A failed append (a full disk) is cut back to where it started: under the
-                // claim, nobody else appended meanwhile.
+                // A failed append (a full disk) is cut back to where it started (under the
+                // claim, nobody else appended meanwhile), and a file it made is removed.
                 let start: off_t? = try await runOnIOThread {
                     var info = stat()
                     return file.withPlatformString { stat($0, &info) } == 0 ? info.st_size : nil
@@ -81,7 +82,11 @@ struct WriteSettings: Sendable {
                     try await output.take()!.close()
                 } catch {
                     if let output = output.take() { try? await output.close() }
-                    if let start { _ = try? await runOnIOThread { file.withPlatformString { truncate($0, start) } } }
+                    _ = try? await runOnIOThread {
+                        file.withPlatformString { path in
+                            if let start { _ = truncate(path, start) } else { _ = Syscall.unlink(path) }
+                        }
+                    }
                     throw error
                 }
             }

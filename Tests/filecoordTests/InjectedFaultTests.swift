@@ -91,6 +91,17 @@ extension CrossProcessTests.InjectedFaultTests {
         _ = await presenter.wait()
     }
 
+    @Test("an append to a file that did not exist, failing (ENOSPC), leaves no file behind: PATH is as it was")
+    func failedAppendToNewFile() async throws {
+        let file = scratch.path + "/new.txt"
+        // Without coordination: the write that fails is the append's (joining the space writes too).
+        let failed = try await filecoordWith(faults: "write:ENOSPC", "write", "--append", "--no-coordination", file,
+                                             stdin: Data("hello".utf8))
+        #expect(failed.status == 1)
+        #expect(failed.errorText.split(separator: "\n").count == 1 && failed.errorText.contains("(ENOSPC)"), "\(failed.errorText)")
+        #expect(!FileManager.default.fileExists(atPath: file), "the failed append left \(file)")
+    }
+
     @Test("a file this process may not write (access says EACCES) is not replaced: the write fails with one line naming the file and the cause, and the file keeps its content")
     func refusedReplacement() async throws {
         let file = scratch.write("doc", "old")
