@@ -120,6 +120,9 @@ final class EventBuffer: Sendable {
     /// caused before it has a sequence number up to this.
     var appendedCount: UInt64 { state.withLock { $0.appended } }
 
+    /// Events buffered and not taken yet (for tests).
+    var bufferedCount: Int { state.withLock { $0.count } }
+
     // MARK: Consumers
 
     /// Ends the sequence: consumers get what is buffered, then nil; waiting syncs fail.

@@ -257,7 +257,13 @@ public final class FileWatcher: AsyncSequence, Sendable {
         guard let taken = try await buffer.next(deadline: deadline) else { return .timedOut }
         guard let first = taken else { return .finished }
         var batch = [first]
-        try await Task.sleep(for: settleInterval) // the settle interval is the point: real time
+        do {
+            try await Task.sleep(for: settleInterval) // the settle interval is the point: real time
+        } catch {
+            // Cancelled: the event taken goes first to the next consumer, not lost.
+            held.withLock { $0.insert(first, at: 0) }
+            throw error
+        }
         while let more = buffer.take(), let event = more { batch.append(event) }
         // One of each event, where it first happened, numbered as its last copy (as in
         // the buffer: a suppression covering the first copy must not swallow a later one).

@@ -174,6 +174,25 @@ struct FileWatcherTests {
         watcher.cancel()
     }
 
+    @Test("a consumer cancelled while the settle interval runs leaves the events it took for the next consumer")
+    func cancelledWhileSettling() async throws {
+        let dir = WatchedDirectory()
+        let watcher = try await FileWatcher(watching: dir.path, settle: .seconds(30))
+        touch(dir.at("a"))
+        try await watcher.sync()
+        let settling = Task { try await watcher.first(timeout: .seconds(60)) { _ in true } }
+        // No event says the consumer took it: the buffer looked at every millisecond, 10 s at most.
+        for _ in 0 ..< 10_000 where watcher.tree.buffer.bufferedCount > 0 {
+            try await Task.sleep(for: .milliseconds(1)) // ok: bounded, see above
+        }
+        settling.cancel()
+        await #expect(throws: CancellationError.self) { _ = try await settling.value }
+        // Taken from what the first settled: no second interval to wait for.
+        let event = try await watcher.first(timeout: .seconds(5)) { _ in true }
+        #expect(event == FileEvent(.created, dir.at("a")))
+        watcher.cancel()
+    }
+
     @Test("watching a missing path names it")
     func missing() async throws {
         let dir = WatchedDirectory()
