@@ -23,7 +23,7 @@ public final class EtcdBareClient: Sendable {
         var transaction = EtcdJSON.TxnRequest()
         transaction.success = [.init(request_put: EtcdJSON.PutRequest(key: Array(key.utf8), value: Array(value.utf8), lease: nil))]
         let answer = try await client.call("/v3/kv/txn", transaction, as: EtcdJSON.TxnResponse.self)
-        return answer.header?.revision.flatMap(Int64.init) ?? 0
+        return EtcdJSON.revision(answer.header?.revision) ?? 0
     }
 
     /// Deletes `key`.

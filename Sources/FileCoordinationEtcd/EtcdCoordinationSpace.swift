@@ -148,7 +148,7 @@ public final class EtcdCoordinationSpace: Sendable {
                                                 as: EtcdJSON.RangeResponse.self)
                 // Every watch of the process from here on, on one stream.
                 space.watchClaims()
-                space.hub.start(from: (put.header?.revision.flatMap(Int64.init) ?? 0) + 1)
+                space.hub.start(from: (EtcdJSON.revision(put.header?.revision) ?? 0) + 1)
             } catch {
                 // Not joined: the lease is not kept alive, and goes.
                 space.keeper.stop()

@@ -30,6 +30,14 @@ enum EtcdJSON {
 
     struct Header: Decodable, Sendable { var revision: String? }
 
+    /// A revision in etcd's JSON: a decimal count from 0, below `Int64.max` so that the
+    /// revision after it is one too (a watch resumes from it). Nil for anything else: a
+    /// member, or what stands between, may send any bytes, and `Int64.max + 1` traps.
+    static func revision(_ text: String?) -> Int64? {
+        guard let text, let value = Int64(text), value >= 0, value < .max else { return nil }
+        return value
+    }
+
     struct KeyValue: Decodable, Sendable {
         var key: String?
         var value: String?

@@ -31,16 +31,16 @@ enum EtcdWatchMessage: Sendable {
         }
         guard let result = answer.result else { throw .malformed("a watch message with neither a result nor an error") }
         if result.canceled == true {
-            let compaction = result.compact_revision.flatMap(Int64.init) ?? 0
+            let compaction = EtcdJSON.revision(result.compact_revision) ?? 0
             return .canceled(compacted: compaction > 0 ? compaction : nil,
                              result.cancel_reason ?? "the watch was cancelled by etcd (compacted at revision \(compaction))")
         }
         if let events = result.events, !events.isEmpty {
-            return .events(events, last: events.compactMap { $0.kv?.mod_revision.flatMap(Int64.init) }.max())
+            return .events(events, last: events.compactMap { EtcdJSON.revision($0.kv?.mod_revision) }.max())
         }
         if result.created == true { return .created }
-        guard let revision = result.header?.revision.flatMap(Int64.init) else {
-            throw .malformed("a watch message with no events and no revision")
+        guard let revision = EtcdJSON.revision(result.header?.revision) else {
+            throw .malformed("a watch message with no events and no revision (or one out of range)")
         }
         return .progress(revision)
     }

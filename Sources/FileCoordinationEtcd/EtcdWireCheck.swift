@@ -113,7 +113,7 @@ enum EtcdWireCheck {
         for message in (try? whole.get()) ?? [] {
             if message.count > limits.answerBytes { found.append("a message of \(message.count) bytes accepted") }
             if case .events(let events, let last)? = try? EtcdWatchMessage.decode(message) {
-                let revisions = events.compactMap { $0.kv?.mod_revision.flatMap(Int64.init) }
+                let revisions = events.compactMap { EtcdJSON.revision($0.kv?.mod_revision) }
                 if last != revisions.max() { found.append("events whose last revision is \(String(describing: last)), not \(String(describing: revisions.max()))") }
             }
         }

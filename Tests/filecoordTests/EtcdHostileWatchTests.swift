@@ -55,6 +55,20 @@ struct EtcdHostileWatchTests {
         #expect(run.took < .seconds(10), "it took \(run.took)")
     }
 
+    @Test("a progress message whose revision is out of range (Int64.max, which has no next; a negative one) is refused as malformed: the watch resumes and the release is seen",
+          .timeLimit(.minutes(1)), arguments: [#"{"result":{"header":{"revision":"9223372036854775807"}}}"#,
+                                               #"{"result":{"header":{"revision":"-5"}}}"#])
+    func revisionOutOfRange(_ message: String) async throws {
+        let etcd = FakeEtcd(blockFirstClaim: true)
+        let endpoint = try endpoint(etcd) { number, peer in
+            peer.chunk(number == 0 ? Array(message.utf8) + [10] : Array((etcd.blockerDeleted() + "\n").utf8))
+        }
+        let run = try await exec(against: endpoint)
+        endpoint.stop()
+        #expect(run.status == 0, "\(run.errors)")
+        #expect(run.took < .seconds(10), "it took \(run.took)")
+    }
+
     @Test("a message that cannot be decoded (while the stream stays busy): the watch resumes from the last revision seen and the release is seen",
           .timeLimit(.minutes(1)))
     func undecodableMessageResumes() async throws {
