@@ -144,10 +144,28 @@ public final class RandomAccessFile: Sendable {
     private func readOnPool(offset: Int64, count: Int) async throws -> Data {
         let fd = self.fd, path = self.path
         let size = self.size
-        return try await IOThreadPool.shared.run {
-            // Do not allocate far more than the file holds for a range past its end.
-            let wanted = offset >= size ? min(count, 64 * 1024) : count
-            return FileOperations.read(fd: fd, path: path, offset: offset, count: wanted)
+        return try await IOThreadPool.shared.run { () -> Result<Data, FileCoordinationError> in
+            // No more than the file held when opened, and 64 KiB for growth since: a range
+            // reaching far past the end (`2 ..< Int64.max`) allocates no more than that. A
+            // file that grew past it is read on, in steps that double.
+            let growth = 64 * 1024
+            var wanted = Int(min(Int64(count), max(0, size - offset) + Int64(growth)))
+            var data: Data
+            switch FileOperations.read(fd: fd, path: path, offset: offset, count: wanted) {
+            case .success(let read): data = read
+            case .failure(let error): return .failure(error)
+            }
+            while data.count == wanted, wanted < count {
+                let step = min(count - wanted, max(wanted, growth))
+                switch FileOperations.read(fd: fd, path: path, offset: offset + Int64(wanted), count: step) {
+                case .success(let more):
+                    data.append(more)
+                    wanted += step
+                    if more.count < step { return .success(data) }
+                case .failure(let error): return .failure(error)
+                }
+            }
+            return .success(data)
         }
     }
 

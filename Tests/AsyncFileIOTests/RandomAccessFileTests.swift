@@ -31,6 +31,29 @@ struct RandomAccessFileTests {
         try await file.close()
     }
 
+    @Test("a range reaching far past the end (2 ..< Int64.max) returns the bytes up to the end, on either engine", arguments: [FileIOEngine.threadPool, .dispatchIO])
+    func rangeToTheEndOfInt64(engine: FileIOEngine) async throws {
+        let directory = TemporaryDirectory("far")
+        let content = pattern(10)
+        let file = try await RandomAccessFile(path: try directory.make("f", content), engine: engine)
+        #expect(try await file.read(byteRange: 2 ..< Int64.max) == content[2...])
+        try await file.close()
+    }
+
+    @Test("a file that grew by far more than 64 KiB since it was opened: a range past its first size returns what it holds now")
+    func grownSinceOpened() async throws {
+        let directory = TemporaryDirectory("grown")
+        let path = try directory.make("f", pattern(100))
+        let file = try await RandomAccessFile(path: path)
+        let grown = pattern(3 << 20, seed: 5)
+        try writeFixture(grown, toPath: path.string)
+        let tail = try await file.read(byteRange: 1 << 20 ..< Int64.max)
+        // Compared here: a failing expectation would print both megabytes.
+        let same = tail == grown[(1 << 20)...]
+        #expect(same, "\(tail.count) bytes read, \(grown.count - (1 << 20)) expected")
+        try await file.close()
+    }
+
     @Test("ranges past the end are short or empty; negative ones are refused")
     func bounds() async throws {
         let directory = TemporaryDirectory("bounds")
