@@ -90,9 +90,10 @@ final class EtcdClient: Sendable {
     /// another), failing over among the members. Blocking. Each try, on one member, has
     /// `tryTimeout` (default: ``connectTimeout``) for all of it: connecting, sending, and
     /// the whole answer. A member whose answer is not one the client accepts is not
-    /// asked again in this call.
+    /// asked again in this call. Past `retryLimit` it gives up once every member was
+    /// tried; at `notAfter` (a lease's end, say), whatever was tried.
     func perform(_ path: String, _ body: [UInt8], on connection: inout EtcdConnection?, tryTimeout: Duration? = nil,
-                 retryLimit: Duration? = nil) throws(EtcdFailure) -> [UInt8] {
+                 retryLimit: Duration? = nil, notAfter: ContinuousClock.Instant? = nil) throws(EtcdFailure) -> [UInt8] {
         let start = ContinuousClock.now
         defer { metrics.record(path, .now - start) }
         let deadline = start + (retryLimit ?? self.retryLimit)
@@ -104,7 +105,8 @@ final class EtcdClient: Sendable {
             do {
                 if let open = connection, !open.isReusable { connection = nil }
                 while refused.contains(endpoints[next % endpoints.count]) { next += 1 }
-                let attempt = EtcdDeadline(tryTimeout ?? connectTimeout)
+                let allowed = tryTimeout ?? connectTimeout
+                let attempt = EtcdDeadline(notAfter.map { Swift.min(allowed, Swift.max(.zero, $0 - .now)) } ?? allowed)
                 if connection == nil {
                     connection = try EtcdConnection(endpoints[next % endpoints.count], deadline: attempt, tls: tls, limits: limits)
                 }
@@ -132,7 +134,8 @@ final class EtcdClient: Sendable {
                     next += 1
                 }
                 lastFailure = error
-                if ContinuousClock.now >= deadline && tries >= endpoints.count { throw lastFailure! }
+                let now = ContinuousClock.now
+                if now >= deadline && tries >= endpoints.count || notAfter.map({ now >= $0 }) == true { throw lastFailure! }
                 if tries % endpoints.count == 0 { Thread.sleep(forTimeInterval: 0.05) }
             }
         }

@@ -236,8 +236,10 @@ final class EtcdLeaseKeeper: Sendable {
             do {
                 // Each keep-alive is its own streamed call: one request, one answer. A member
                 // that holds it (a follower whose leader just died) is given a third of the
-                // TTL, then the next one is tried.
-                let answer = try client.perform("/v3/lease/keepalive", body, on: &connection, tryTimeout: attempt, retryLimit: attempt)
+                // TTL, then the next one is tried; none past the lease's end, when the
+                // lease is lost whichever members were tried.
+                let answer = try client.perform("/v3/lease/keepalive", body, on: &connection, tryTimeout: attempt, retryLimit: attempt,
+                                                 notAfter: lastRenewal + ttl)
                 let message = try EtcdJSON.decode(EtcdJSON.LeaseKeepAliveResponse.self, Self.firstMessage(answer))
                 // An error (no leader during an election, say) is not an answer about the
                 // lease: tried again until the TTL runs out.

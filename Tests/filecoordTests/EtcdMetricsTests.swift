@@ -36,4 +36,41 @@ struct EtcdMetricsTests {
         await space.leave()
         #expect(lost() == 1, "leaving after the loss is not another loss")
     }
+
+    @Test("a lease whose keep-alives none of five members answers is lost one TTL after its last renewal, not after a try on each member",
+          .timeLimit(.minutes(1)))
+    func keepAlivesUnansweredByEveryMember() async throws {
+        let etcd = FakeEtcd()
+        let members = try (0 ..< 5).map { _ in
+            try HostileEndpoint { request, peer in
+                switch request.path {
+                case "/v3/lease/keepalive":
+                    peer.waitForClose(seconds: 60) // never answered
+                case "/v3/watch":
+                    peer.write(FakeEtcd.streamHead)
+                    peer.chunk(Array((etcd.created() + "\n").utf8))
+                    peer.waitForClose(seconds: 60)
+                default:
+                    return etcd.serve(request, peer)
+                }
+                return false
+            }
+        }
+        defer { for member in members { member.stop() } }
+        let metrics = TestMetrics()
+        let configuration = EtcdCoordinationSpace.Configuration(endpoints: members.map(\.endpoint), prefix: "keep",
+                                                                leaseTTL: .seconds(3), connectTimeout: .seconds(1))
+        let space = try await EtcdCoordinationSpace.join(configuration, metrics: EtcdMetrics(factory: metrics), hooks: CoordinationCenter.spaceHooks)
+        let joined = ContinuousClock.now
+        func lost() -> Int64 { metrics.counterTotal(label: EtcdMetrics.lostLeasesLabel) }
+        while lost() == 0 && ContinuousClock.now - joined < .seconds(30) {
+            try await Task.sleep(for: .milliseconds(20)) // ok: polling the lease keeper's thread, bounded
+        }
+        let took = ContinuousClock.now - joined
+        #expect(lost() == 1)
+        // The TTL is 3 s from the grant, sent before `join` returned; a third of it on each of
+        // five silent members would be 5 s after the first keep-alive, at 1 s.
+        #expect(took < .milliseconds(3800), "the lease was found lost \(took) after joining")
+        await space.leave()
+    }
 }
