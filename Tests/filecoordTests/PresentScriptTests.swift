@@ -132,7 +132,9 @@ struct PresentScriptTests: CrossProcessFixture {
         let command = "mkdir '\(scratch.path)/running' || echo overlap >> '\(log)'; " +
             "{ echo \"env $FILECOORD_CHANGED\" | tr '\\n' ' '; echo; sed 's/^/in /'; } >> '\(log)'; " +
             "rmdir '\(scratch.path)/running'; exit 7"
-        let (presenter, _) = try await started([directory, "--count", "2", "--initial", "--", "sh", "-c", command])
+        // A quiet time of 1 s: under the whole suite's load the two changes below can come
+        // more than the default 50 ms apart, and would be two bursts.
+        let (presenter, _) = try await started([directory, "--count", "2", "--initial", "--settle", "1s", "--", "sh", "-c", command])
         // The initial run, then one burst of two files.
         try await waitForFile(log) { $0.contains("in \(directory)\n") }
         for name in ["a", "b"] { touch(directory + "/" + name) }
