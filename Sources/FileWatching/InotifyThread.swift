@@ -265,6 +265,10 @@ package final class InotifyThread: @unchecked Sendable {
                 for client in clients.values.joined() where seen.insert(ObjectIdentifier(client)).inserted {
                     client.handle(.overflow, thread: OnThread(owner: self))
                 }
+                // The doorbell's events may be among those lost (a command sent while the
+                // queue was full: its sender would wait for ever, a process told to end
+                // among them).
+                drainCommands()
                 continue
             }
             if event.mask & UInt32(IN_MOVED_FROM) != 0 {

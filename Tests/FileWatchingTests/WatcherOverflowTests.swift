@@ -22,7 +22,7 @@ struct WatcherOverflowTests {
             [binary, "--testing-library", "swift-testing", "--filter", "WatcherOverflowTests/child"],
             environment: [Self.childVariable: "1"], includeStandardError: true)
         #expect(status == 0, "\(output)")
-        #expect(output.contains("Test run with 2 tests"), "\(output)")
+        #expect(output.contains("Test run with 3 tests"), "\(output)")
     }
 
     /// Holds the watcher thread (every watcher of the process waits) until `release`.
@@ -55,6 +55,22 @@ struct WatcherOverflowTests {
         let events = try await within(.seconds(60), "settle") { try await watcher.settle() }
         #expect(events.last?.kind == .resync)
         #expect(events.filter { $0.kind == .created }.count == count)
+        watcher.cancel()
+    }
+
+    @Test("a command sent while the kernel's queue is full (the doorbell's event dropped) is run once the overflow is read", .enabled(if: inChild))
+    func childCommandAfterOverflow() async throws {
+        let dir = WatchedDirectory()
+        let watcher = try await FileWatcher(watching: dir.path)
+        let release = Self.stallWatcherThread()
+        let count = Self.maxQueuedEvents + 500
+        try await offThePool { for index in 0 ..< count { touch(dir.at("f\(index)")) } }
+        // Its doorbell rings into a full queue: the kernel drops that event.
+        let ran = DispatchSemaphore(value: 0)
+        InotifyThread.shared.perform { _ in ran.signal() }
+        release()
+        let done = try await offThePool { ran.wait(timeout: .now() + 20) == .success }
+        #expect(done, "the command sent while the queue was full did not run within 20 s")
         watcher.cancel()
     }
 
