@@ -139,8 +139,8 @@ extension CrossProcessTests.PresenterFaultTests {
     static let cancelVariable = "FILECOORD_CHILD_CANCEL"
     /// Set: one write, whose coordinator is cancelled as its request to the presenter goes out.
     static let cancelAskingVariable = "FILECOORD_CHILD_CANCEL_ASKING"
-    /// Set: one write, whose messages after the accessor fail to be written once (ENOSPC);
-    /// the child stays in the space until the file named by the variable exists.
+    /// Set to a directory: one write, whose messages after the accessor fail to be written
+    /// once (ENOSPC); the child stays in the space until `leave` exists there.
     static let failingTellsVariable = "FILECOORD_CHILD_FAILING_TELLS"
     /// Set to a directory: the child presents the file, and its reply to the first writer
     /// fails to be written once (ENOSPC); it says it is `ready` and leaves once `leave`
@@ -170,6 +170,12 @@ extension CrossProcessTests.PresenterFaultTests {
     static let writers = 8
     static var inChild: Bool { ProcessInfo.processInfo.environment[spaceVariable] != nil }
     static var environment: [String: String] { ProcessInfo.processInfo.environment }
+
+    /// Runs this suite's test in a child process of the space at `space`, on `file`, with
+    /// `variable` set to `value`; its status and output.
+    static func run(space: String, file: String, _ variable: String, _ value: String) async throws -> (status: Int32, output: String) {
+        try await run([spaceVariable: space, fileVariable: file, variable: value])
+    }
 
     /// Runs this suite's test in a child process with `variables`; its status and output.
     static func run(_ variables: [String: String]) async throws -> (status: Int32, output: String) {
@@ -215,7 +221,7 @@ extension CrossProcessTests.PresenterFaultTests {
             #expect(FileManager.default.createFile(atPath: signals + "/injected", contents: nil))
             await #expect(throws: (any Error).self) { try await writing.value }
             #expect(FileManager.default.createFile(atPath: signals + "/failed", contents: nil))
-            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
+            try await awaitSignal("leave", in: signals)
         } else if Self.environment[Self.lateListenerVariable] != nil {
             let (released, release) = AsyncStream<Void>.makeStream()
             let (holding, held) = AsyncStream<Void>.makeStream()
@@ -276,14 +282,8 @@ extension CrossProcessTests.PresenterFaultTests {
             }
             await FileCoordinator.addFilePresenter(presenter)
             #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
-            let heard = await withTaskGroup(of: [String].self) { group in
-                group.addTask { await events.prefix { $0 != "reacquire" }.reduce(into: []) { $0.append($1) } + ["reacquire"] }
-                group.addTask {
-                    try? await Task.sleep(for: .seconds(10)) // ok: the bound on the wait for the writer's steps
-                    return ["(no reacquire within 10 s)"]
-                }
-                defer { group.cancelAll() }
-                return await group.next() ?? []
+            let heard = await first(within: .seconds(10), or: ["(no reacquire within 10 s)"]) {
+                await events.prefix { $0 != "reacquire" }.reduce(into: []) { $0.append($1) } + ["reacquire"]
             }
             #expect(heard == ["relinquishToWriter", "didChange", "reacquire"])
             await FileCoordinator.removeFilePresenter(presenter)
@@ -292,33 +292,24 @@ extension CrossProcessTests.PresenterFaultTests {
             let presenter = ReacquiringPresenter(URL(fileURLWithPath: file), reacquired: continuation)
             await FileCoordinator.addFilePresenter(presenter)
             #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
-            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
+            try await awaitSignal("leave", in: signals)
             // The writer still holds the file: its `reacquire` cannot reach a process that left.
             await FileCoordinator.leaveCoordinationSpace()
-            let ran = await withTaskGroup(of: Bool.self) { group in
-                group.addTask { await reacquired.first { _ in true } != nil }
-                group.addTask {
-                    try? await Task.sleep(for: .seconds(10)) // ok: the bound on the wait for the reacquirer
-                    return false
-                }
-                defer { group.cancelAll() }
-                return await group.next() ?? false
-            }
+            let ran = await first(within: .seconds(10), or: false) { await reacquired.first { _ in true } != nil }
             #expect(ran, "the presenter's reacquirer did not run after its process left the space")
         } else if let signals = Self.environment[Self.failingReplyVariable] {
             let presenter = ReplyFaultPresenter(URL(fileURLWithPath: file))
             await FileCoordinator.addFilePresenter(presenter)
             #expect(FileManager.default.createFile(atPath: signals + "/ready", contents: nil))
-            try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "leave" } }
+            try await awaitSignal("leave", in: signals)
             await FileCoordinator.removeFilePresenter(presenter)
-        } else if let leaveWhen = Self.environment[Self.failingTellsVariable] {
+        } else if let signals = Self.environment[Self.failingTellsVariable] {
             try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { _ in
                 // The next two message writes of this process: its `did-change` and `reacquire`.
                 Faults.inject(.write, .noSpace, times: 2)
             }
             // Alive, the presenter's item is its own to give back: a death would give it.
-            let (directory, name) = ((leaveWhen as NSString).deletingLastPathComponent, (leaveWhen as NSString).lastPathComponent)
-            try await offThePool { try waitForCreation(in: directory, within: .seconds(30)) { $0 == name } }
+            try await awaitSignal("leave", in: signals)
         } else if Self.environment[Self.cancelVariable] != nil {
             let writer = Task {
                 try await coordinator.coordinate(writingItemAt: URL(fileURLWithPath: file)) { url in
@@ -351,8 +342,7 @@ extension CrossProcessTests.PresenterFaultTests {
         let file = scratch.write("doc", "old")
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.cancelVariable: "1"])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.cancelVariable, "1")
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didChange", "reacquire"])
         presenter.signal(SIGTERM)
@@ -365,11 +355,10 @@ extension CrossProcessTests.PresenterFaultTests {
         let file = scratch.write("doc", "old")
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let leave = scratch.path + "/leave"
-        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                RemoteProxyChild.failingTellsVariable: leave])
+        let signals = try scratch.signals()
+        async let child = RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.failingTellsVariable, signals)
         let heard = await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" }
-        #expect(FileManager.default.createFile(atPath: leave, contents: nil))
+        #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
         let (status, output) = try await child
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         #expect(heard == ["relinquishToWriter", "save", "didChange", "reacquire"])
@@ -382,11 +371,9 @@ extension CrossProcessTests.PresenterFaultTests {
           .timeLimit(.minutes(2)))
     func failedReplyWrittenAgain() async throws {
         let file = scratch.write("doc", "old")
-        let signals = scratch.path + "/signals"
-        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
-        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                RemoteProxyChild.failingReplyVariable: signals])
-        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        let signals = try scratch.signals()
+        async let child = RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.failingReplyVariable, signals)
+        try await awaitSignal("ready", in: signals)
         let clock = ContinuousClock()
         let start = clock.now
         // Without the reply, --strict fails the write at the timeout (exit 3).
@@ -404,11 +391,9 @@ extension CrossProcessTests.PresenterFaultTests {
           .timeLimit(.minutes(2)))
     func leavingGivesBack() async throws {
         let file = scratch.write("doc", "old")
-        let signals = scratch.path + "/signals"
-        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
-        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                RemoteProxyChild.leavingPresenterVariable: signals])
-        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        let signals = try scratch.signals()
+        async let child = RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.leavingPresenterVariable, signals)
+        try await awaitSignal("ready", in: signals)
         // Its command runs once the presenter relinquished.
         let writer = try await holdingWriter(of: file)
         #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
@@ -423,8 +408,7 @@ extension CrossProcessTests.PresenterFaultTests {
         let file = scratch.write("doc", "old")
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.failingRecordVariable: "1"])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.failingRecordVariable, "1")
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         // The first write, made without asking it, is heard through its watch.
         let heard = await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" }
@@ -438,14 +422,12 @@ extension CrossProcessTests.PresenterFaultTests {
           .timeLimit(.minutes(2)))
     func failedTakeGivesBack() async throws {
         let file = scratch.write("doc", "old")
-        let signals = scratch.path + "/signals"
-        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        let signals = try scratch.signals()
         let holder = try await holdingWriter(of: file)
-        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                RemoteProxyChild.failingTakeVariable: signals])
-        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "injected" } }
+        async let child = RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.failingTakeVariable, signals)
+        try await awaitSignal("injected", in: signals)
         await killWriter(holder)
-        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "failed" } }
+        try await awaitSignal("failed", in: signals)
         let written = try await filecoord("write", file, "--space", space, "--timeout", "2", stdin: Data("new".utf8))
         #expect(FileManager.default.createFile(atPath: signals + "/leave", contents: nil))
         #expect(written.status == 0, "the queue byte stayed locked: \(written.errorText)")
@@ -457,16 +439,14 @@ extension CrossProcessTests.PresenterFaultTests {
           .timeLimit(.minutes(2)))
     func lateListenerGivesBack() async throws {
         let file = scratch.write("doc", "old")
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.lateListenerVariable: "1"])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.lateListenerVariable, "1")
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
     }
 
     @Test("a writer that waited in its process behind a coordinator moving the item holds the item where it moved to, against other processes too")
     func movedWaiterClaimsNewPath() async throws {
         let file = scratch.write("a", "content")
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.movedWaiterVariable: scratch.path + "/b"])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.movedWaiterVariable, scratch.path + "/b")
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
     }
 
@@ -474,11 +454,9 @@ extension CrossProcessTests.PresenterFaultTests {
           .timeLimit(.minutes(2)))
     func failedReadReadAgain() async throws {
         let file = scratch.write("doc", "old")
-        let signals = scratch.path + "/signals"
-        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
-        async let child = RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                RemoteProxyChild.failingReadVariable: signals])
-        try await offThePool { try waitForCreation(in: signals, within: .seconds(60)) { $0 == "ready" } }
+        let signals = try scratch.signals()
+        async let child = RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.failingReadVariable, signals)
+        try await awaitSignal("ready", in: signals)
         let written = try await filecoord("write", file, "--space", space, stdin: Data("new".utf8))
         #expect(written.status == 0, "\(written.errorText)")
         let (status, output) = try await child
@@ -492,8 +470,7 @@ extension CrossProcessTests.PresenterFaultTests {
         let file = scratch.write("doc", "old")
         let (presenter, _) = try await present(file)
         presenter.signal(SIGSTOP)
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.cancelAskingVariable: "1"])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.cancelAskingVariable, "1")
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         presenter.signal(SIGCONT)
         presenter.signal(SIGTERM)
@@ -509,8 +486,7 @@ extension CrossProcessTests.PresenterFaultTests {
         let destination = scratch.path + "/b/moved"
         let (presenter, stream) = try await present(file)
         var lines = stream
-        let (status, output) = try await RemoteProxyChild.run([RemoteProxyChild.spaceVariable: space, RemoteProxyChild.fileVariable: file,
-                                                               RemoteProxyChild.destinationVariable: destination])
+        let (status, output) = try await RemoteProxyChild.run(space: space, file: file, RemoteProxyChild.destinationVariable, destination)
         #expect(status == 0 && output.contains("Test run with 1 test"), "\(output)")
         #expect(await events(of: presenter, &lines, within: .seconds(10)) { $0 == "reacquire" } == ["relinquishToWriter", "save", "didMove", "reacquire"])
         let write = try await filecoord("write", destination, "--space", space, stdin: Data("new".utf8))
@@ -614,5 +590,32 @@ func waitForWaitingFlag(in space: String) throws {
             throw FixtureError(path: path, operation: "wait for the waiting flag", errno: ETIMEDOUT)
         }
         _ = buffer.withUnsafeMutableBytes { read(watch, $0.baseAddress, $0.count) }
+    }
+}
+
+/// What `work` gives, or `fallback` once `limit` has passed without it.
+func first<T: Sendable>(within limit: Duration, or fallback: T, _ work: @escaping @Sendable () async -> T) async -> T {
+    await withTaskGroup(of: T.self) { group in
+        group.addTask { await work() }
+        group.addTask {
+            try? await Task.sleep(for: limit) // ok: the bound on a wait for another process's step
+            return fallback
+        }
+        defer { group.cancelAll() }
+        return await group.next() ?? fallback
+    }
+}
+
+/// Waits (60 s at most) until `name` exists in `directory`: a step another process signals.
+func awaitSignal(_ name: String, in directory: String) async throws {
+    try await offThePool { try waitForCreation(in: directory, within: .seconds(60)) { $0 == name } }
+}
+
+extension Scratch {
+    /// A directory `signals` in it, where the processes of a test signal their steps with files.
+    func signals() throws -> String {
+        let signals = path + "/signals"
+        try FileManager.default.createDirectory(atPath: signals, withIntermediateDirectories: false)
+        return signals
     }
 }
