@@ -199,8 +199,12 @@ final class EtcdLeaseKeeper: Sendable {
         self.client = client
         self.id = id
         self.ttl = ttl
+        self.grantSentAt = grantSentAt
         noteRenewal(sentAt: grantSentAt)
     }
+
+    /// When the lease's grant was sent: its TTL runs from there until the first renewal.
+    private let grantSentAt: ContinuousClock.Instant
 
     /// Starts the keep-alives; `lost` is called once if the lease is lost.
     func start(lost: @escaping @Sendable (String) -> Void) {
@@ -219,7 +223,9 @@ final class EtcdLeaseKeeper: Sendable {
 
     private func run(client: EtcdClient, lost: @Sendable (String) -> Void) {
         var connection: EtcdConnection?
-        var lastRenewal = ContinuousClock.now
+        // From the grant, not from this thread's start (late under load): the lease ends
+        // a TTL after the grant was sent.
+        var lastRenewal = grantSentAt
         var failing = false
         let interval = Double(ttl.components.seconds) / 3 + Double(ttl.components.attoseconds) / 3e18
         let attempt = Duration.seconds(max(0.5, interval))

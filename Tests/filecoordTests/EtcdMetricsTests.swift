@@ -69,8 +69,9 @@ struct EtcdMetricsTests {
         let took = ContinuousClock.now - joined
         #expect(lost() == 1)
         // The TTL is 3 s from the grant, sent before `join` returned; a third of it on each of
-        // five silent members would be 5 s after the first keep-alive, at 1 s.
-        #expect(took < .milliseconds(3800), "the lease was found lost \(took) after joining")
+        // five silent members would be 5 s after the first keep-alive, at 1 s: 6 s. Halfway,
+        // for a loaded machine's late wake-ups.
+        #expect(took < .milliseconds(4500), "the lease was found lost \(took) after joining")
         await space.leave()
     }
 }
