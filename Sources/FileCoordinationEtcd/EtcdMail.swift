@@ -161,24 +161,27 @@ final class EtcdMail: PresenterMailbox {
     // MARK: Receiving
 
     /// Follows this process's mail (and the members, for those that go), once: two routes
-    /// of the watch stream. Whatever is sent after this returns is heard.
+    /// of the watch stream, kept for as long as the process is in the space. Whatever is
+    /// sent after this returns is heard: through an outage of the stream too, which
+    /// resumes from where it was (requests waiting for a reply meanwhile end by their
+    /// deadline).
     func startMail() async -> Bool {
         if state.withLock({ $0.mailRoute != nil }) { return true }
         let mailbox = mailbox(of: keys.memberName)
         guard let mailRoute = hub.add(EtcdWatchHub.Route(prefix: mailbox, events: .puts) { [weak self] events in
-            self?.mailArrived(events)
-        } failed: { [weak self] failure in
-            FileCoordinator.logger.error("the watch on this process's etcd mail failed", metadata: ["error": "\(failure)"])
-            self?.mailWatchFailed()
+            self?.mailArrived(events.compactMap(\.kv))
+        } failed: { failure in
+            FileCoordinator.logger.error("the watch on this process's etcd mail failed; it is heard again once the stream is back",
+                                         metadata: ["error": "\(failure)"])
+        } missed: { [weak self] in
+            self?.catchUp()
         }) else { return false }
         guard let membersRoute = hub.add(EtcdWatchHub.Route(prefix: keys.members, events: .deletions) { [weak self] events in
             guard let self else { return }
             for event in events {
                 if let key = event.kv?.keyBytes, let member = keys.memberName(of: key, under: keys.members) { memberGone(member) }
             }
-        } failed: { [weak self] _ in
-            self?.mailWatchFailed()
-        }) else {
+        } failed: { _ in }) else {
             hub.remove(mailRoute)
             return false
         }
@@ -199,9 +202,8 @@ final class EtcdMail: PresenterMailbox {
     }
 
     /// On the stream's thread: messages put in this process's mailbox.
-    private func mailArrived(_ events: [EtcdJSON.WatchResponse.Event]) {
-        for event in events {
-            guard let kv = event.kv else { continue }
+    private func mailArrived(_ messages: [EtcdJSON.KeyValue]) {
+        for kv in messages {
             let key = kv.keyBytes
             let fresh = state.withLock { state -> Bool in
                 if state.seen.count > 10_000 { state.seen.removeAll() }
@@ -213,15 +215,31 @@ final class EtcdMail: PresenterMailbox {
         }
     }
 
-    /// The stream went down (etcd out of reach longer than the connect timeout): the mail
-    /// routes go, and the next request or registration adds them again. Requests waiting
-    /// for a reply meanwhile end by their deadline.
-    private func mailWatchFailed() {
-        let routes = state.withLock { state in
-            defer { (state.mailRoute, state.membersRoute) = (nil, nil) }
-            return [state.mailRoute, state.membersRoute]
+    /// On the stream's thread, when the stream is back after etcd compacted events it had
+    /// not brought: what they said is read instead. The messages still in the mailbox are
+    /// taken in the order they were put, before anything the stream brings after them;
+    /// the processes this one awaits or owes that are no longer members are gone. Blocking
+    /// (the stream's own thread): the stream's next events wait for it.
+    private func catchUp() {
+        var connection: EtcdConnection?
+        func range(_ prefix: [UInt8]) -> [EtcdJSON.KeyValue]? {
+            guard let request = try? EtcdJSON.encode(EtcdJSON.RangeRequest(key: prefix, prefix: true)),
+                  let bytes = try? client.perform("/v3/kv/range", request, on: &connection),
+                  let answer = try? EtcdJSON.decode(EtcdJSON.RangeResponse.self, bytes)
+            else {
+                FileCoordinator.logger.error("after an outage of the etcd stream, this process's mail could not be read again",
+                                             metadata: ["prefix": "\(String(decoding: prefix, as: UTF8.self))"])
+                return nil
+            }
+            return answer.kvs ?? []
         }
-        for route in routes { hub.remove(route) }
+        if let messages = range(mailbox(of: keys.memberName)) {
+            mailArrived(messages.sorted { $0.createRevision < $1.createRevision })
+        }
+        let concerned = replies.targets.union(server.owedProcesses)
+        guard !concerned.isEmpty, let members = range(keys.members) else { return }
+        let present = Set(members.compactMap { keys.memberName(of: $0.keyBytes, under: keys.members) })
+        for member in concerned.sorted() where !present.contains(member) { memberGone(member) }
     }
 
     /// On the stream's thread.

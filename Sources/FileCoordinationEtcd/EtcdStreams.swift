@@ -34,11 +34,12 @@ final class EtcdWatch: Sendable {
     /// With `outage`, the watch never gives up: when no member serves it for the retry
     /// limit, or the revision it needs was compacted (it then goes on from the oldest one
     /// etcd has), `outage` is called once, and it keeps trying, once a second; `resumed` is
-    /// called when a stream is in place again. `failed` is then never called.
+    /// called when a stream is in place again, saying whether events were lost to a
+    /// compaction meanwhile. `failed` is then never called.
     init(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
          handle: @escaping @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void,
          failed: @escaping @Sendable (EtcdFailure) -> Void,
-         outage: (@Sendable (EtcdFailure) -> Void)? = nil, resumed: (@Sendable () -> Void)? = nil) {
+         outage: (@Sendable (EtcdFailure) -> Void)? = nil, resumed: (@Sendable (_ missed: Bool) -> Void)? = nil) {
         let thread = Thread { [self] in
             run(client: client, prefix: prefix, from: revision, events: events, handle: handle, failed: failed,
                 outage: outage, resumed: resumed)
@@ -59,8 +60,9 @@ final class EtcdWatch: Sendable {
 
     private func run(client: EtcdClient, prefix: [UInt8], from revision: Int64, events: Events,
                      handle: @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void, failed: @Sendable (EtcdFailure) -> Void,
-                     outage: (@Sendable (EtcdFailure) -> Void)?, resumed: (@Sendable () -> Void)?) {
+                     outage: (@Sendable (EtcdFailure) -> Void)?, resumed: (@Sendable (_ missed: Bool) -> Void)?) {
         var next = revision
+        var missed = false
         var member = 0
         var failingSince: ContinuousClock.Instant?
         var down = false
@@ -94,7 +96,8 @@ final class EtcdWatch: Sendable {
                             failingSince = nil
                             if down {
                                 down = false
-                                resumed?()
+                                resumed?(missed)
+                                missed = false
                             }
                         case .progress(let revision):
                             failingSince = nil
@@ -113,6 +116,7 @@ final class EtcdWatch: Sendable {
                             }
                             if !down { outage(failure) }
                             down = true
+                            missed = missed || compacted > next
                             next = max(next, compacted)
                             throw failure
                         case .canceled(_, let reason):

@@ -16,7 +16,9 @@ import AsyncFileIO
 /// deleted twice, a message seen twice, a put of the value read). When no member serves
 /// the stream for the client's retry limit, every route is told (``Route/failed``), routes
 /// may not be added until the stream is back, and the stream keeps trying from where it
-/// was.
+/// was. Routes stay: once back, the stream brings them what happened meanwhile, unless
+/// etcd compacted past it; then each route that asked is told (``Route/missed``) before
+/// the events that come after.
 final class EtcdWatchHub: Sendable {
     /// Who gets which events.
     struct Route: Sendable {
@@ -26,10 +28,13 @@ final class EtcdWatchHub: Sendable {
         let deliver: @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void
         /// Called on the watch's thread when the stream goes down (events may be lost).
         let failed: @Sendable (EtcdFailure) -> Void
+        /// Called on the watch's thread when the stream is back after etcd compacted
+        /// events it had not brought, before any event that comes after them.
+        let missed: (@Sendable () -> Void)?
 
         init(prefix: [UInt8], events: EtcdWatch.Events, deliver: @escaping @Sendable ([EtcdJSON.WatchResponse.Event]) -> Void,
-             failed: @escaping @Sendable (EtcdFailure) -> Void) {
-            (self.prefix, self.events, self.deliver, self.failed) = (prefix, events, deliver, failed)
+             failed: @escaping @Sendable (EtcdFailure) -> Void, missed: (@Sendable () -> Void)? = nil) {
+            (self.prefix, self.events, self.deliver, self.failed, self.missed) = (prefix, events, deliver, failed, missed)
         }
     }
 
@@ -57,8 +62,8 @@ final class EtcdWatchHub: Sendable {
             self?.wentDown(failure)
         } outage: { [weak self] failure in
             self?.wentDown(failure)
-        } resumed: { [weak self] in
-            self?.state.withLock { $0.available = true }
+        } resumed: { [weak self] missed in
+            self?.resumed(missed: missed)
         }
         let stopped = state.withLock { state in
             state.watch = watch
@@ -111,6 +116,14 @@ final class EtcdWatchHub: Sendable {
             }
             if !matching.isEmpty { route.deliver(matching.map(\.event)) }
         }
+    }
+
+    private func resumed(missed: Bool) {
+        let routes = state.withLock { state in
+            state.available = true
+            return state.routes.sorted { $0.key < $1.key }.map(\.value)
+        }
+        if missed { for route in routes { route.missed?() } }
     }
 
     private func wentDown(_ failure: EtcdFailure) {

@@ -237,6 +237,11 @@ final class NetworkHost: Sendable {
         _ = try await run("/usr/sbin/ip", ["link", "set", links[index], "down"])
     }
 
+    /// Takes link `index` up again: the partition ends.
+    func restore(_ index: Int = 0) async throws {
+        _ = try await run("/usr/sbin/ip", ["link", "set", links[index], "up"])
+    }
+
     /// Removes the namespace (and with it the links).
     func remove() async {
         _ = try? await run("/usr/sbin/ip", ["netns", "del", name])
