@@ -43,6 +43,8 @@ public final class EtcdCoordinationSpace: Sendable {
     let host: String
     /// Every watch of this process, on one stream.
     let hub: EtcdWatchHub
+    /// What the space calls back above it (a lost lease's space is replaced through it).
+    let hooks: SpaceHooks
 
     /// A request that waits: its task's continuation once it is suspended, or how the
     /// wait ended if that came first.
@@ -82,6 +84,7 @@ public final class EtcdCoordinationSpace: Sendable {
         self.client = client
         self.leaseID = leaseID
         self.host = host
+        self.hooks = hooks
         keys = EtcdKeys(prefix: configuration.prefix, member: leaseID)
         names = EtcdNames(root: configuration.root.platformBytes)
         hub = EtcdWatchHub(client: client, prefix: keys.base)
@@ -188,11 +191,40 @@ public final class EtcdCoordinationSpace: Sendable {
 
     /// Called once by the lease keeper: every claim made under the lease may be
     /// another process's now. Waits end with ``FileCoordinationError/Code/claimLost``.
+    /// The process joins the space again with a new lease (``rejoin()``): its presenters'
+    /// keys went with the lost one, and writers elsewhere would no longer ask them.
     func leaseLost(_ why: String) {
         client.metrics.lostLeases.increment()
         FileCoordinator.logger.error("the etcd lease of this process is lost; its claims no longer hold",
                                         metadata: ["space": "\(address)", "why": "\(why)"])
         endClaims(because: why)
+        Task { await rejoin() }
+    }
+
+    /// Joins the space again, in this space's place, until that is done or this space is
+    /// left: tries after pauses doubling from 1 s to 30 s (etcd may be out of reach for a
+    /// while, as when a partition took the lease). Coordinations meanwhile fail with
+    /// ``FileCoordinationError/Code/claimLost``.
+    func rejoin() async {
+        var pause = Duration.seconds(1)
+        var told = false
+        while !state.withLock(\.left) {
+            do {
+                let (configuration, metrics) = (configuration, client.metrics)
+                guard try await hooks.rejoin(self, { hooks in try await Self.join(configuration, metrics: metrics, hooks: hooks) }) else { return }
+                FileCoordinator.logger.notice("this process joined the etcd space again, with a new lease; its presenters are published again",
+                                              metadata: ["space": "\(address)"])
+                return
+            } catch {
+                if !told {
+                    FileCoordinator.logger.warning("this process cannot join the etcd space again yet; it tries until it can",
+                                                   metadata: ["space": "\(address)", "error": "\(error)"])
+                    told = true
+                }
+                try? await Task.sleep(for: pause)
+                pause = min(pause * 2, .seconds(30))
+            }
+        }
     }
 
     /// From now on no claim of this process holds: running accessors are cancelled, and

@@ -3,6 +3,9 @@ import FileCoordination
 extension FileCoordinator {
     /// Joins a coordination space kept in etcd, shared by processes on several hosts
     /// (leaving the current space). Presenters already registered are published in it.
+    /// A process whose lease is lost (cut off from etcd past the lease's TTL) joins the
+    /// space again with a new lease once etcd answers, and publishes its presenters
+    /// again: ``etcdCoordinationSpace`` is then the new space.
     ///
     /// - Throws: `FileCoordinationError` with code `.unreachable` naming the endpoints
     ///   when no etcd member answers within the configuration's connect timeout, or

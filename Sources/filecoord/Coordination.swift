@@ -146,10 +146,11 @@ struct SpaceSettings: Sendable {
     /// stay until another process joined and cleaned up. Its claims end with it, in the
     /// kernel. (`present` ends on them too, after removing its presenter; `exec` passes
     /// them on to its command while it runs.)
-    /// The same for an etcd space: the lease is revoked, so the claims go at once.
+    /// The same for an etcd space: the lease is revoked, so the claims go at once (the
+    /// lease of the space joined again, when the first lease was lost).
     private static func revokeLeaseOnFatalSignals(_ space: EtcdCoordinationSpace) {
         try? CaughtSignals.shared.catchSignals(TerminatingSignals.handled) { number in
-            space.revokeLeaseBeforeExit()
+            (FileCoordinator.etcdCoordinationSpace ?? space).revokeLeaseBeforeExit()
             TerminatingSignals.die(by: number)
         }
     }

@@ -114,6 +114,25 @@ struct EtcdPresenterFaultTests {
         #expect(await fixture.events(1) == ["reacquire \(doc)"])
         await fixture.end()
     }
+
+    @Test("a presenter whose host is cut off from etcd past its lease's TTL: once back, it joins again with a new lease, publishes its presenter again, and is asked by the next writer",
+          .timeLimit(.minutes(1)))
+    func presenterRejoinsAfterLostLease() async throws {
+        var fixture = try await OutageFixture(leaseTTL: 2, nextLine: nextLine)
+        let doc = fixture.doc
+        #expect(try await fixture.waitForKeys("outage/presenters/", count: 1), "the presenter was not published")
+        try await fixture.network.cut()
+        let lost = await fixture.presenter.waitForLines(within: .seconds(20)) { $0.contains("lease of this process is lost") }
+        #expect(lost, "the presenter did not report its lease lost")
+        #expect(try await fixture.waitForKeys("outage/presenters/", count: 0), "the lost lease's presenter key did not go")
+        try await fixture.network.restore()
+        #expect(try await fixture.waitForKeys("outage/presenters/", count: 1), "the presenter was not published again")
+        let writer = try await run(filecoordBinary, ["write", "--space", fixture.server.address("outage"), "--root", fixture.volume.roots[1],
+                                                     "--presenter-timeout", "25", fixture.volume.roots[1] + "/doc"], stdin: Data("v1".utf8))
+        #expect(writer.status == 0, "\(writer.errorText)")
+        #expect(await fixture.events(4) == ["relinquishToWriter \(doc)", "save \(doc)", "didChange \(doc)", "reacquire \(doc)"])
+        await fixture.end()
+    }
 }
 
 /// A presenter (`filecoord present`) on a host of its own network, which reaches etcd
@@ -129,7 +148,8 @@ struct OutageFixture {
     private var lines: AsyncStream<String>.Iterator
     private let nextLine: @Sendable (LineProcess, inout AsyncStream<String>.Iterator, Duration) async -> String?
 
-    init(nextLine: @escaping @Sendable (LineProcess, inout AsyncStream<String>.Iterator, Duration) async -> String?) async throws {
+    /// `leaseTTL`: the presenter's, in seconds.
+    init(leaseTTL: Int = 30, nextLine: @escaping @Sendable (LineProcess, inout AsyncStream<String>.Iterator, Duration) async -> String?) async throws {
         network = try await NetworkHost()
         do {
             server = try await EtcdServer(alsoListeningOn: network.outside)
@@ -142,7 +162,7 @@ struct OutageFixture {
         doc = volume.roots[0] + "/doc"
         // Its warnings come with its lines (the outage is one of them). Connect timeout
         // 0.5 s: a silent stream is given up after 2 s, and the outage declared 0.5 s later.
-        let command = "exec \"$0\" present --space etcd://\(network.outside):\(server.clientPort)/outage --root \(volume.roots[0]) --lease-ttl 30 \(doc) 2>&1"
+        let command = "exec \"$0\" present --space etcd://\(network.outside):\(server.clientPort)/outage --root \(volume.roots[0]) --lease-ttl \(leaseTTL) \(doc) 2>&1"
         presenter = try LineProcess(network.command(["/bin/sh", "-c", command, filecoordBinary]), executable: "/usr/sbin/ip",
                                     environment: ["FILECOORD_ETCD_TIMEOUT": "0.5"])
         var iterator = presenter.lines.makeAsyncIterator()

@@ -143,6 +143,25 @@ package final class CoordinationCenter: Sendable {
         return space
     }
 
+    /// ``SpaceHooks/rejoin``: the space `join` makes replaces `lost` if `lost` is still
+    /// the process's space (not left, not replaced meanwhile).
+    private static func replace(_ lost: any CoordinationTransport,
+                                with join: @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool {
+        func isCurrent(_ setting: SpaceSetting) -> Bool {
+            if case .joined(let current) = setting { current === lost } else { false }
+        }
+        guard spaceSetting.withLock({ isCurrent($0) }) else { return false }
+        let space = try await join(spaceHooks)
+        let replaced = spaceSetting.withLock { setting in
+            defer { if isCurrent(setting) { setting = .joined(space) } }
+            return isCurrent(setting)
+        }
+        await (replaced ? lost : space).leave()
+        guard replaced else { return false }
+        for (presenter, path) in shared.state.withLock({ $0.presenters.entries }) { _ = await space.publish(presenter, at: path) }
+        return true
+    }
+
     /// What the process's space calls back, whichever center joined it: the process's
     /// center (``shared``), as the space is the process's (tests' private centers share it).
     package static var spaceHooks: SpaceHooks { shared.hooks }
@@ -158,7 +177,8 @@ package final class CoordinationCenter: Sendable {
                 return EchoSuppression(end: { await watch.endSuppressing(token) },
                                        endOnWatcherThread: { watch.endSuppressingOnWatcherThread(token) })
             },
-            presenterMoved: { [self] presenter, from, to in await presenterMoved(presenter, from: from, to: to) })
+            presenterMoved: { [self] presenter, from, to in await presenterMoved(presenter, from: from, to: to) },
+            rejoin: { lost, join in try await Self.replace(lost, with: join) })
     }
 
     /// Coordinates within this process only from now on.

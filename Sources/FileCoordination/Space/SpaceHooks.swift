@@ -11,13 +11,22 @@ package struct SpaceHooks: Sendable {
     let suppress: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> EchoSuppression?
     /// A writer in another process moved `presenter`'s item: this process follows it.
     let presenterMoved: @Sendable (_ presenter: any FilePresenter, _ from: FilePath, _ to: FilePath) async -> Void
+    /// The space `lost` can no longer serve (its etcd lease ended): when it is still the
+    /// process's space, the space that `join` makes takes its place, this process's
+    /// presenters published in it, and `lost` is left. Whether it took its place; throws
+    /// what `join` threw.
+    package let rejoin: @Sendable (_ lost: any CoordinationTransport,
+                                   _ join: @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool
 
     package init(claims: @escaping @Sendable () -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
                  suppress: @escaping @Sendable (any FilePresenter, FilePath) -> EchoSuppression?,
-                 presenterMoved: @escaping @Sendable (any FilePresenter, FilePath, FilePath) async -> Void) {
+                 presenterMoved: @escaping @Sendable (any FilePresenter, FilePath, FilePath) async -> Void,
+                 rejoin: @escaping @Sendable (any CoordinationTransport,
+                                              @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool) {
         self.claims = claims
         self.suppress = suppress
         self.presenterMoved = presenterMoved
+        self.rejoin = rejoin
     }
 }
 
