@@ -1,3 +1,4 @@
+import Dispatch
 import Synchronization
 import SystemPackage
 #if canImport(Glibc)
@@ -27,6 +28,39 @@ package enum Faults {
         var errno: Errno
         var remaining: Int
         var nameContains: [UInt8]?
+        /// Instead of failing, the call waits until the hold is let go, then runs.
+        var hold: Hold?
+    }
+
+    /// One call held before it runs (``hold(_:whereNameContains:)``): the test sees it
+    /// reached, does what must happen meanwhile, and lets it go.
+    package final class Hold: Sendable {
+        private let arrived = DispatchSemaphore(value: 0)
+        private let released = DispatchSemaphore(value: 0)
+
+        /// Blocks until the call reached the hold, up to `seconds`; whether it did.
+        package func waitUntilReached(seconds: Double) -> Bool {
+            arrived.wait(timeout: .now() + seconds) == .success
+        }
+
+        /// Lets the call run (at once, if it comes later).
+        package func letGo() { released.signal() }
+
+        func reach() {
+            arrived.signal()
+            released.wait()
+        }
+    }
+
+    /// Holds the next call of `call` (on a path or name containing `whereNameContains`,
+    /// when given) on its thread until the hold returned is let go.
+    package static func hold(_ call: SystemCall, whereNameContains text: String? = nil) -> Hold {
+        let hold = Hold()
+        storage.faults.withLock {
+            $0.append(Fault(call: call, errno: .invalidArgument, remaining: 1, nameContains: text.map { Array($0.utf8) }, hold: hold))
+        }
+        storage.armed.add(1, ordering: .releasing)
+        return hold
     }
 
     final class Storage: Sendable {
@@ -73,14 +107,21 @@ package enum Faults {
 
     private static func take(_ call: SystemCall, _ name: UnsafePointer<CChar>?) -> Errno? {
         let bytes = name.map { Array(UnsafeRawBufferPointer(start: $0, count: strlen($0))) }
-        let hit = storage.faults.withLock { faults -> Errno? in
+        let hit = storage.faults.withLock { faults -> (Errno?, Hold?) in
             guard let index = faults.firstIndex(where: { fault in
                 fault.call == call && fault.remaining > 0 && (fault.nameContains.map { text in bytes.map { contains($0, text) } ?? false } ?? true)
-            }) else { return nil }
+            }) else { return (nil, nil) }
             faults[index].remaining -= 1
-            return faults[index].errno
+            let fault = faults[index]
+            if fault.remaining == 0 {
+                // Spent: disarmed, so that fast paths that stand aside while any fault is armed come back.
+                faults.remove(at: index)
+                storage.armed.subtract(1, ordering: .releasing)
+            }
+            return fault.hold.map { (nil, $0) } ?? (fault.errno, nil)
         }
-        return hit
+        hit.1?.reach()
+        return hit.0
     }
 
     private static func contains(_ bytes: [UInt8], _ text: [UInt8]) -> Bool {
@@ -101,7 +142,7 @@ package enum Faults {
         return text.split(separator: ",").compactMap { entry in
             let parts = entry.split(separator: ":", maxSplits: 2).map(String.init)
             guard parts.count >= 2, let call = SystemCall(rawValue: parts[0]), let errno = names[parts[1]] else { return nil }
-            return Fault(call: call, errno: errno, remaining: .max, nameContains: parts.count == 3 ? Array(parts[2].utf8) : nil)
+            return Fault(call: call, errno: errno, remaining: .max, nameContains: parts.count == 3 ? Array(parts[2].utf8) : nil, hold: nil)
         }
     }
 }
