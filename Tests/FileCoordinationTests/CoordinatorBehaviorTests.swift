@@ -336,6 +336,33 @@ struct CoordinatorBehaviorTests {
         try await holder.value
     }
 
+    @Test("cancel() while a coordination resolves its item's directory, new to the process, ends it with .cancelled before its accessor",
+          arguments: [false, true])
+    func cancelWhileResolving(pair: Bool) async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let folder = box.directory("unseen-\(pair)")
+        let file = folder.appendingPathComponent("c.txt")
+        let hold = Faults.hold(.realpath, whereNameContains: "unseen-\(pair)")
+        defer { hold.letGo() }
+        let coordinator = privateCoordinator(center)
+        let ran = Mutex(false)
+        let coordination = Task {
+            if pair {
+                try await coordinator.coordinate(readingItemAt: box.url, writingItemAt: file) { _, _ in ran.withLock { $0 = true } }
+            } else {
+                try await coordinator.coordinate(writingItemAt: file) { _ in ran.withLock { $0 = true } }
+            }
+        }
+        let reached = try await offThePool { hold.waitUntilReached(seconds: 30) }
+        #expect(reached, "the resolution never reached realpath(3)")
+        coordinator.cancel()
+        hold.letGo()
+        let error = await #expect(throws: FileCoordinationError.self) { try await coordination.value }
+        #expect(error?.code == .cancelled)
+        #expect(!ran.withLock { $0 })
+        #expect(center.counts == (0, 0))
+    }
+
     @Test("a coordination waiting for an item that moves gets the new URL")
     func urlFollowsMove() async throws {
         let center = CoordinationCenter(), box = Sandbox()

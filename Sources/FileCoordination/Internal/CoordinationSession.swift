@@ -83,7 +83,7 @@ final class PreparedBatch: Sendable {
     init(presenters: Set<ObjectIdentifier>) { self.presenters = presenters }
 }
 
-/// A coordination between its two halves (``FileCoordinator/begin(_:intents:claimPath:)``
+/// A coordination between its two halves (``FileCoordinator/begin(_:intents:claimPath:since:)``
 /// and ``FileCoordinator/finish(_:accessorRan:)``): its machine, and what its
 /// driver holds for it.
 final class CoordinationSession: Sendable {
@@ -101,10 +101,10 @@ final class CoordinationSession: Sendable {
         var suppressions: [(PresenterWatch, Int)] = []
     }
 
-    init(coordinator: FileCoordinator, intents: [FileAccessIntent]) {
+    init(coordinator: FileCoordinator, intents: [FileAccessIntent], cancellations: Int) {
         context = CoordinationContext(coordinator: coordinator)
         self.intents = intents
-        cancellations = coordinator.cancellations.load(ordering: .relaxed)
+        self.cancellations = cancellations
     }
 
     /// The machine as the first half left it (the accessor may run).

@@ -9,25 +9,27 @@ import Glibc
 extension FileCoordinator {
     // MARK: The two halves of a coordination
 
-    /// Runs `body` between ``begin(_:intents:claimPath:)`` and ``finish(_:accessorRan:)``.
-    /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:_:)``)
+    /// Runs `body` between ``begin(_:intents:claimPath:since:)`` and ``finish(_:accessorRan:)``.
+    /// `skippingPlain`: the caller found that the plain path (``performPlain(_:path:key:since:_:)``)
     /// does not apply; `claimPath`: the one request's claim path, which the caller
-    /// resolved for that check.
+    /// resolved for that check; `since`: the coordinator's cancellations when the caller
+    /// began (a `cancel()` after that ends the coordination before its accessor).
     func perform<T>(
         _ requests: [ItemRequest], intents: [FileAccessIntent] = [], skippingPlain: Bool = false,
-        claimPath resolved: FilePath? = nil,
+        claimPath resolved: FilePath? = nil, since generation: Int? = nil,
         isolation: isolated (any Actor)? = #isolation, _ body: ([URL]) async throws -> T
     ) async throws -> T {
+        let generation = generation ?? cancellations.load(ordering: .relaxed)
         if !center.spaceIsPrepared { try await center.prepareSpace() }
         var resolved = resolved
         if !skippingPlain, requests.count == 1, intents.isEmpty, Self.isPlain(requests[0]) {
             let (path, key) = try await claimPath(requests[0].url, followingLast: true)
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
-                return try await performPlain(requests[0], path: path, key: key) { url in try await body([url]) }
+                return try await performPlain(requests[0], path: path, key: key, since: generation) { url in try await body([url]) }
             }
             resolved = path
         }
-        let session = try await begin(requests, intents: intents, claimPath: resolved)
+        let session = try await begin(requests, intents: intents, claimPath: resolved, since: generation)
         if Self.allForUploading(requests) {
             return try await withSnapshots(session, body)
         }
@@ -66,6 +68,8 @@ extension FileCoordinator {
     func performOne<T>(
         _ request: ItemRequest, isolation: isolated (any Actor)? = #isolation, _ body: (URL) async throws -> T
     ) async throws -> T {
+        // A `cancel()` from here on ends the coordination, also while the path resolves.
+        let generation = cancellations.load(ordering: .relaxed)
         if !center.spaceIsPrepared { try await center.prepareSpace() }
         var resolved: FilePath?
         if Self.isPlain(request) {
@@ -76,11 +80,11 @@ extension FileCoordinator {
                 await CanonicalPaths.resolveKeyed(lexical, followingLast: true)
             }
             if !center.hasPresenters || !center.hasPresenters(concerning: key) {
-                return try await performPlain(request, path: path, key: key, body)
+                return try await performPlain(request, path: path, key: key, since: generation, body)
             }
             resolved = path
         }
-        return try await perform([request], skippingPlain: true, claimPath: resolved) { urls in try await body(urls[0]) }
+        return try await perform([request], skippingPlain: true, claimPath: resolved, since: generation) { urls in try await body(urls[0]) }
     }
 
     /// The path (and its key) that claims and presenters of the item at `url` meet on:
@@ -103,11 +107,10 @@ extension FileCoordinator {
     /// presenter registered there are no messages to send before or after, and moves
     /// reported inside the accessor are applied to waiting claims at once.)
     private func performPlain<T>(
-        _ request: ItemRequest, path: FilePath, key: PathKey, isolation: isolated (any Actor)? = #isolation,
+        _ request: ItemRequest, path: FilePath, key: PathKey, since generation: Int, isolation: isolated (any Actor)? = #isolation,
         _ body: (URL) async throws -> T
     ) async throws -> T {
         let claim = CoordinationRules.Claim(key: key, access: { if case .writing = request { .writing } else { .reading } }())
-        let generation = cancellations.load(ordering: .relaxed)
         let id: CoordinationRules.RequestID, waited: Bool
         if claimTimeout == nil {
             // Without a timeout, the center's own steps: a free claim is held with no async call.
@@ -119,7 +122,7 @@ extension FileCoordinator {
             (id, waited) = try await acquire([claim], path: path)
         }
         defer { center.release(id) }
-        if waited && cancellations.load(ordering: .relaxed) != generation {
+        if cancellations.load(ordering: .relaxed) != generation {
             throw FileCoordinationError.coordinatorCancelled(path: path)
         }
         var url = request.url
@@ -196,12 +199,14 @@ extension FileCoordinator {
     /// held, presenters asked). On failure everything taken is given back (reacquirers
     /// run, claims released) before it throws. `claimPath`: the one request's claim path,
     /// already resolved by a caller that checked it for the plain path (following the
-    /// last component, as a plain request does).
+    /// last component, as a plain request does); `since`: the coordinator's cancellations
+    /// when the caller began.
     func begin(_ requests: [ItemRequest], intents: [FileAccessIntent] = [],
-               claimPath resolved: FilePath? = nil) async throws -> CoordinationSession {
+               claimPath resolved: FilePath? = nil, since generation: Int? = nil) async throws -> CoordinationSession {
+        let generation = generation ?? cancellations.load(ordering: .relaxed)
         if !center.spaceIsPrepared { try await center.prepareSpace() }
         let items = try await resolve(requests, claimPath: resolved)
-        let session = CoordinationSession(coordinator: self, intents: intents)
+        let session = CoordinationSession(coordinator: self, intents: intents, cancellations: generation)
         var machine = CoordinationMachine(items: items, owner: filePresenter.map(ObjectIdentifier.init), intents: intents.count)
         let next = machine.start()
         if let error = await drive(&machine, from: next, session) { throw error }
