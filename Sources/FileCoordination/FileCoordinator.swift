@@ -320,6 +320,11 @@ public final class FileCoordinator: Sendable {
                 await watch.suppress(destination)
             }
         }
+        // This process's moved presenters are watched at their new places (the rename is
+        // behind the old watches, which end).
+        for item in moved where item.entry.endpoint.isRegisteredHere {
+            await center.watch(of: item.entry.id)?.start(at: item.newPath)
+        }
         var messages: [PendingMessage] = moved.filter { $0.entry.id != exclude }.map {
             .didMove($0.entry, to: $0.newPath)
         }

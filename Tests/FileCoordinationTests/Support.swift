@@ -27,6 +27,16 @@ final class EventLog: Sendable {
     var all: [String] { state.withLock { $0.events } }
     func clear() { state.withLock { $0.events.removeAll() } }
 
+    /// Whether `event` is logged `count` times within `limit`, looked at every 10 ms.
+    func waitFor(_ event: String, count: Int = 1, within limit: Duration) async -> Bool {
+        let deadline = ContinuousClock.now + limit
+        while state.withLock({ $0.events.filter { $0 == event }.count }) < count {
+            guard ContinuousClock.now < deadline else { return false }
+            try? await Task.sleep(for: .milliseconds(10)) // ok: polling the log, bounded
+        }
+        return true
+    }
+
     /// Suspends until `event` has been logged `count` times (at once if it already was).
     func waitFor(_ event: String, count: Int = 1) async {
         await withCheckedContinuation { continuation in

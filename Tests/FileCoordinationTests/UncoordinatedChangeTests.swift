@@ -49,6 +49,34 @@ struct UncoordinatedChangeTests {
         }
     }
 
+    @Test("a file moved in a coordination of this process: its presenter's watch follows it, and hears changes at its new place only",
+          arguments: [false, true])
+    func watchFollowsCoordinatedMove(directory: Bool) async throws {
+        let box = Sandbox(), log = EventLog()
+        let item = directory ? box.directory("before") : box.file("before.txt", "v1")
+        let moved = box.url.appendingPathComponent(directory ? "after" : "after.txt")
+        let presenter = Recorder("P", url: item, log: log)
+        try await withPresenters([presenter]) {
+            let coordinator = FileCoordinator()
+            try await coordinator.coordinate(writingItemAt: item, options: .forMoving, writingItemAt: moved, options: .forReplacing) { source, destination in
+                try FileManager.default.moveItem(at: source, to: destination)
+                await coordinator.item(at: source, didMoveTo: destination)
+            }
+            await log.waitFor("P:didMove:\(moved.path)")
+            #expect(presenter.presentedItemURL == moved)
+            log.clear()
+            // A change at the new place is the presenter's; a new item at the old place is not.
+            let change = directory ? "P:subitemDidAppear:new.txt" : "P:didChange"
+            try await Self.shell(directory ? "printf x > '\(moved.path)/new.txt'" : "printf more >> '\(moved.path)'")
+            #expect(await log.waitFor(change, within: .seconds(10)), "a change at the new place was not heard: \(log.all)")
+            try await Self.shell(directory ? "mkdir '\(item.path)' && printf x > '\(item.path)/old.txt' && printf y > '\(moved.path)/new.txt'"
+                                           : "printf other > '\(item.path)' && printf more >> '\(moved.path)'")
+            let second = directory ? "P:subitemDidChange:new.txt" : "P:didChange"
+            #expect(await log.waitFor(second, count: directory ? 1 : 2, within: .seconds(10)), "\(log.all)")
+            #expect(log.all == (directory ? [change, second] : [change, change]), "\(log.all)")
+        }
+    }
+
     @Test("a coordinated write is not echoed by the watch, to other presenters or the writer's own")
     func noEcho() async throws {
         let box = Sandbox(), log = EventLog()
