@@ -38,6 +38,9 @@ struct ChangeRunState {
         case start([FilePath])
         /// Send this signal to the running command.
         case signalRun(Int32)
+        /// The run is given up: a command not started yet is not started (nor waits for
+        /// its claims any longer); one that starts meanwhile is sent this signal.
+        case abandonRun(Int32)
         /// Exit with this status.
         case finish(Int32)
         /// Die by this signal.
@@ -104,7 +107,7 @@ struct ChangeRunState {
             guard running else { return [.die(number)] }
             guard stopping == nil else { return [] }
             stopping = number
-            return fromTerminal ? [] : [.signalRun(number)]
+            return fromTerminal ? [.abandonRun(number)] : [.abandonRun(number), .signalRun(number)]
         case .idle(let timer):
             guard timer == idleTimer, !running, stopping == nil else { return [] }
             return [.finish(2)]

@@ -26,6 +26,10 @@ final class ChangeRunner: PresenterEvents {
         var pid: pid_t?
         /// A signal for the command that came while it was being started.
         var pendingSignal: Int32?
+        /// The run's task (its claims, then its command).
+        var task: Task<Void, Never>?
+        /// The signal the run was given up for: its command is not started.
+        var abandoned: Int32?
     }
     private let run = Locked(Run())
 
@@ -68,7 +72,17 @@ final class ChangeRunner: PresenterEvents {
                     idleTimer?.cancel()
                     idleTimer = idle.map { fire(.idle(number), after: $0) }
                 case .start(let paths):
-                    Task { [self] in inputs.continuation.yield(.runEnded(await runCommand(for: paths))) }
+                    let task = Task { [self] in _ = inputs.continuation.yield(.runEnded(await runCommand(for: paths))) }
+                    run.withLock { $0.task = task }
+                case .abandonRun(let number):
+                    // A run still waiting for its claims stops waiting (a holder may keep
+                    // them for long); one starting its command now signals it once started.
+                    let task = run.withLock { run -> Task<Void, Never>? in
+                        run.abandoned = number
+                        if run.pid == nil { run.pendingSignal = number }
+                        return run.pid == nil ? run.task : nil
+                    }
+                    task?.cancel()
                 case .signalRun(let number):
                     let pid = run.withLock { run -> pid_t? in
                         if run.pid == nil { run.pendingSignal = number }
@@ -105,6 +119,9 @@ final class ChangeRunner: PresenterEvents {
         } catch let error as FileCoordinationError {
             Output.report(error)
             return 1
+        } catch is CancellationError {
+            // Given up (``ChangeRunState/Action/abandonRun(_:)``) before its command started.
+            return 128 + (run.withLock(\.abandoned) ?? SIGTERM)
         } catch {
             // A presenter's refusal: its own error, as text.
             Output.writeStandardError(Array("filecoord: \(error)\n".utf8))
@@ -123,6 +140,11 @@ final class ChangeRunner: PresenterEvents {
             inEnvironment += (inEnvironment.isEmpty ? [] : [UInt8(ascii: "\n")]) + bytes
         }
         let variable = "FILECOORD_CHANGED=" + String(decoding: inEnvironment, as: UTF8.self)
+        if let abandoned = run.withLock(\.abandoned) {
+            close(fds[0])
+            close(fds[1])
+            return 128 + abandoned
+        }
         let spawned = try await Child.spawn(command, adding: [variable], input: fds[0], forwardingSignals: false)
         close(fds[0])
         let writeEnd = fds[1]

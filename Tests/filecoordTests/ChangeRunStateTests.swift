@@ -40,7 +40,7 @@ struct ChangeRunStateTests {
         #expect(state.handle(.runEnded(7)) == [.finish(7)])
     }
 
-    @Test("a signal: passed on to a run unless the terminal sent it to the command too; the process dies once the run has ended")
+    @Test("a signal: a run not started is given up, one started is passed the signal unless the terminal sent it to the command too; the process dies once the run has ended")
     func signals() {
         var state = ChangeRunState()
         _ = state.begin(initial: nil)
@@ -48,7 +48,8 @@ struct ChangeRunStateTests {
         for fromTerminal in [false, true] {
             var running = ChangeRunState()
             _ = running.begin(initial: [a])
-            #expect(running.handle(.stop(SIGTERM, fromTerminal: fromTerminal)) == (fromTerminal ? [] : [.signalRun(SIGTERM)]))
+            #expect(running.handle(.stop(SIGTERM, fromTerminal: fromTerminal))
+                    == (fromTerminal ? [.abandonRun(SIGTERM)] : [.abandonRun(SIGTERM), .signalRun(SIGTERM)]))
             #expect(running.handle(.changed([b])).isEmpty)
             #expect(running.handle(.runEnded(143)) == [.die(SIGTERM)])
         }

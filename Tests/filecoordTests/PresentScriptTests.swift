@@ -146,6 +146,26 @@ struct PresentScriptTests: CrossProcessFixture {
         #expect(text.contains("env \(directory)/a \(directory)/b") || text.contains("env \(directory)/b \(directory)/a"), "\(text)")
     }
 
+    @Test("a signal while a run waits for its read claim ends present at once, by the signal, without starting the command",
+          .timeLimit(.minutes(1)), arguments: [SIGTERM, SIGINT])
+    func signalWhileRunWaits(number: Int32) async throws {
+        let file = scratch.write("held-\(number)", "x")
+        let fifo = scratch.path + "/release-\(number)"
+        let holder = try await holdUntilReleased(["--write", file], fifo: fifo)
+        let ran = scratch.path + "/ran-\(number)"
+        let (presenter, _) = try await started([file, "--initial", "--", "sh", "-c", "touch '\(ran)'"])
+        try await waitForStatus { waitingPids(in: $0).contains(presenter.pid) }
+        let sent = ContinuousClock.now
+        presenter.signal(number)
+        let ended = await presenter.endsBy(number)
+        let took = ContinuousClock.now - sent
+        #expect(ended, "present did not die by signal \(number)")
+        #expect(took < .seconds(10), "present went on waiting for the claim after the signal: \(took)")
+        try await release(fifo)
+        _ = await holder.wait()
+        #expect(access(ran, F_OK) != 0, "the command ran after the signal")
+    }
+
     @Test("a signal during a run goes to the command, and present dies by it once the command has ended; --on-busy restart ends a run on a change",
           .timeLimit(.minutes(4)))
     func commandSignalsAndRestart() async throws {
