@@ -5,7 +5,8 @@ import SystemPackage
 ///
 /// The stream is `~Copyable`: exactly one owner uses it, the compiler rejects any use
 /// after ``close()``, and a stream dropped without closing closes its descriptor in
-/// `deinit` (an atomic write that was never closed is discarded, never half-published).
+/// `deinit` (an atomic write that was never closed, or one of whose writes failed, is
+/// discarded, never half-published).
 /// The `Mode` parameter, ``ReadMode`` or ``WriteMode``, decides which methods exist.
 ///
 /// ```swift
@@ -34,7 +35,8 @@ public struct AsyncFileStream<Mode>: ~Copyable, Sendable {
     /// Closes the file and reports what went wrong while doing so, which `deinit` cannot.
     ///
     /// For a stream opened with ``FileWriteOptions/atomic`` this is the commit: the data
-    /// is flushed and renamed over the target; if it throws, the target is unchanged.
+    /// is flushed and renamed over the target; if it throws, the target is unchanged. When
+    /// a write to it failed (or was cancelled), nothing is published and this throws.
     public consuming func close() async throws {
         try await storage.close()
     }

@@ -208,6 +208,31 @@ struct AsyncFileStreamTests {
         #expect(both?.code == .invalidArgument)
     }
 
+    @Test("an atomic stream whose write failed (its task cancelled) is not published by close, which throws; the target keeps its content")
+    func atomicStreamAfterFailedWrite() async throws {
+        let directory = TemporaryDirectory("atomic-failed")
+        let path = try directory.make("doc", Data("old".utf8))
+        // The thread-pool engine's close does not look at the task's cancellation, so
+        // nothing but the failed write keeps it from publishing.
+        let (failed, closed) = await Task { () -> (Bool, String?) in
+            guard let output = try? await path.openForWriting(options: .atomic, engine: .threadPool),
+                  (try? await output.write(Data("first half, ".utf8))) != nil
+            else { return (false, "not opened") }
+            withUnsafeCurrentTask { $0?.cancel() }
+            let failed = (try? await output.write(Data("second half".utf8))) == nil
+            do {
+                try await output.close()
+                return (failed, nil)
+            } catch {
+                return (failed, "\(error)")
+            }
+        }.value
+        #expect(failed, "the write of a cancelled task did not throw")
+        #expect(closed?.contains("earlier write") == true, "\(closed ?? "closed without an error")")
+        #expect(try await Data(asyncContentsOf: path) == Data("old".utf8), "half a write was published")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path.string) == ["doc"], "no temporary left behind")
+    }
+
     @Test("dropping an open stream closes its descriptor", arguments: engines)
     func deinitCloses(engine: FileIOEngine) async throws {
         let directory = TemporaryDirectory("leak")

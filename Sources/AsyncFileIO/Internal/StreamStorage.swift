@@ -20,6 +20,8 @@ final class StreamStorage: Sendable {
     let channel: DispatchChannel?
     let lease = DescriptorLease()
     private let position = Locked<Int64>(0)
+    /// Whether a write failed (or was cancelled): an atomic write is then never published.
+    private let writeFailed = Atomic<Bool>(false)
     private let cachedPages = CachedPageReader()
     private static let pool = IOThreadPool.shared
 
@@ -159,6 +161,15 @@ final class StreamStorage: Sendable {
     // MARK: Writing
 
     func write(_ bytes: some DataProtocol & Sendable) async throws {
+        do {
+            try await writeOnce(bytes)
+        } catch {
+            writeFailed.store(true, ordering: .relaxed)
+            throw error
+        }
+    }
+
+    private func writeOnce(_ bytes: some DataProtocol & Sendable) async throws {
         try await leased(.write) {
             if let channel {
                 try await channel.write(offset: 0, bytes)
@@ -185,8 +196,15 @@ final class StreamStorage: Sendable {
     // MARK: Closing
 
     /// Closes the descriptor, committing an atomic write first; reports every failure.
+    /// An atomic write one of whose writes failed is discarded instead: part of what the
+    /// caller meant to write must not replace the whole of what was there.
     func close() async throws {
         let replacement = self.replacement, sync = self.sync, fd = self.fd, path = self.path
+        if replacement != nil, writeFailed.load(ordering: .relaxed) {
+            abandon()
+            throw FileCoordinationError(.write, code: .io, path: path,
+                                        message: "the atomic write is not published: an earlier write to it failed, and the file keeps its content")
+        }
         if let channel {
             guard lease.close({}) else { return }
             if let replacement {
