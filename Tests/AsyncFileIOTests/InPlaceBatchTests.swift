@@ -26,6 +26,27 @@ struct InPlaceBatchTests {
         for (index, (_, content)) in files.enumerated() { #expect(delivered[index] == content, "file \(index)") }
     }
 
+    @Test("a file whose size no buffer can hold (sparse, 4 TiB) reaches the body as fileTooLarge; the others are read",
+          .enabled(if: (try? String(contentsOfFile: "/proc/sys/vm/overcommit_memory", encoding: .utf8))?.hasPrefix("0") == true,
+                   "the kernel refuses an allocation past memory only under heuristic overcommit"))
+    func fileBeyondMemory() async throws {
+        let directory = TemporaryDirectory("inplace-huge")
+        let small = try directory.make("small", Data("small".utf8))
+        let huge = try directory.make("huge", Data())
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: huge.string))
+        try handle.truncate(atOffset: 4 << 40)
+        try handle.close()
+        let outcomes = Locked<[Int: String]>([:])
+        try await FileBatchReader(paths: [small, huge, small]).forEachFile { file in
+            let outcome = switch file.bytes {
+            case .success(let bytes): String(decoding: bytes, as: UTF8.self)
+            case .failure(let error): "\(error.code)"
+            }
+            outcomes.withLock { $0[file.index] = outcome }
+        }
+        #expect(outcomes.withLock { $0 } == [0: "small", 1: "\(FileCoordinationError.Code.fileTooLarge)", 2: "small"])
+    }
+
     @Test("bad files reach the body as their errors; the others are read")
     func errorsInPlace() async throws {
         let directory = TemporaryDirectory("inplace-errors")

@@ -110,6 +110,12 @@ enum FileOperations {
         FileCoordinationError(.read, code: .fileTooLarge, path: path, message: "the file is larger than the \(limit)-byte limit")
     }
 
+    /// A file whose bytes no buffer of this process can hold.
+    static func beyondMemory(_ path: FilePath?, _ size: Int) -> FileCoordinationError {
+        FileCoordinationError(.read, code: .fileTooLarge, path: path, errno: .noMemory,
+                              message: "no memory can be had for its \(size) bytes")
+    }
+
     /// Wraps a `malloc`ed buffer as `Data` without copying; frees it when empty.
     static func data(_ buffer: UnsafeMutableRawPointer, count: Int) -> Data {
         guard count > 0 else {
@@ -344,28 +350,36 @@ final class ReusableBuffer {
     private(set) var base: UnsafeMutableRawPointer
     private(set) var capacity: Int
 
+    // `malloc`, not `UnsafeMutableRawPointer.allocate`, which traps where memory cannot be
+    // had: a file's size is whatever its owner made it (a sparse file of terabytes).
     init(capacity: Int = 64 * 1024) {
         self.capacity = capacity
-        base = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 16)
+        base = malloc(capacity)!
     }
 
-    deinit { base.deallocate() }
+    deinit { free(base) }
 
-    /// Makes room for `count` bytes (the content is not kept).
-    func reserve(_ count: Int) {
-        guard count > capacity else { return }
-        base.deallocate()
-        capacity = max(count, capacity * 2)
-        base = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 16)
-    }
-
-    /// Doubles the capacity, keeping the first `count` bytes.
-    func grow(keeping count: Int) {
-        let bigger = UnsafeMutableRawPointer.allocate(byteCount: capacity * 2, alignment: 16)
-        bigger.copyMemory(from: base, byteCount: count)
-        base.deallocate()
+    /// Makes room for `count` bytes (the content is not kept); false when that much
+    /// memory cannot be had (the buffer is then as it was).
+    func reserve(_ count: Int) -> Bool {
+        guard count > capacity else { return true }
+        let doubled = capacity.multipliedReportingOverflow(by: 2)
+        let wanted = doubled.overflow ? count : max(count, doubled.partialValue)
+        guard let bigger = malloc(wanted) else { return false }
+        free(base)
         base = bigger
-        capacity *= 2
+        capacity = wanted
+        return true
+    }
+
+    /// Doubles the capacity, keeping the first `count` bytes; false when that much memory
+    /// cannot be had (the buffer is then as it was).
+    func grow(keeping count: Int) -> Bool {
+        let (doubled, overflow) = capacity.multipliedReportingOverflow(by: 2)
+        guard !overflow, let bigger = realloc(base, doubled) else { return false }
+        base = bigger
+        capacity = doubled
+        return true
     }
 }
 
@@ -404,10 +418,10 @@ extension FileOperations {
         let size = regular ? Int(info.st_size) : 0
         if size > maximumSize { return .failure(tooLarge(path.filePath, limit: maximumSize)) }
         let sized = size > 0
-        buffer.reserve(sized ? size : 16 * 1024)
+        guard buffer.reserve(sized ? size : 16 * 1024) else { return .failure(beyondMemory(path.filePath, size)) }
         var got = 0
         while !sized || got < size {
-            if got == buffer.capacity { buffer.grow(keeping: got) }
+            if got == buffer.capacity, !buffer.grow(keeping: got) { return .failure(beyondMemory(path.filePath, got)) }
             // A regular file is read up to its size at open time, not what it grew to since.
             let wanted = sized ? size - got : buffer.capacity - got
             switch Syscall.read(fd, buffer.base + got, wanted) {
