@@ -85,6 +85,19 @@ struct AsyncFileStreamTests {
         #expect(try await Data(asyncContentsOf: newline) == Data("nl".utf8))
     }
 
+    @Test("an atomic write of a file whose name is as long as a name may be (255 bytes), new and replaced, with both engines",
+          arguments: engines)
+    func longestName(engine: FileIOEngine) async throws {
+        let directory = TemporaryDirectory("long-names")
+        for name in [String(repeating: "n", count: 255), String(repeating: "é", count: 127) + "x"] {
+            let path = directory.file(name)
+            try await Data("first".utf8).asyncWrite(to: path, engine: engine)
+            try await Data("second".utf8).asyncWrite(to: path, engine: engine)
+            #expect(try await Data(asyncContentsOf: path) == Data("second".utf8))
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path.string).count == 2, "no temporary left behind")
+    }
+
     @Test("a relative path's URL names the file under the current directory")
     func relativePathURL() async throws {
         let directory = TemporaryDirectory("relative")

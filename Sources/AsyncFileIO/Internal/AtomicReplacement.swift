@@ -25,8 +25,11 @@ struct AtomicReplacement: Sendable {
     private static let counter = Atomic<Int>(0)
     private static let procAvailable: Bool = if case .success = Syscall.access("/proc/self/fd", F_OK) { true } else { false }
 
+    /// A name beside the target's, unique to this process and call. Within a name's 255
+    /// bytes: the target's name is cut to 180 (the rest takes at most 50).
     static func temporaryName(for target: FilePath, in directory: FilePath) -> FilePath {
-        let name = target.lastComponent?.string ?? "file"
+        var name = target.lastComponent?.string ?? "file"
+        while name.utf8.count > 180 { name.removeLast() }
         let serial = counter.add(1, ordering: .relaxed).newValue
         return directory.appending(".\(name).filecoord-\(getpid())-\(serial)-\(UInt32.random(in: 0 ... .max))")
     }
