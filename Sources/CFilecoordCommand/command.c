@@ -168,6 +168,12 @@ void fc_forward_signals_end(void) {
     if (pending) raise(pending);
 }
 
+static volatile sig_atomic_t fc_last_signal;
+
+int fc_last_command_signal(void) {
+    return fc_last_signal;
+}
+
 int fc_wait_command(pid_t pid) {
     // Waited for without reaping it first, so that no signal is passed on to another
     // process that gets the number once it is reaped.
@@ -180,6 +186,7 @@ int fc_wait_command(pid_t pid) {
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) return -errno;
     }
+    fc_last_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
 }

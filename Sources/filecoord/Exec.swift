@@ -155,6 +155,15 @@ struct ExecSettings: Sendable {
             // Only the claims' timeout: the command has not run.
             throw ExitCode(conflictExitCode!)
         }
+        // A command ended by a terminating signal (a terminal's Ctrl-C, or one passed on):
+        // this process dies by it too, as the shell would have seen had it run the command
+        // itself (bash stops a script only for a child that died by SIGINT, not one that
+        // exited 130), and as flock(1), which the terminal's signal ends, does.
+        let signal = fc_last_command_signal()
+        if TerminatingSignals.handled.contains(signal) {
+            await FileCoordinator.leaveCoordinationSpace()
+            TerminatingSignals.die(by: signal)
+        }
         throw ExitCode(status)
     }
 }

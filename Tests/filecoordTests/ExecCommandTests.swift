@@ -54,6 +54,16 @@ struct ExecCommandTests {
         #expect(ended.status == 7, "filecoord must wait for the command and exit with its status: \(ended.stderr)")
     }
 
+    @Test("a command that dies by a terminating signal (here passed on from filecoord) leaves filecoord dying by it too, as if the shell had run the command itself",
+          .timeLimit(.minutes(1)), arguments: [SIGINT, SIGTERM, SIGHUP, SIGQUIT])
+    func diesByCommandsSignal(number: Int32) async throws {
+        let file = scratch.write("f-\(number)", "x")
+        let runner = try LineProcess(["exec", "--space", space, "--write", file, "--", "sh", "-c", "echo ready; exec sleep 30"])
+        runner.signal(number) { $0 == "ready" }
+        #expect(await runner.endsBy(number), "filecoord exited instead of dying by signal \(number)")
+        // A command that handles the signal and exits is the other case: its status (above).
+    }
+
     @Test("a command that cannot be started exits 127 (not found) or 126 (not executable), naming it")
     func launchFailures() async throws {
         let file = scratch.write("f", "x")

@@ -47,6 +47,8 @@ void fc_forward_signals_end(void);
 /// Waits for the command, stops forwarding before reaping it, and returns its exit
 /// status (128+N for signal N), or -errno.
 int fc_wait_command(pid_t pid);
+/// The signal that ended the command `fc_wait_command` last reaped, or 0 when it exited.
+int fc_last_command_signal(void);
 
 /// Ends the process by signal `number`, as if it had not been caught: the default action
 /// put back, the signal unblocked in the calling thread and raised there (no core dump for
