@@ -156,10 +156,19 @@ final class Spool: Sendable {
             if chunk.isEmpty { return Spool(memory: memory, fd: -1, path: target) }
             memory += chunk
         }
+        // Beside the target (its file system has room for what it takes), else in the
+        // temporary directory: appending needs no right to the target's directory, and
+        // some file systems (NFS, vfat) have no `O_TMPFILE`.
         let directory = target.removingLastComponent().isEmpty ? FilePath(".") : target.removingLastComponent()
+        let temporary = FilePath(environmentVariable("TMPDIR").flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp")
         let opened: Result<Int32, FileCoordinationError> = await (try? runOnIOThread {
-            let fd = directory.withPlatformString { fc_open($0, fc_O_TMPFILE | O_RDWR | O_CLOEXEC, 0o600) }
-            return fd >= 0 ? .success(fd) : .failure(FileCoordinationError(.open, errno: Errno(rawValue: errno), path: directory))
+            var first: FileCoordinationError?
+            for place in [directory, temporary] {
+                let fd = place.withPlatformString { fc_open($0, fc_O_TMPFILE | O_RDWR | O_CLOEXEC, 0o600) }
+                if fd >= 0 { return .success(fd) }
+                first = first ?? FileCoordinationError(.open, errno: Errno(rawValue: errno), path: place)
+            }
+            return .failure(first!)
         }) ?? .failure(FileCoordinationError(.write, code: .cancelled, path: target, message: "cancelled"))
         let fd = try opened.get()
         let spool = Spool(memory: Data(), fd: fd, path: target)

@@ -15,6 +15,24 @@ struct WriteCommandTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: scratch.path) == ["t"])
     }
 
+    @Test("--append of more than the input kept in memory (8 MiB) to a file in a directory the user may not write: spooled elsewhere, appended whole",
+          .enabled(if: getuid() == 0, "needs root to run as a dedicated unprivileged user"), .timeLimit(.minutes(1)))
+    func appendBesideUnwritableDirectory() async throws {
+        let uid = 64125
+        let scratch = Scratch(in: "/tmp")
+        #expect(chmod(scratch.path, 0o755) == 0)
+        let directory = scratch.path + "/user"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        #expect(chown(directory, uid_t(uid), gid_t(uid)) == 0)
+        let result = try await shell(asUser: uid, in: directory, """
+            mkdir d && printf ab > d/f && chmod a-w d
+            head -c 9000000 /dev/zero | "$FILECOORD" write --no-coordination --append d/f || echo "write failed: $?" >&2
+            stat -c %s d/f; ls -A d
+            """)
+        #expect(result.errorText.isEmpty, "\(result.errorText)")
+        #expect(result.outputText == "9000002\nf\n", "\(result.outputText)")
+    }
+
     @Test("a writer killed mid-write leaves the old content and nothing else", arguments: [64 << 10, 1 << 20, 8 << 20])
     func killedWriter(bytesBeforeKill: Int) async throws {
         let scratch = Scratch()
