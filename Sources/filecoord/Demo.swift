@@ -11,7 +11,7 @@ struct Demo: AsyncParsableCommand {
         abstract: "Show what FileCoordination does, in a temporary directory, in a few seconds."
     )
 
-    @Option(help: "How many small files the batch read uses.")
+    @Option(parsing: .unconditional, help: "How many small files the batch read uses.")
     var files = 5000
 
     @Option(help: ArgumentHelp("The coordination space of the demo's processes (default: one of its own, in its directory).",
@@ -19,6 +19,7 @@ struct Demo: AsyncParsableCommand {
     var space: String?
 
     func validate() throws {
+        guard files >= 0 else { throw ValidationError("--files must be zero or more") }
         try SpaceSettings.validate(space)
     }
 

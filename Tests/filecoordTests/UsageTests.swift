@@ -11,6 +11,7 @@ struct UsageTests {
               (["present", "F", "--ack-delay"], "--ack-delay"), (["present", "F", "--settle"], "--settle"),
               (["write", "F", "--timeout"], "--timeout"), (["write", "F", "--presenter-timeout"], "--presenter-timeout"),
               (["exec", "--write", "F", "--timeout"], "--timeout"), (["read", "F", "--concurrency"], "--concurrency"),
+              (["demo", "--files"], "--files"),
           ])
     func negativeValues(arguments: [String], option: String) async throws {
         let file = scratch.write("doc", "old")
