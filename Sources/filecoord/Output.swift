@@ -21,16 +21,26 @@ enum Output {
     /// `prefix` and `message` on stderr, one line: a control character in the message is
     /// escaped as in ``displayed(_:)``.
     static func line(_ prefix: String, _ message: String) {
-        var line = prefix
+        writeStandardError(Array((prefix + oneLine(message) + "\n").utf8))
+    }
+
+    /// `message` with its control characters escaped as in ``displayed(_:)``.
+    static func oneLine(_ message: String) -> String {
+        var line = ""
         for scalar in message.unicodeScalars {
             if scalar.value < 0x20 || scalar.value == 0x7f { line += escaped(UInt8(scalar.value)) } else { line.unicodeScalars.append(scalar) }
         }
-        writeStandardError(Array((line + "\n").utf8))
+        return line
     }
 
     /// `filecoord: <path>: <what failed>: <cause> (<ERRNO>)` on stderr: the library's
     /// steps in words (``words(_:)``), a timeout as ETIMEDOUT, and the path once.
     static func report(_ failure: FileCoordinationError) {
+        writeStandardError(reportLine(failure))
+    }
+
+    /// ``report(_:)``'s line.
+    static func reportLine(_ failure: FileCoordinationError) -> [UInt8] {
         var line = Array("filecoord: ".utf8)
         var message = words(failure.message)
         if let path = failure.path {
@@ -38,14 +48,14 @@ enum Output {
             // A presenter in another process names its item, which the line names already.
             message = message.replacingOccurrences(of: "the presenter of \(path) in process", with: "the presenter in process")
         }
-        line += Array("\(words(failure.operation)) failed: \(message)".utf8)
+        line += Array("\(words(failure.operation)) failed: \(oneLine(message))".utf8)
         if let errno = failure.errno {
             line += Array(" (\(errno.symbolicName))".utf8)
         } else if failure.code == .timedOut {
             line += Array(" (ETIMEDOUT)".utf8)
         }
         line.append(UInt8(ascii: "\n"))
-        writeStandardError(line)
+        return line
     }
 
     /// The library names its steps as Swift does (`coordinate`, a presenter callback's

@@ -365,12 +365,18 @@ struct ReadSettings: Sendable {
                                                 filesPerSecond: perSecond, mibPerSecond: mibPerSecond)
             try await DescriptorWriter(fd: 1, label: "filecoord.stdout").write(Data(JSONLines.line(summary)))
         } else if !cat {
-            Output.writeStandardError(Array(String(
-                format: "read %d files, %d bytes in %.3f s (%.0f files/s, %.1f MiB/s)%@\n",
-                files, bytes, seconds, perSecond, mibPerSecond, failed > 0 ? ", \(failed) failed" as NSString : "" as NSString
-            ).utf8))
+            Output.writeStandardError(Array(Self.summary(files: files, bytes: bytes, failed: failed, seconds: seconds).utf8))
         }
         if failed > 0 { throw timedOut ? Status.timedOut : Status.failed }
+    }
+
+    /// The summary line on stderr. The counts are interpolated, not formatted with `%d`,
+    /// which takes 32 bits.
+    static func summary(files: Int, bytes: Int, failed: Int, seconds: Double) -> String {
+        let perSecond = seconds > 0 ? Double(files) / seconds : 0
+        let mibPerSecond = seconds > 0 ? Double(bytes) / 1_048_576 / seconds : 0
+        return "read \(files) files, \(bytes) bytes in " + String(format: "%.3f s (%.0f files/s, %.1f MiB/s)", seconds, perSecond, mibPerSecond)
+            + (failed > 0 ? ", \(failed) failed" : "") + "\n"
     }
 }
 
