@@ -75,15 +75,9 @@ final class WatchTranslation {
     /// The watch descriptors held.
     var watchDescriptors: [Int32] { Array(nodes.keys) }
 
-    /// Transient names that are not entries: sync cookies, the temporaries atomic writes
-    /// rename into place (`.NAME.filecoord-PID-N-R`), and unnamed `O_TMPFILE`s being
-    /// written (`#INODE`). Watchers never report them.
+    /// Transient names that are not entries: sync cookies and the temporaries atomic
+    /// writes rename into place (`.NAME.filecoord-PID-N-R`). Watchers never report them.
     static func isInternal(_ name: [UInt8]) -> Bool {
-        if name.count > 1, name.first == UInt8(ascii: "#"),
-           name.dropFirst().allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") })
-        {
-            return true
-        }
         guard name.first == UInt8(ascii: "."), name.count > temporaryMarker.count else { return false }
         if name.starts(with: cookiePrefix) { return true }
         let marker = temporaryMarker
@@ -109,6 +103,16 @@ final class WatchTranslation {
         }
     }
 
+    /// Whether an event's name is an unnamed `O_TMPFILE` being written, which the kernel
+    /// names `#INODE` in events: a name of that form that nothing in the directory has (a
+    /// file may be named so; a listing never shows an unnamed one).
+    private func isUnnamedTemporary(_ name: [UInt8], in directory: WatchNode, system: any WatchSystem) -> Bool {
+        guard name.count > 1, name.first == UInt8(ascii: "#"),
+              name.dropFirst().allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") })
+        else { return false }
+        return directory.children[name] == nil && system.inode(absolute(relative: child(directory, name))) == 0
+    }
+
     private func handle(_ event: InotifyEvent, system: any WatchSystem) {
         let mask = event.mask
         guard let directory = nodes[event.wd] else { return }
@@ -121,7 +125,8 @@ final class WatchTranslation {
             if mask & UInt32(IN_CREATE) != 0 { system.carryOut(.cookieSeen(String(decoding: event.name, as: UTF8.self))) }
             return
         }
-        if Self.isInternal(event.name) || !concerns(event.name, in: directory) { return }
+        if Self.isInternal(event.name) || !concerns(event.name, in: directory)
+            || isUnnamedTemporary(event.name, in: directory, system: system) { return }
         let isDirectory = mask & UInt32(IN_ISDIR) != 0
         if mask & UInt32(IN_CREATE | IN_MOVED_TO) != 0 {
             appeared(event.name, in: directory, isDirectory: isDirectory, movedIn: mask & UInt32(IN_MOVED_TO) != 0,

@@ -47,6 +47,24 @@ struct WatcherDefectTests {
         #expect(KernelWatches.count(on: directories) == 0, "no kernel watch is left after cancel()")
     }
 
+    @Test("entries named like unnamed temporaries (#42) are entries: found when listed and reported when made; an atomic write's unnamed temporary is not")
+    func hashDigitNames() async throws {
+        let dir = WatchedDirectory()
+        try FileManager.default.createDirectory(atPath: dir.at("#1").string, withIntermediateDirectories: true)
+        let watcher = try await FileWatcher(watching: dir.path)
+        touch(dir.at("#1/inside"))
+        try FileManager.default.createDirectory(atPath: dir.at("#2").string, withIntermediateDirectories: true)
+        touch(dir.at("#3"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("#1/inside")), FileEvent(.created, dir.at("#2"), isDirectory: true), FileEvent(.created, dir.at("#3")),
+        ])
+        touch(dir.at("#2/deeper"))
+        try await Data("atomic".utf8).asyncWrite(to: dir.at("written"))
+        #expect(try await within(.seconds(30), "settle") { try await watcher.settle() } == [
+            FileEvent(.created, dir.at("#2/deeper")), FileEvent(.created, dir.at("written")),
+        ], "#2 is watched, and the write's temporary is not reported")
+    }
+
     @Test("a rename out of what is watched, whose second half never comes, is reported as a deletion at once, with no other event to push it out",
           arguments: [false, true])
     func renameOutIsDeletion(directory: Bool) async throws {
