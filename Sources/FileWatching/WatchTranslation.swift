@@ -72,6 +72,9 @@ final class WatchTranslation {
         top.children.removeAll()
     }
 
+    /// How many directories the tree keeps in the order it watched them (for tests).
+    var rememberedNodes: Int { watchOrder.count }
+
     /// The watch descriptors held.
     var watchDescriptors: [Int32] { Array(nodes.keys) }
 
@@ -296,6 +299,9 @@ final class WatchTranslation {
             return false
         case .failure: return false
         }
+        // Directories forgotten since (removed, moved out) leave the order now and then: a
+        // tree under churn would otherwise keep every node it ever watched.
+        if watchOrder.count > 2 * nodes.count + 64 { watchOrder.removeAll { $0.wd < 0 } }
         watchOrder.append(node)
         if let other = nodes[wd], other !== node {
             // The same directory under two paths (a bind mount): keep the first. But if

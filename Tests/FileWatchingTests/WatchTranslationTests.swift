@@ -20,6 +20,22 @@ struct WatchTranslationTests {
         #expect(disk.watches.count == 2)
     }
 
+    @Test("directories made and removed for ever (a build's output): what the tree remembers of them stays bounded")
+    func churnStaysBounded() {
+        let disk = MemoryTree()
+        let watch = disk.start()
+        for round in 0 ..< 2_000 {
+            disk.mkdir("out\(round)")
+            disk.mkdir("out\(round)/obj")
+            _ = watch.deliver(disk.event("", IN_CREATE | IN_ISDIR, "out\(round)"))
+            let deleted = disk.event("", IN_DELETE | IN_ISDIR, "out\(round)")
+            disk.remove("out\(round)")
+            _ = watch.deliver(deleted)
+        }
+        #expect(disk.watches.count == 1)
+        #expect(watch.translation.rememberedNodes < 200, "\(watch.translation.rememberedNodes) nodes kept for 1 watched directory")
+    }
+
     @Test("a subtree moved in is reported as it is scanned: each directory's entries go out before the next directory is listed")
     func reportedAsScanned() {
         let disk = MemoryTree()
