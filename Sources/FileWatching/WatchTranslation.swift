@@ -377,12 +377,21 @@ final class WatchTranslation {
         system.carryOut(.lost(cause))
     }
 
+    /// Whether a watched directory was replaced by another of its name (`rm -rf d; mkdir
+    /// d`) whose events were lost: the kernel gives the new one another watch. (The old
+    /// one's watch died with it, its `IN_IGNORED` lost too.)
+    private func isReplaced(_ node: WatchNode, system: any WatchSystem) -> Bool {
+        guard recursive, node.isDirectory, node.wd >= 0,
+              case .success(let wd) = system.addWatch(absolute(node), followingLink: false) else { return false }
+        return wd != node.wd && nodes[wd] == nil
+    }
+
     private func reconcile(_ directory: WatchNode, system: any WatchSystem) {
         var onDisk: [[UInt8]: Bool] = [:]
         for entry in system.list(absolute(directory)) where !Self.isInternal(entry.name) {
             onDisk[entry.name] = entry.isDirectory
         }
-        for (_, node) in directory.children where onDisk[node.name] != node.isDirectory {
+        for (_, node) in directory.children where onDisk[node.name] != node.isDirectory || isReplaced(node, system: system) {
             node.postOrder { emit(.deleted, path: $0.relativeBytes, isDirectory: $0.isDirectory, to: system) }
             forget(node, system: system)
         }

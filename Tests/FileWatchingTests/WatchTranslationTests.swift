@@ -92,6 +92,21 @@ struct WatchTranslationTests {
         #expect(disk.watches.count == 1, "a's watch removed")
     }
 
+    @Test("a directory replaced while the queue was lost (rm -rf a; mkdir a): the rescan reports it replaced, and watches the new one")
+    func replacedDuringOverflow() {
+        let disk = MemoryTree()
+        disk.mkdir("a")
+        disk.touch("a/x")
+        let watch = disk.start()
+        disk.remove("a")
+        disk.mkdir("a")
+        disk.touch("a/y")
+        #expect(watch.deliver(.overflow) == ["deleted a/x", "deleted a/", "created a/", "created a/y", "lost kernelQueue"])
+        disk.touch("a/z")
+        #expect(watch.deliver(disk.event("a", IN_CREATE, "z")) == ["created a/z"], "the new a is watched")
+        #expect(disk.watches.count == 2, "the old a's watch is given back")
+    }
+
     @Test("the watch limit: the directory met, and the headroom's latest watches, stay unwatched; none is added after")
     func watchLimit() {
         let disk = MemoryTree()
