@@ -260,8 +260,24 @@ final class WatchTranslation {
         target.children[newName] = node
         emit(.moved, path: from, isDirectory: node.isDirectory, destination: child(target, newName), to: system)
         // Created and renamed before its event was read (`mkdir a; mv a b`): its watch
-        // failed under the old name; it is watched and listed under the new one.
-        if node.isDirectory && recursive && node.wd < 0 { watchAndScan(node, system: system) }
+        // failed under the old name; it is watched and listed under the new one. Renamed
+        // while it was being scanned: what failed under the old name (a watch, a listing)
+        // is done under the new one.
+        guard node.isDirectory && recursive else { return }
+        if node.wd < 0 {
+            watchAndScan(node, system: system)
+        } else if Self.isIncomplete(node) {
+            reconcile(node, system: system)
+        }
+    }
+
+    /// Whether a directory of the subtree went unwatched or unlisted.
+    private static func isIncomplete(_ node: WatchNode) -> Bool {
+        var incomplete = false
+        node.postOrder { item in
+            if item.isDirectory && (item.wd < 0 || item.unlisted) { incomplete = true }
+        }
+        return incomplete
     }
 
     /// Forgets a node and everything below it, removing the watches of its directories.
@@ -345,7 +361,9 @@ final class WatchTranslation {
     /// and reporting those not known yet.
     private func scan(_ directory: WatchNode, report: Bool, system: any WatchSystem) {
         let path = absolute(directory)
-        for entry in system.list(path) where !Self.isInternal(entry.name) {
+        let entries = system.list(path)
+        if entries.isEmpty, system.inode(path) == 0 { directory.unlisted = true }
+        for entry in entries where !Self.isInternal(entry.name) {
             let (name, isDirectory, inode) = (entry.name, entry.isDirectory, entry.inode)
             if let existing = directory.children[name] {
                 if existing.isDirectory == isDirectory { continue }
@@ -387,6 +405,7 @@ final class WatchTranslation {
     }
 
     private func reconcile(_ directory: WatchNode, system: any WatchSystem) {
+        directory.unlisted = false
         var onDisk: [[UInt8]: Bool] = [:]
         for entry in system.list(absolute(directory)) where !Self.isInternal(entry.name) {
             onDisk[entry.name] = entry.isDirectory

@@ -19,6 +19,8 @@ final class WatchNode {
     var inode: UInt64 = 0
     /// The node's inotify watch, for a watched directory.
     var wd: Int32 = -1
+    /// Its listing found nothing at its path: it was renamed (or removed) meanwhile.
+    var unlisted = false
 
     init(name: [UInt8], parent: WatchNode?, isDirectory: Bool) {
         self.name = name

@@ -92,6 +92,31 @@ struct WatchTranslationTests {
         #expect(disk.watches.count == 1, "a's watch removed")
     }
 
+    @Test("a directory renamed while it is being scanned (built under a temporary name, then renamed): its whole subtree is watched and known under the new name",
+          arguments: ["a/s1", "a"])
+    func renamedWhileScanned(listedWhenRenamed: String) {
+        let disk = MemoryTree()
+        let watch = disk.start()
+        disk.mkdir("a")
+        disk.mkdir("a/s1")
+        disk.mkdir("a/s2")
+        disk.touch("a/s2/f")
+        let created = disk.event("", IN_CREATE | IN_ISDIR, "a")
+        var renamed = false
+        disk.onList = { directory in
+            guard !renamed, directory.string == MemoryTree.root + "/" + listedWhenRenamed else { return }
+            renamed = true
+            disk.move("a", "b")
+        }
+        _ = watch.deliver(created)
+        disk.onList = nil
+        let reported = watch.deliver(disk.move(from: ("", "a"), to: ("", "b"), directory: true))
+        #expect(reported.first == "moved a -> b/", "\(reported)")
+        #expect(disk.wd(of: "b/s2") != nil, "b/s2 is not watched")
+        disk.touch("b/s2/g")
+        #expect(watch.deliver(disk.event("b/s2", IN_CREATE, "g")) == ["created b/s2/g"])
+    }
+
     @Test("a directory replaced while the queue was lost (rm -rf a; mkdir a): the rescan reports it replaced, and watches the new one")
     func replacedDuringOverflow() {
         let disk = MemoryTree()
