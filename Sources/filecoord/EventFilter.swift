@@ -78,7 +78,9 @@ final class PosixRegex: Sendable {
     init(_ pattern: String, option: String) throws {
         // Compiled before it is stored: a failed init of a class still runs its deinit.
         let compiled = UnsafeMutablePointer<regex_t>.allocate(capacity: 1)
-        let result = regcomp(compiled, pattern, REG_EXTENDED | REG_NOSUB)
+        // The argument's own bytes: a pattern that is not UTF-8 matches the names it spells.
+        let bytes = RawArguments.bytes(pattern).map { CChar(bitPattern: $0) } + [0]
+        let result = regcomp(compiled, bytes, REG_EXTENDED | REG_NOSUB)
         guard result == 0 else {
             var message = [UInt8](repeating: 0, count: 256)
             message.withUnsafeMutableBufferPointer { buffer in
@@ -86,7 +88,7 @@ final class PosixRegex: Sendable {
             }
             compiled.deallocate()
             let text = String(decoding: message.prefix { $0 != 0 }, as: UTF8.self)
-            throw ValidationError("\(option) '\(pattern)': \(text)")
+            throw ValidationError("\(option) '\(Output.displayed(FilePath(platformBytes: RawArguments.bytes(pattern))))': \(text)")
         }
         self.compiled = compiled
     }

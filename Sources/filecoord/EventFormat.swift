@@ -29,6 +29,8 @@ struct EventFormat: Sendable {
 
     let pieces: [Piece]
     let timeFormat: String
+    /// `timeFormat`'s bytes as given on the command line (not UTF-8, possibly).
+    private let timeFormatBytes: [CChar]
     /// Ends each line with a newline (`--no-newline`: not, as inotifywait's).
     let newline: Bool
 
@@ -80,6 +82,7 @@ struct EventFormat: Sendable {
         flush()
         self.pieces = pieces
         self.timeFormat = timeFormat ?? Self.defaultTimeFormat
+        timeFormatBytes = RawArguments.bytes(self.timeFormat).map { CChar(bitPattern: $0) } + [0]
         self.newline = newline
     }
 
@@ -120,7 +123,7 @@ struct EventFormat: Sendable {
         var seconds = time_t(now.timeIntervalSince1970.rounded(.down)), parts = tm()
         localtime_r(&seconds, &parts)
         var buffer = [CChar](repeating: 0, count: 512)
-        let length = strftime(&buffer, buffer.count, timeFormat, &parts)
+        let length = strftime(&buffer, buffer.count, timeFormatBytes, &parts)
         return buffer.prefix(length).map { UInt8(bitPattern: $0) }
     }
 }

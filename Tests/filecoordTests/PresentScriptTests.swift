@@ -146,6 +146,25 @@ struct PresentScriptTests: CrossProcessFixture {
         #expect(text.contains("env \(directory)/a \(directory)/b") || text.contains("env \(directory)/b \(directory)/a"), "\(text)")
     }
 
+    @Test("--exclude and --timefmt given bytes that are not UTF-8 use those bytes: the name they spell is excluded, the time format printed as given",
+          .timeLimit(.minutes(1)))
+    func patternsNotUTF8() async throws {
+        let directory = scratch.path + "/latin1"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let command = """
+            exec "$0" present --space '\(space)' '\(directory)' --exclude "$(printf 'caf\\351')" --format '%e %T %f' --timefmt "$(printf 'T\\351')"
+            """
+        let presenter = try LineProcess(["-c", command, filecoordBinary], executable: "/bin/sh")
+        var lines = presenter.lines.makeAsyncIterator()
+        #expect(await lines.next()?.contains("ready") == true)
+        _ = try await shell("cd '\(directory)' && touch \"$(printf 'caf\\351')\" && touch other")
+        // The time format's byte 0xE9 is printed as it is (read here as U+FFFD).
+        let line = await lines.next()
+        #expect(line?.hasSuffix(" T\u{FFFD} other") == true, "the excluded name reported, or the time format changed: \(line ?? "none")")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("a signal while a run waits for its read claim ends present at once, by the signal, without starting the command",
           .timeLimit(.minutes(1)), arguments: [SIGTERM, SIGINT])
     func signalWhileRunWaits(number: Int32) async throws {
