@@ -204,6 +204,33 @@ struct PresenterOrderTests {
         #expect(mine.filter { $0 == "save" }.count == readers)
     }
 
+    @Test("a message cancelled on the presenter's queue (cancelAllOperations) does not silence the presenter: later messages still come")
+    func cancelledMessage() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.file("doc.txt")
+        let queue = OperationQueue()
+        queue.maxConcurrentOperationCount = 1
+        try await withRegistered([Document("P", url: file, journal: journal, queue: queue)]) {
+            // The first write's relinquish waits on the suspended queue, and is cancelled there;
+            // the writer goes on at its presenter timeout.
+            queue.isSuspended = true
+            let writer = coordinator(presenterTimeout: .milliseconds(300))
+            let first = Task { try await blocking { error in writer.coordinate(writingItemAt: file, error: error) { _ in journal.append("first write") } } }
+            #expect(try await journal.waitAsync { $0.contains("first write") })
+            queue.cancelAllOperations()
+            queue.isSuspended = false
+            _ = try await first.value
+            journal.append("second")
+            let second = coordinator(presenterTimeout: .seconds(10))
+            _ = try await blocking { error in second.coordinate(writingItemAt: file, error: error) { _ in journal.append("second write") } }
+            let heard = try await journal.waitAsync(seconds: 20) { all in
+                let after = all.drop { $0 != "second" }
+                return after.contains("P:relinquishToWriter") && after.contains("P:reacquire")
+            }
+            #expect(heard, "the presenter heard nothing after its cancelled message: \(journal.all)")
+        }
+    }
+
     @Test("prepare: each presenter is asked once for the batch; the coordinations inside do not ask again, the write inside still tells")
     func prepareWithNestedCoordinations() async throws {
         let scratch = Scratch(), journal = Journal()

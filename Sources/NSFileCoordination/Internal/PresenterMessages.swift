@@ -24,9 +24,12 @@ final class PresenterMessages: @unchecked Sendable {
         if start { run(message, on: queue) }
     }
 
+    /// The next message is added when this one's operation has finished, run or
+    /// cancelled (`cancelAllOperations()` on the presenter's queue): a cancelled one must
+    /// not leave every later message waiting for it.
     private func run(_ message: @escaping @Sendable () -> Void, on queue: OperationQueue) {
-        queue.addOperation { [self] in
-            message()
+        let operation = BlockOperation(block: message)
+        operation.completionBlock = { [self] in
             let next: (OperationQueue, @Sendable () -> Void)? = lock.withLock {
                 guard !pending.isEmpty else {
                     running = false
@@ -36,6 +39,7 @@ final class PresenterMessages: @unchecked Sendable {
             }
             if let (queue, message) = next { run(message, on: queue) }
         }
+        queue.addOperation(operation)
     }
 }
 #endif
