@@ -92,6 +92,19 @@ struct CoordinationRulesTests {
         #expect(!Self.submit(&rules, [Self.read("/p")], purpose: "indexer").1)
     }
 
+    @Test("a request nested in a granted one of its purpose on the same item is not queued behind another purpose's waiting writer (which waits for the outer one)")
+    func nestedPassesWaiting() {
+        var rules = Rules()
+        let (outer, granted) = Self.submit(&rules, [Self.read("/p")], purpose: "editor")
+        #expect(granted)
+        let (_, writerGranted) = Self.submit(&rules, [Self.write("/p")], purpose: "indexer")
+        #expect(!writerGranted)
+        #expect(Self.submit(&rules, [Self.write("/p")], purpose: "editor").1, "the nested write waits for a writer that waits for its outer read")
+        // Not nested (nothing of its purpose granted on the item): it queues as usual.
+        #expect(!Self.submit(&rules, [Self.read("/p")], purpose: "viewer").1)
+        _ = rules.release(outer)
+    }
+
     @Test("withdrawing a waiting request lets those queued behind it through")
     func withdraw() {
         var rules = Rules()

@@ -403,6 +403,32 @@ struct CoordinatorBehaviorTests {
         }
     }
 
+    @Test("a coordinator nesting a write in its own read of the item while another's writer waits for that read: the nested write goes in, then the waiting writer",
+          .timeLimit(.minutes(1)))
+    func nestedPassesWaitingWriter() async throws {
+        let center = CoordinationCenter(), box = Sandbox()
+        let file = box.file("p.txt")
+        let log = EventLog()
+        let coordinator = privateCoordinator(center)
+        let readerIn = Gate(), nestNow = Gate()
+        let outer = Task {
+            try await coordinator.coordinate(readingItemAt: file) { _ in
+                readerIn.open()
+                await nestNow.wait()
+                try await coordinator.coordinate(writingItemAt: file) { _ in log.append("nested write") }
+                log.append("outer done")
+            }
+        }
+        await readerIn.wait()
+        let other = Task { try await privateCoordinator(center).coordinate(writingItemAt: file) { _ in log.append("other write") } }
+        await center.waitUntilWaiting(1)
+        nestNow.open()
+        #expect(await log.waitFor("other write", within: .seconds(20)), "deadlock: \(log.all)")
+        try await outer.value
+        try await other.value
+        #expect(log.all == ["nested write", "outer done", "other write"])
+    }
+
     @Test("deleting a directory waits for a read inside it")
     func directoryDeleteWaitsForInside() async throws {
         let center = CoordinationCenter(), box = Sandbox()

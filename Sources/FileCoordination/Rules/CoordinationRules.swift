@@ -174,10 +174,10 @@ package struct CoordinationRules: Sendable {
         return false
     }
 
-    /// Whether `rival` stands in `request`'s way: granted, or waiting since before it,
-    /// with a different purpose and a conflicting claim.
-    private func blocks(_ rivalID: RequestID, _ request: Request) -> Bool {
-        guard rivalID != request.id, let rival = requests[rivalID], rival.granted || rival.id < request.id,
+    /// Whether `rival` stands in `request`'s way: granted, or waiting since before it
+    /// (unless `request` is `nested`), with a different purpose and a conflicting claim.
+    private func blocks(_ rivalID: RequestID, _ request: Request, nested: Bool) -> Bool {
+        guard rivalID != request.id, let rival = requests[rivalID], rival.granted || (rival.id < request.id && !nested),
               rival.purpose != request.purpose
         else { return false }
         for x in request.claims {
@@ -189,18 +189,38 @@ package struct CoordinationRules: Sendable {
     /// Grantable: no conflict with a granted request, nor with an earlier waiting one.
     /// Looks only at requests that share a path with it (plus the rare subtree claims),
     /// so its cost does not grow with unrelated claims.
+    ///
+    /// A request nested in a granted one of its purpose (a coordination made inside
+    /// another's accessor, on one of its items) waits only for granted rivals: one waiting
+    /// since before it waits for the outer request, which waits for it. (Coordinators
+    /// never block themselves, nor those of their purpose.)
     private func canGrant(_ request: Request) -> Bool {
-        for holder in subtreeHolders where blocks(holder, request) { return false }
+        let nested = isNested(request)
+        for holder in subtreeHolders where blocks(holder, request, nested: nested) { return false }
         for claim in request.claims {
-            for other in itemIndex[claim.key] ?? [] where blocks(other, request) { return false }
+            for other in itemIndex[claim.key] ?? [] where blocks(other, request, nested: nested) { return false }
             if claim.scope == .subtree {
                 let outer = claim.key.bytes
                 for (otherPath, holders) in itemIndex where FilePath.isAtOrInside(otherPath.bytes, outer) {
-                    for other in holders where blocks(other, request) { return false }
+                    for other in holders where blocks(other, request, nested: nested) { return false }
                 }
             }
         }
         return true
+    }
+
+    /// Whether a granted request of `request`'s purpose holds one of its items (or a
+    /// subtree around one).
+    private func isNested(_ request: Request) -> Bool {
+        func holdsHere(_ id: RequestID) -> Bool {
+            guard id != request.id, let other = requests[id], other.granted, other.purpose == request.purpose else { return false }
+            return request.claims.contains { mine in
+                other.claims.contains { theirs in
+                    theirs.key == mine.key || (theirs.scope == .subtree && FilePath.isAtOrInside(mine.key.bytes, theirs.key.bytes))
+                }
+            }
+        }
+        return subtreeHolders.contains(where: holdsHere) || request.claims.contains { (itemIndex[$0.key] ?? []).contains(where: holdsHere) }
     }
 
     private mutating func grantWaiting() -> [RequestID] {
