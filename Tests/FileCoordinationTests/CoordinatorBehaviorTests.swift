@@ -336,13 +336,24 @@ struct CoordinatorBehaviorTests {
         try await holder.value
     }
 
-    @Test("cancel() while a coordination resolves its item's directory, new to the process, ends it with .cancelled before its accessor",
-          arguments: [false, true])
-    func cancelWhileResolving(pair: Bool) async throws {
+    @Test("cancel() while a coordination resolves its item's directory, new to the process, ends it with .cancelled before its accessor, also when the item is held (at once, not when it is let go)",
+          .timeLimit(.minutes(1)), arguments: [false, true], [false, true])
+    func cancelWhileResolving(pair: Bool, held: Bool) async throws {
         let center = CoordinationCenter(), box = Sandbox()
-        let folder = box.directory("unseen-\(pair)")
+        let folder = box.directory("unseen-\(pair)-\(held)")
         let file = folder.appendingPathComponent("c.txt")
-        let hold = Faults.hold(.realpath, whereNameContains: "unseen-\(pair)")
+        let holderIn = Gate(), releaseHolder = Gate()
+        let holder = Task {
+            guard held else { return }
+            // A subtree claim (deleting the directory): it covers the item whatever it is.
+            try await privateCoordinator(center).coordinate(writingItemAt: box.url, options: .forDeleting) { _ in
+                holderIn.open()
+                await releaseHolder.wait()
+            }
+        }
+        if held { await holderIn.wait() }
+        defer { releaseHolder.open() }
+        let hold = Faults.hold(.realpath, whereNameContains: "unseen-\(pair)-\(held)")
         defer { hold.letGo() }
         let coordinator = privateCoordinator(center)
         let ran = Mutex(false)
@@ -360,6 +371,8 @@ struct CoordinatorBehaviorTests {
         let error = await #expect(throws: FileCoordinationError.self) { try await coordination.value }
         #expect(error?.code == .cancelled)
         #expect(!ran.withLock { $0 })
+        releaseHolder.open()
+        try await holder.value
         #expect(center.counts == (0, 0))
     }
 

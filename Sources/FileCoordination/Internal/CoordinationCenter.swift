@@ -240,46 +240,36 @@ package final class CoordinationCenter: Sendable {
     /// `FileCoordinationError.Code.cancelled` if `coordinator`'s ``FileCoordinator/cancel()``
     /// is called before the claims are held.
     func acquire(_ claims: [CoordinationRules.Claim], purpose: String, coordinator: FileCoordinator,
-                 intents: [(FilePath, FileAccessIntent)] = [],
+                 intents: [(FilePath, FileAccessIntent)] = [], since generation: Int? = nil,
                  isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
-        switch try submit(claims, purpose: purpose, coordinator: coordinator, intents: intents) {
+        switch try submit(claims, purpose: purpose, coordinator: coordinator, intents: intents, since: generation) {
         case .held(let id): (id, false)
         case .pending(let pending): try await complete(pending)
         }
     }
 
-    /// A request submitted by ``submit(_:purpose:coordinator:intents:)``.
-    enum Submitted {
-        /// Granted, and its kernel claims (if any) taken: nothing to wait for.
-        case held(RequestID)
-        /// Still to wait for: ``complete(_:)`` finishes it.
-        case pending(Pending)
-    }
-
-    struct Pending {
-        let id: RequestID
-        let claims: [CoordinationRules.Claim]
-        let coordinator: FileCoordinator
-        let granted: Bool
-        let cancellations: Int
-        /// When it was found to wait (the claim-wait timer's start).
-        let since: ContinuousClock.Instant
-    }
-
-    /// The synchronous start of ``acquire(_:purpose:coordinator:intents:)``: submits the
+    /// The synchronous start of ``acquire(_:purpose:coordinator:intents:since:)``: submits the
     /// request, and when its claims are free (in this process and in the space's kernel
     /// claims) holds them with no suspension point, so that an uncontended coordination
-    /// calls no async function to take them.
+    /// calls no async function to take them. `since`: the coordinator's cancellations
+    /// when the coordination began (a `cancel()` since, while its path resolved, ends it
+    /// here: that cancel's look for requests to end came before this one existed).
     func submit(_ claims: [CoordinationRules.Claim], purpose: String, coordinator: FileCoordinator,
-                intents: [(FilePath, FileAccessIntent)] = []) throws -> Submitted {
+                intents: [(FilePath, FileAccessIntent)] = [], since generation: Int? = nil) throws -> Submitted {
         try Task.checkCancellation()
         let owner = ObjectIdentifier(coordinator)
         // Read before the request exists: a cancel() from here on is one this request must heed.
-        let cancellations = coordinator.cancellations.load(ordering: .relaxed)
-        // Fast path: free claims are granted under the lock, with no suspension.
-        let (id, granted, watchers) = state.withLock { state in
+        let cancellations = generation ?? coordinator.cancellations.load(ordering: .relaxed)
+        // Fast path: free claims are granted under the lock, with no suspension. A cancel()
+        // counts before it looks for requests under the lock: looked at under the lock, a
+        // count unchanged means that look will find this request.
+        let submitted = state.withLock { state -> (RequestID, Bool, [CheckedContinuation<Void, Never>])? in
+            guard coordinator.cancellations.load(ordering: .relaxed) == cancellations else { return nil }
             let (id, granted) = state.requests.submit(claims, purpose: purpose, owner: owner, intents: intents)
             return (id, granted, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
+        }
+        guard let (id, granted, watchers) = submitted else {
+            throw FileCoordinationError.coordinatorCancelled(path: claims.first?.path)
         }
         for watcher in watchers { watcher.resume() }
         if granted, transport?.takeClaimsNow(claims, for: id.raw) ?? true {
@@ -291,7 +281,7 @@ package final class CoordinationCenter: Sendable {
                                 since: .now))
     }
 
-    /// Waits for a request ``submit(_:purpose:coordinator:intents:)`` could not hold.
+    /// Waits for a request ``submit(_:purpose:coordinator:intents:since:)`` could not hold.
     func complete(_ pending: Pending, isolation: isolated (any Actor)? = #isolation) async throws -> (id: RequestID, waited: Bool) {
         let (id, claims, coordinator, cancellations) = (pending.id, pending.claims, pending.coordinator, pending.cancellations)
         if pending.granted {

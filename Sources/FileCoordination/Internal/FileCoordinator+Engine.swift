@@ -114,12 +114,12 @@ extension FileCoordinator {
         let id: CoordinationRules.RequestID, waited: Bool
         if claimTimeout == nil {
             // Without a timeout, the center's own steps: a free claim is held with no async call.
-            switch try center.submit([claim], purpose: purposeIdentifier, coordinator: self) {
+            switch try center.submit([claim], purpose: purposeIdentifier, coordinator: self, since: generation) {
             case .held(let held): (id, waited) = (held, false)
             case .pending(let pending): (id, waited) = try await center.complete(pending)
             }
         } else {
-            (id, waited) = try await acquire([claim], path: path)
+            (id, waited) = try await acquire([claim], path: path, since: generation)
         }
         defer { center.release(id) }
         if cancellations.load(ordering: .relaxed) != generation {
@@ -153,17 +153,17 @@ extension FileCoordinator {
 
     /// Takes claims, within ``claimTimeout`` (of waiting) when one is set.
     private func acquire(_ claims: [CoordinationRules.Claim], path: FilePath?, intents: [(FilePath, FileAccessIntent)] = [],
-                         isolation: isolated (any Actor)? = #isolation
+                         since generation: Int, isolation: isolated (any Actor)? = #isolation
     ) async throws -> (id: CoordinationRules.RequestID, waited: Bool) {
         let (center, purpose) = (center, purposeIdentifier)
         guard let timeout = claimTimeout else {
-            return try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents)
+            return try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents, since: generation)
         }
         let wait = ClaimWait()
         return try await withThrowingTaskGroup(of: (id: CoordinationRules.RequestID, waited: Bool)?.self) { group in
             group.addTask {
                 try await ClaimWait.$current.withValue(wait) {
-                    try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents)
+                    try await center.acquire(claims, purpose: purpose, coordinator: self, intents: intents, since: generation)
                 }
             }
             group.addTask {
@@ -233,7 +233,8 @@ extension FileCoordinator {
             case .takeClaims(let claims):
                 let intents = zip(machine.items, session.intents).map { ($0.path, $1) }
                 do {
-                    let (id, waited) = try await acquire(claims, path: machine.items.first?.path, intents: intents)
+                    let (id, waited) = try await acquire(claims, path: machine.items.first?.path, intents: intents,
+                                                         since: session.cancellations)
                     action = machine.handle(.granted(id, current: waited ? center.claims(of: id).map(\.path) : nil))
                 } catch {
                     action = machine.handle(.failed(error))
