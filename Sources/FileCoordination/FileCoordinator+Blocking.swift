@@ -77,11 +77,14 @@ extension FileCoordinator {
         if let failure { throw failure }
     }
 
-    /// Runs `operation` in a task and blocks the calling thread until it ends.
+    /// Runs `operation` in a task and blocks the calling thread until it ends. The task
+    /// runs on the library's I/O threads, not the cooperative pool: callers that block
+    /// pool threads (ported code calls `NSFileCoordinator` from tasks) would otherwise
+    /// leave it no thread to run on once they are as many as the pool's threads.
     private static func wait<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
         let done = DispatchSemaphore(value: 0)
         let result = Locked<Result<T, any Error>?>(nil)
-        Task {
+        Task(executorPreference: ioThreadTaskExecutor) {
             let outcome = await Result(catching: operation)
             result.withLock { $0 = outcome }
             done.signal()

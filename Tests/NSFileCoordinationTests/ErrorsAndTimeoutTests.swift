@@ -49,6 +49,29 @@ func coordinator(presenterTimeout timeout: Duration?) -> NSFileCoordinator {
 
 @Suite("NSFileCoordinator: errors as Cocoa's, and the presenter timeout")
 struct ErrorsAndTimeoutTests {
+    @Test("coordinate(readingItemAt:error:) called from more tasks at once than the cooperative pool has threads, as ported code calls it: every call ends (no presenter to ask)",
+          .timeLimit(.minutes(1)))
+    func blockingFromManyTasks() async throws {
+        let scratch = Scratch()
+        let file = scratch.file("doc.txt")
+        let callers = ProcessInfo.processInfo.activeProcessorCount * 4
+        let finished = Shared(0)
+        let count = NSLock()
+        // Tasks of their own, each blocking its pool thread inside the call.
+        for _ in 0 ..< callers {
+            Task.detached {
+                var error: NSError?
+                NSFileCoordinator().coordinate(readingItemAt: file, error: &error) { _ in }
+                count.withLock { finished.value += 1 }
+            }
+        }
+        let ended = try await offThePool { () -> Bool in
+            for _ in 0 ..< 2_000 where count.withLock({ finished.value }) < callers { usleep(10_000) } // ok: polling from a thread of its own, bounded
+            return count.withLock { finished.value } == callers
+        }
+        #expect(ended, "\(finished.value) of \(callers) calls ended: the pool's threads all wait for work that needs them")
+    }
+
     @Test("a presenter's failed save is the coordination's error, and the accessor never runs")
     func presenterRefusal() async throws {
         let scratch = Scratch(), journal = Journal()

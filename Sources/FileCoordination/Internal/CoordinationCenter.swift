@@ -107,7 +107,8 @@ package final class CoordinationCenter: Sendable {
             case .local: return .ready(nil)
             case .joining(let task): return .wait(task)
             case .automatic:
-                let task = Task { try await Self.joinDefault() }
+                // On the I/O threads: a blocking form waits for it from a pool thread.
+                let task = Task(executorPreference: ioThreadTaskExecutor) { try await Self.joinDefault() }
                 setting = .joining(task)
                 return .wait(task)
             }
