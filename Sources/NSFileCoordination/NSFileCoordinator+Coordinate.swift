@@ -34,6 +34,7 @@ extension NSFileCoordinator {
         } catch {
             outError?.pointee = CocoaErrors.from(error)
         }
+        placePresenter()
     }
 
     /// Reads one item and writes another in one coordination, **blocking the calling
@@ -48,6 +49,7 @@ extension NSFileCoordinator {
         } catch {
             outError?.pointee = CocoaErrors.from(error)
         }
+        placePresenter()
     }
 
     /// Writes two items in one coordination (a move, a swap), **blocking the calling
@@ -62,6 +64,7 @@ extension NSFileCoordinator {
         } catch {
             outError?.pointee = CocoaErrors.from(error)
         }
+        placePresenter()
     }
 
     // MARK: Intents on a queue
@@ -73,8 +76,9 @@ extension NSFileCoordinator {
     /// the item is now. The claims are held until `accessor` returns.
     public func coordinate(with intents: [NSFileAccessIntent], queue: OperationQueue,
                            byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
-        engine.coordinate(with: intents.map(\.engine), queue: queue) { error in
+        engine.coordinate(with: intents.map(\.engine), queue: queue) { [self] error in
             accessor(error.map(CocoaErrors.from))
+            placePresenter()
         }
     }
 

@@ -81,10 +81,19 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     /// this process message it at once, those of other processes once it is published
     /// in the coordination space (in the background, usually within a millisecond).
     /// The presenter is kept until ``removeFilePresenter(_:)``. A second call for the same
-    /// presenter does nothing.
+    /// presenter does nothing. A presenter whose `presentedItemURL` is nil (an untitled
+    /// document) is messaged from when a write of a coordinator made for it (its first
+    /// save) leaves it naming an item, or a second call finds it naming one.
     public class func addFilePresenter(_ filePresenter: any NSFilePresenter) {
-        guard let bridge = PresenterBridges.shared.register(filePresenter) else { return }
+        guard let bridge = PresenterBridges.shared.add(filePresenter) else { return }
         FileCoordinator.addFilePresenter(bridge)
+    }
+
+    /// After a coordination of this coordinator: its presenter, registered while it
+    /// presented nothing, is registered with the engine once it names an item.
+    func placePresenter() {
+        guard let presenter = bridge?.presenter, let placed = PresenterBridges.shared.place(presenter) else { return }
+        FileCoordinator.addFilePresenter(placed)
     }
 
     /// Unregisters `filePresenter`: it is not messaged again (other processes stop finding

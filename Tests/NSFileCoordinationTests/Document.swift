@@ -20,7 +20,7 @@ final class Document: NSObject, NSFilePresenter, @unchecked Sendable {
     private let saveError: NSError?
 
     /// `queue`: its operation queue (one that runs several operations at once unless given).
-    init(_ name: String, url: URL, journal: Journal, queue: OperationQueue = OperationQueue(),
+    init(_ name: String, url: URL?, journal: Journal, queue: OperationQueue = OperationQueue(),
          busy: TimeInterval = 0, saveError: NSError? = nil) {
         self.name = name
         self.journal = journal
@@ -31,6 +31,9 @@ final class Document: NSObject, NSFilePresenter, @unchecked Sendable {
     }
 
     var presentedItemURL: URL? { lock.withLock { url } }
+
+    /// Points it at another item (or none), as a document saved under a new name does.
+    func present(_ newURL: URL?) { lock.withLock { url = newURL } }
 
     /// Logs a message, checking that it runs on the queue and alone.
     private func record(_ message: String) {

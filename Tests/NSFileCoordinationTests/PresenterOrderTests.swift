@@ -204,6 +204,30 @@ struct PresenterOrderTests {
         #expect(mine.filter { $0 == "save" }.count == readers)
     }
 
+    @Test("a presenter added while it presents nothing (an untitled document) is messaged once its own coordinator's write names its item, as Apple's are; adding it again then does nothing more")
+    func untitledThenSaved() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.url.appendingPathComponent("saved.txt")
+        let document = Document("U", url: nil, journal: journal)
+        NSFileCoordinator.addFilePresenter(document)
+        defer { NSFileCoordinator.removeFilePresenter(document) }
+        // Saved for the first time: the document's own coordinator writes, and it takes the name.
+        let own = NSFileCoordinator(filePresenter: document)
+        #expect(try await blocking { error in
+            own.coordinate(writingItemAt: file, error: error) { url in
+                try? Data("first".utf8).write(to: url)
+                document.present(url)
+            }
+        } == nil)
+        NSFileCoordinator.addFilePresenter(document)
+        #expect(NSFileCoordinator.filePresenters.filter { $0 === document }.count == 1)
+        journal.append("other write")
+        let other = coordinator(presenterTimeout: .seconds(10))
+        #expect(try await blocking { error in other.coordinate(writingItemAt: file, error: error) { _ in } } == nil)
+        #expect(try await journal.waitAsync(seconds: 20) { events(of: "U", in: $0).contains("reacquire") }, "\(journal.all)")
+        #expect(sequence(of: "U", marks: ["other write"], in: journal.all).starts(with: ["other write", "U:relinquishToWriter"]), "\(journal.all)")
+    }
+
     @Test("a message cancelled on the presenter's queue (cancelAllOperations) does not silence the presenter: later messages still come")
     func cancelledMessage() async throws {
         let scratch = Scratch(), journal = Journal()

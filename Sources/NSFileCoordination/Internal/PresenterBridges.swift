@@ -15,6 +15,9 @@ final class PresenterBridges: @unchecked Sendable {
         weak var bridge: PresenterBridge?
         /// While registered: the presenter and its bridge, kept.
         var registered: (presenter: any NSFilePresenter, bridge: PresenterBridge)?
+        /// Registered while it presented nothing (`presentedItemURL` nil): not known to the
+        /// engine until it names an item.
+        var unplaced = false
     }
 
     private let lock = NSLock()
@@ -52,12 +55,38 @@ final class PresenterBridges: @unchecked Sendable {
         }
     }
 
+    /// Registers `presenter`, noting whether it presents anything yet: its bridge, and
+    /// whether the engine must know of it (false when it presents nothing yet, or was
+    /// registered already and is not newly placed).
+    func add(_ presenter: any NSFilePresenter) -> PresenterBridge? {
+        if let bridge = register(presenter) {
+            if presenter.presentedItemURL != nil { return bridge }
+            lock.withLock { entries[ObjectIdentifier(presenter)]?.unplaced = true }
+            return nil
+        }
+        return place(presenter)
+    }
+
+    /// A registered presenter that presented nothing and now names an item: its bridge,
+    /// once (nil otherwise).
+    func place(_ presenter: any NSFilePresenter) -> PresenterBridge? {
+        guard presenter.presentedItemURL != nil else { return nil }
+        return lock.withLock {
+            let id = ObjectIdentifier(presenter)
+            guard let entry = entries[id], entry.unplaced, let registered = entry.registered, registered.presenter === presenter
+            else { return nil }
+            entries[id]?.unplaced = false
+            return registered.bridge
+        }
+    }
+
     /// Unregisters `presenter`: the bridge it was registered with, if it was.
     func unregister(_ presenter: any NSFilePresenter) -> PresenterBridge? {
         lock.withLock {
             let id = ObjectIdentifier(presenter)
             guard let registered = entries[id]?.registered, registered.presenter === presenter else { return nil }
             entries[id]?.registered = nil
+            entries[id]?.unplaced = false
             order.removeAll { $0 == id }
             return registered.bridge
         }
