@@ -12,7 +12,7 @@ struct SpaceLocksTests {
 
     /// Runs `body` with a `SpaceLocks` over a fresh space directory, every shard open
     /// (with the full budget; with a smaller one, none yet).
-    func withLocks(shardBudget: Int? = nil, _ body: (SpaceLocks) async throws -> Void) async throws {
+    func withLocks(shardBudget: Int? = nil, listening: Bool = true, _ body: (SpaceLocks) async throws -> Void) async throws {
         try FileManager.default.createDirectory(atPath: directory + "/claims", withIntermediateDirectories: true)
         let lockFD = open(directory + "/claims.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         let directoryFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -25,7 +25,7 @@ struct SpaceLocksTests {
                                directory: FilePath(directory), shardBudget: shardBudget ?? SpaceLocks.shardCount)
         defer { locks.close() }
         // As a process whose watches are in place (it hears the doorbell): idle bytes are kept.
-        locks.nowListening()
+        if listening { locks.nowListening() }
         #expect(try await locks.openAllShards() == (shardBudget == nil))
         try await body(locks)
     }
@@ -265,6 +265,25 @@ struct SpaceLocksTests {
             // An item no writer queues on is still free to read.
             let third = try #require(locks.tryAcquireNow(reading(slot(3))))
             locks.release(third)
+        }
+    }
+
+    @Test("a process that does not hear the doorbell tests the queue byte of an item its other tasks read: a writer queued there keeps new readers out")
+    func readersQueueBehindWriterWhenDeaf() async throws {
+        try await withLocks(listening: false) { locks in
+            let first = try #require(locks.tryAcquireNow(reading(slot(1))))
+            // Another owner's writer queues on the item and has to wait: the flag is raised
+            // (the doorbell it rings is not heard here).
+            let other = otherOwner(of: slot(1))
+            defer { close(other) }
+            #expect(fc_ofd_lock(other, fc_F_WRLCK, slot(1) + 2, 1, 0) == 0)
+            let flag = otherOwner(of: 0, lockFile: true)
+            defer { close(flag) }
+            #expect(fc_ofd_lock(flag, fc_F_RDLCK, SpaceLocks.waitingFlagOffset, 1, 0) == 0)
+            let second = locks.tryAcquireNow(reading(slot(1)))
+            #expect(second == nil, "a second reader went in ahead of the queued writer")
+            if let second { locks.release(second) }
+            locks.release(first)
         }
     }
 

@@ -204,10 +204,12 @@ extension SpaceLocks {
             // This process queues there itself.
             if state.bytes.kernelLock(at: check) == fc_F_WRLCK { return .taken }
             // The item (or, for a directory, its inside byte) is already held in the kernel
-            // by this process (idle, or by another task) and no doorbell has rung since: no
-            // writer can be queued behind it without having rung, so the check would find
-            // nothing.
-            if !suspended.load(ordering: .relaxed), Self.holds(state, check - 2) || Self.holds(state, check - 1) { return .taken }
+            // by this process (idle, or by another task), the process hears the doorbell,
+            // and it has not rung since: no writer can be queued behind it without having
+            // rung, so the check would find nothing. (A process that does not hear it would
+            // let its readers overlap ahead of a queued writer for ever.)
+            if listening.load(ordering: .relaxed), !suspended.load(ordering: .relaxed),
+               Self.holds(state, check - 2) || Self.holds(state, check - 1) { return .taken }
             // A writer that has to wait raises the waiting flag before it sleeps: while no
             // other process holds it, no writer waits anywhere and no queue byte needs a
             // look (one call for a whole batch instead of one per file).
