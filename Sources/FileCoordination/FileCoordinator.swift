@@ -77,10 +77,14 @@ public final class FileCoordinator: Sendable {
     init(filePresenter: (any FilePresenter)?, purposeIdentifier: String?, center: CoordinationCenter) {
         self.filePresenter = filePresenter
         self.center = center
-        self.purposeIdentifier = purposeIdentifier
-            ?? filePresenter.map { "presenter-\(UInt(bitPattern: ObjectIdentifier($0).hashValue))" }
+        self.purposeIdentifier = purposeIdentifier ?? filePresenter.map(Self.purpose(of:))
             ?? "\(Self.purposePrefix)-\(Self.purposeCount.add(1, ordering: .relaxed).newValue)"
         policy = Locked(.default)
+    }
+
+    /// The purpose the coordinators made for `presenter` share (unless given another).
+    static func purpose(of presenter: any FilePresenter) -> String {
+        "presenter-\(UInt(bitPattern: ObjectIdentifier(presenter).hashValue))"
     }
 
     /// A default purpose is this process's random prefix and a count: unique, with no

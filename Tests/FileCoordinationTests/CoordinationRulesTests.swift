@@ -105,6 +105,20 @@ struct CoordinationRulesTests {
         _ = rules.release(outer)
     }
 
+    @Test("a granted request asking presenters stands aside for their coordinators' purposes, and only while it asks")
+    func yieldWhileAsking() {
+        var rules = Rules()
+        let (reader, _) = Self.submit(&rules, [Self.read("/doc")], purpose: "reader")
+        let (early, earlyGranted) = Self.submit(&rules, [Self.write("/doc")], purpose: "presenter")
+        #expect(!earlyGranted)
+        #expect(rules.yield(reader, to: ["presenter"]) == [early], "a waiting request of that purpose goes in")
+        _ = rules.release(early)
+        #expect(Self.submit(&rules, [Self.write("/doc")], purpose: "presenter").1)
+        #expect(!Self.submit(&rules, [Self.write("/doc")], purpose: "another").1, "only for the presenters asked")
+        _ = rules.yield(reader, to: [])
+        #expect(!Self.submit(&rules, [Self.write("/doc")], purpose: "presenter").1, "not once the asking is over")
+    }
+
     @Test("withdrawing a waiting request lets those queued behind it through")
     func withdraw() {
         var rules = Rules()

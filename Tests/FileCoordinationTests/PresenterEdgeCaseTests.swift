@@ -1,10 +1,44 @@
 @testable import FileCoordination
 import Foundation
 import Testing
+import TestSupport
 
 /// What a presenter still hears when an accessor returns nil, or when it answers late.
 @Suite("Presenter edge cases")
 struct PresenterEdgeCaseTests {
+    /// A document that saves its unsaved text through a coordinator made for it, as an
+    /// editor's document does (Apple's `NSDocument` included).
+    final class SavingDocument: FilePresenter {
+        let url: URL
+        let log: EventLog
+        var presentedItemURL: URL? { url }
+        init(url: URL, log: EventLog) { (self.url, self.log) = (url, log) }
+        func savePresentedItemChanges() async throws {
+            try await FileCoordinator(filePresenter: self).coordinate(writingItemAt: url) { url in
+                try Data("saved".utf8).write(to: url)
+            }
+            log.append("saved")
+        }
+    }
+
+    @Test("a presenter asked to save by a reader writes through its own coordinator: the write goes in while the reader waits for the save, as Apple's does",
+          .timeLimit(.minutes(1)), arguments: [false, true])
+    func saveThroughOwnCoordinator(writer: Bool) async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("doc.txt", "old")
+        let document = SavingDocument(url: file, log: log)
+        try await withPresenters([document]) {
+            let coordinator = FileCoordinator()
+            coordinator.setPresenterTimeoutPolicy(.init(timeout: .seconds(20), action: .proceed))
+            let started = ContinuousClock.now
+            let text = try await writer
+                ? coordinator.coordinate(writingItemAt: file) { url in try String(contentsOf: url, encoding: .utf8) }
+                : coordinator.coordinate(readingItemAt: file) { url in try String(contentsOf: url, encoding: .utf8) }
+            #expect(ContinuousClock.now - started < .seconds(10), "the save waited for the coordination that asked for it")
+            #expect(text == "saved", "the accessor ran before the save")
+        }
+    }
+
     @Test("an accessor returning nil still counts as done: presenters hear didChange")
     func nilResult() async throws {
         let box = Sandbox(), log = EventLog()

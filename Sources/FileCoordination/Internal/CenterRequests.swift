@@ -110,6 +110,11 @@ struct CenterRequests<Waiter> {
         return grant(rules.release(id))
     }
 
+    /// ``CoordinationRules/yield(_:to:)``: the parked waiters it grants.
+    mutating func yield(_ id: RequestID, to purposes: Set<String>) -> [Waiter] {
+        grant(rules.yield(id, to: purposes))
+    }
+
     /// The grant of a request is waiting for other processes' kernel locks.
     mutating func beginTakingKernelClaims(_ id: RequestID, _ claims: [Claim], owner: ObjectIdentifier) {
         phases[id] = .takingKernelClaims(owner: owner, claims: claims)

@@ -1,4 +1,10 @@
 extension CoordinationCenter {
+    /// While request `id` asks presenters, it stands aside for their coordinators'
+    /// `purposes` (``CoordinationRules/yield(_:to:)``); empty `purposes` end it.
+    func yield(_ id: RequestID, to purposes: Set<String>) {
+        for waiter in state.withLock({ $0.requests.yield(id, to: purposes) }) { waiter.resume() }
+    }
+
     /// A request submitted by ``submit(_:purpose:coordinator:intents:since:)``.
     enum Submitted {
         /// Granted, and its kernel claims (if any) taken: nothing to wait for.

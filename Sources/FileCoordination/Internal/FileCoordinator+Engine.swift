@@ -258,7 +258,12 @@ extension FileCoordinator {
                 if cancellations.load(ordering: .relaxed) != session.cancellations {
                     ending.fire(FileCoordinationError.coordinatorCancelled(path: machine.items.first?.path))
                 }
+                // Meanwhile its claims stand aside for the coordinators of the presenters
+                // of this process it asks: one saving through its own writes while this waits.
+                let yielding = Set(steps.filter { $0.entry.endpoint.isRegisteredHere }.map { Self.purpose(of: $0.entry.presenter) })
+                if let request = machine.request, !yielding.isEmpty { center.yield(request, to: yielding) }
                 let answers = await ask(steps, ending: ending)
+                if let request = machine.request, !yielding.isEmpty { center.yield(request, to: []) }
                 asking.withLock { _ = $0.signals.removeValue(forKey: key) }
                 action = machine.handle(.answered(answers))
             case .checkExistence(let paths):

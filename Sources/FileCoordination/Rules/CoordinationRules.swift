@@ -65,6 +65,8 @@ package struct CoordinationRules: Sendable {
         let purpose: String
         var claims: [Claim]
         var granted: Bool
+        /// Purposes it stands aside for while it asks their presenters (``yield(_:to:)``).
+        var yieldsTo: Set<String> = []
     }
 
     private var requests: [RequestID: Request] = [:]
@@ -130,6 +132,16 @@ package struct CoordinationRules: Sendable {
         return grantWaiting()
     }
 
+    /// While a granted request asks presenters, it stands aside for the coordinators made
+    /// for them (`purposes`): a presenter saving through its own coordinator writes while
+    /// the asker waits for that save (Apple's rule), instead of waiting for the asker.
+    /// Empty `purposes` end it. Returns the requests that became granted.
+    mutating func yield(_ id: RequestID, to purposes: Set<String>) -> [RequestID] {
+        guard requests[id]?.granted == true else { return [] }
+        requests[id]?.yieldsTo = purposes
+        return purposes.isEmpty || waiting.isEmpty ? [] : grantWaiting()
+    }
+
     /// An item moved from `source` to `destination`: waiting claims on it, or inside it,
     /// now name the new place (so the accessor gets the URL the item has when it runs).
     /// Returns the waiting requests whose claims changed.
@@ -178,7 +190,7 @@ package struct CoordinationRules: Sendable {
     /// (unless `request` is `nested`), with a different purpose and a conflicting claim.
     private func blocks(_ rivalID: RequestID, _ request: Request, nested: Bool) -> Bool {
         guard rivalID != request.id, let rival = requests[rivalID], rival.granted || (rival.id < request.id && !nested),
-              rival.purpose != request.purpose
+              rival.purpose != request.purpose, !rival.yieldsTo.contains(request.purpose)
         else { return false }
         for x in request.claims {
             for y in rival.claims where Self.conflict(x, y) { return true }
