@@ -187,11 +187,17 @@ package struct CoordinationRules: Sendable {
     }
 
     /// Whether `rival` stands in `request`'s way: granted, or waiting since before it
-    /// (unless `request` is `nested`), with a different purpose and a conflicting claim.
-    private func blocks(_ rivalID: RequestID, _ request: Request, nested: Bool) -> Bool {
-        guard rivalID != request.id, let rival = requests[rivalID], rival.granted || (rival.id < request.id && !nested),
-              rival.purpose != request.purpose, !rival.yieldsTo.contains(request.purpose)
+    /// (unless `request` is nested, which is asked only then), with a different purpose
+    /// and a conflicting claim.
+    private func blocks(_ rivalID: RequestID, _ request: Request, nested: inout Bool?) -> Bool {
+        guard rivalID != request.id, let rival = requests[rivalID], rival.purpose != request.purpose,
+              !rival.yieldsTo.contains(request.purpose)
         else { return false }
+        if !rival.granted {
+            guard rival.id < request.id else { return false }
+            if nested == nil { nested = isNested(request) }
+            if nested == true { return false }
+        }
         for x in request.claims {
             for y in rival.claims where Self.conflict(x, y) { return true }
         }
@@ -207,14 +213,14 @@ package struct CoordinationRules: Sendable {
     /// since before it waits for the outer request, which waits for it. (Coordinators
     /// never block themselves, nor those of their purpose.)
     private func canGrant(_ request: Request) -> Bool {
-        let nested = isNested(request)
-        for holder in subtreeHolders where blocks(holder, request, nested: nested) { return false }
+        var nested: Bool?
+        for holder in subtreeHolders where blocks(holder, request, nested: &nested) { return false }
         for claim in request.claims {
-            for other in itemIndex[claim.key] ?? [] where blocks(other, request, nested: nested) { return false }
+            for other in itemIndex[claim.key] ?? [] where blocks(other, request, nested: &nested) { return false }
             if claim.scope == .subtree {
                 let outer = claim.key.bytes
                 for (otherPath, holders) in itemIndex where FilePath.isAtOrInside(otherPath.bytes, outer) {
-                    for other in holders where blocks(other, request, nested: nested) { return false }
+                    for other in holders where blocks(other, request, nested: &nested) { return false }
                 }
             }
         }
