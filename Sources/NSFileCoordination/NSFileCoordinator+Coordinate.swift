@@ -15,6 +15,10 @@ extension NSFileCoordinator {
     /// refusal: its error), `reader` is not run and the error is stored in `outError`.
     public func coordinate(readingItemAt url: URL, options: ReadingOptions = [], error outError: NSErrorPointer,
                            byAccessor reader: (URL) -> Void) {
+        if let cancellation {
+            outError?.pointee = cancellation
+            return
+        }
         do {
             try engine.coordinateBlocking(readingItemAt: url, options: options.engine) { reader($0) }
         } catch {
@@ -29,6 +33,10 @@ extension NSFileCoordinator {
     /// ``coordinate(readingItemAt:options:error:byAccessor:)``.
     public func coordinate(writingItemAt url: URL, options: WritingOptions = [], error outError: NSErrorPointer,
                            byAccessor writer: (URL) -> Void) {
+        if let cancellation {
+            outError?.pointee = cancellation
+            return
+        }
         do {
             try engine.coordinateBlocking(writingItemAt: url, options: options.engine) { writer($0) }
         } catch {
@@ -43,6 +51,10 @@ extension NSFileCoordinator {
     public func coordinate(readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
                            writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
                            error outError: NSErrorPointer, byAccessor readerWriter: (URL, URL) -> Void) {
+        if let cancellation {
+            outError?.pointee = cancellation
+            return
+        }
         do {
             try engine.coordinateBlocking(readingItemAt: readingURL, options: readingOptions.engine,
                                           writingItemAt: writingURL, options: writingOptions.engine) { readerWriter($0, $1) }
@@ -58,6 +70,10 @@ extension NSFileCoordinator {
     public func coordinate(writingItemAt url1: URL, options options1: WritingOptions = [],
                            writingItemAt url2: URL, options options2: WritingOptions = [],
                            error outError: NSErrorPointer, byAccessor writer: (URL, URL) -> Void) {
+        if let cancellation {
+            outError?.pointee = cancellation
+            return
+        }
         do {
             try engine.coordinateBlocking(writingItemAt: url1, options: options1.engine,
                                           writingItemAt: url2, options: options2.engine) { writer($0, $1) }
@@ -76,6 +92,10 @@ extension NSFileCoordinator {
     /// the item is now. The claims are held until `accessor` returns.
     public func coordinate(with intents: [NSFileAccessIntent], queue: OperationQueue,
                            byAccessor accessor: @escaping @Sendable ((any Error)?) -> Void) {
+        if let cancellation {
+            queue.addOperation { accessor(cancellation) }
+            return
+        }
         engine.coordinate(with: intents.map(\.engine), queue: queue) { [self] error in
             accessor(error.map(CocoaErrors.from))
             placePresenter()
@@ -93,6 +113,10 @@ extension NSFileCoordinator {
                         writingItemsAt writingURLs: [URL], options writingOptions: WritingOptions = [],
                         error outError: NSErrorPointer,
                         byAccessor batchAccessor: (@escaping @Sendable () -> Void) -> Void) {
+        if let cancellation {
+            outError?.pointee = cancellation
+            return
+        }
         do {
             try engine.prepareBlocking(forReadingItemsAt: readingURLs, options: readingOptions.engine,
                                        writingItemsAt: writingURLs, options: writingOptions.engine) { batchAccessor($0) }

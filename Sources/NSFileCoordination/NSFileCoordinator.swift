@@ -38,6 +38,8 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     /// The engine's coordinator, last; before it, those replaced by a new
     /// ``purposeIdentifier`` (``cancel()`` reaches their coordinations too).
     private var engines: [FileCoordinator]
+    /// Set by ``cancel()``: no later coordination of this coordinator runs its block.
+    private var cancelled = false
 
     /// A coordinator acting for `filePresenterOrNil`: that presenter is never messaged
     /// about this coordinator's accesses, and every coordinator made for it shares its
@@ -70,9 +72,19 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
 
     /// Ends every coordination of this coordinator that is still waiting (for other
     /// claims, in this process or another, or for presenters): its accessor is not run,
-    /// and its error is `NSUserCancelledError`. Accessors already running finish.
+    /// and its error is `NSUserCancelledError`. Accessors already running finish. Later
+    /// coordinations and batches of this coordinator fail the same way, as Apple's do.
     public func cancel() {
-        for engine in lock.withLock({ engines }) { engine.cancel() }
+        let all = lock.withLock { () -> [FileCoordinator] in
+            cancelled = true
+            return engines
+        }
+        for engine in all { engine.cancel() }
+    }
+
+    /// `NSUserCancelledError` once ``cancel()`` was called, else nil.
+    var cancellation: NSError? {
+        lock.withLock { cancelled } ? CocoaErrors.from(FileCoordinationError.coordinatorCancelled()) : nil
     }
 
     // MARK: Presenters

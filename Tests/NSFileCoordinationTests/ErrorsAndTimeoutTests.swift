@@ -72,6 +72,45 @@ struct ErrorsAndTimeoutTests {
         #expect(ended, "\(finished.value) of \(callers) calls ended: the pool's threads all wait for work that needs them")
     }
 
+    @Test("after cancel(), every later coordination of that coordinator fails with NSUserCancelledError and never runs its block, as Apple's does")
+    func cancelIsForGood() async throws {
+        let scratch = Scratch()
+        let file = scratch.file("doc.txt")
+        let coordinator = NSFileCoordinator()
+        coordinator.cancel()
+        let ran = Shared(false)
+        let errors = try await offThePool { () -> [NSError?] in
+            var results: [NSError?] = []
+            var error: NSError?
+            coordinator.coordinate(readingItemAt: file, error: &error) { _ in ran.value = true }
+            results.append(error)
+            error = nil
+            coordinator.coordinate(writingItemAt: file, error: &error) { _ in ran.value = true }
+            results.append(error)
+            error = nil
+            coordinator.coordinate(readingItemAt: file, writingItemAt: file, error: &error) { _, _ in ran.value = true }
+            results.append(error)
+            error = nil
+            coordinator.prepare(forReadingItemsAt: [file], writingItemsAt: [], error: &error) { done in ran.value = true; done() }
+            results.append(error)
+            return results
+        }
+        #expect(!ran.value, "a block ran after cancel()")
+        #expect(errors.map { $0?.domain } == Array(repeating: NSCocoaErrorDomain, count: 4))
+        #expect(errors.map { $0?.code } == Array(repeating: NSUserCancelledError, count: 4))
+        let queued = try await offThePool { () -> NSError? in
+            let done = DispatchSemaphore(value: 0)
+            let outcome = Shared<NSError?>(nil)
+            coordinator.coordinate(with: [.readingIntent(with: file)], queue: OperationQueue()) { error in
+                outcome.value = error.map { $0 as NSError }
+                done.signal()
+            }
+            _ = done.wait(timeout: .now() + 30)
+            return outcome.value
+        }
+        #expect(queued?.code == NSUserCancelledError)
+    }
+
     @Test("a presenter's failed save is the coordination's error, and the accessor never runs")
     func presenterRefusal() async throws {
         let scratch = Scratch(), journal = Journal()
