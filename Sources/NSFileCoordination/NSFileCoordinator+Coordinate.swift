@@ -15,14 +15,8 @@ extension NSFileCoordinator {
     /// refusal: its error), `reader` is not run and the error is stored in `outError`.
     public func coordinate(readingItemAt url: URL, options: ReadingOptions = [], error outError: NSErrorPointer,
                            byAccessor reader: (URL) -> Void) {
-        if let cancellation {
-            outError?.pointee = cancellation
-            return
-        }
-        do {
+        blocking(outError) {
             try engine.coordinateBlocking(readingItemAt: url, options: options.engine) { reader($0) }
-        } catch {
-            outError?.pointee = CocoaErrors.from(error)
         }
     }
 
@@ -33,16 +27,9 @@ extension NSFileCoordinator {
     /// ``coordinate(readingItemAt:options:error:byAccessor:)``.
     public func coordinate(writingItemAt url: URL, options: WritingOptions = [], error outError: NSErrorPointer,
                            byAccessor writer: (URL) -> Void) {
-        if let cancellation {
-            outError?.pointee = cancellation
-            return
-        }
-        do {
+        blocking(outError) {
             try engine.coordinateBlocking(writingItemAt: url, options: options.engine) { writer($0) }
-        } catch {
-            outError?.pointee = CocoaErrors.from(error)
         }
-        placePresenter()
     }
 
     /// Reads one item and writes another in one coordination, **blocking the calling
@@ -51,17 +38,10 @@ extension NSFileCoordinator {
     public func coordinate(readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
                            writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
                            error outError: NSErrorPointer, byAccessor readerWriter: (URL, URL) -> Void) {
-        if let cancellation {
-            outError?.pointee = cancellation
-            return
-        }
-        do {
+        blocking(outError) {
             try engine.coordinateBlocking(readingItemAt: readingURL, options: readingOptions.engine,
                                           writingItemAt: writingURL, options: writingOptions.engine) { readerWriter($0, $1) }
-        } catch {
-            outError?.pointee = CocoaErrors.from(error)
         }
-        placePresenter()
     }
 
     /// Writes two items in one coordination (a move, a swap), **blocking the calling
@@ -70,13 +50,22 @@ extension NSFileCoordinator {
     public func coordinate(writingItemAt url1: URL, options options1: WritingOptions = [],
                            writingItemAt url2: URL, options options2: WritingOptions = [],
                            error outError: NSErrorPointer, byAccessor writer: (URL, URL) -> Void) {
+        blocking(outError) {
+            try engine.coordinateBlocking(writingItemAt: url1, options: options1.engine,
+                                          writingItemAt: url2, options: options2.engine) { writer($0, $1) }
+        }
+    }
+
+    /// One blocking coordination or batch: `NSUserCancelledError` once ``cancel()`` was
+    /// called (`body` not run), the engine's error as Cocoa's, and this coordinator's
+    /// presenter registered after it if it now names an item.
+    private func blocking(_ outError: NSErrorPointer, _ body: () throws -> Void) {
         if let cancellation {
             outError?.pointee = cancellation
             return
         }
         do {
-            try engine.coordinateBlocking(writingItemAt: url1, options: options1.engine,
-                                          writingItemAt: url2, options: options2.engine) { writer($0, $1) }
+            try body()
         } catch {
             outError?.pointee = CocoaErrors.from(error)
         }
@@ -113,15 +102,9 @@ extension NSFileCoordinator {
                         writingItemsAt writingURLs: [URL], options writingOptions: WritingOptions = [],
                         error outError: NSErrorPointer,
                         byAccessor batchAccessor: (@escaping @Sendable () -> Void) -> Void) {
-        if let cancellation {
-            outError?.pointee = cancellation
-            return
-        }
-        do {
+        blocking(outError) {
             try engine.prepareBlocking(forReadingItemsAt: readingURLs, options: readingOptions.engine,
                                        writingItemsAt: writingURLs, options: writingOptions.engine) { batchAccessor($0) }
-        } catch {
-            outError?.pointee = CocoaErrors.from(error)
         }
     }
 }
