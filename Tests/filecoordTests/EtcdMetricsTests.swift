@@ -13,8 +13,10 @@ struct EtcdMetricsTests {
     func callsAndLostLease() async throws {
         let server = try await EtcdServer()
         let metrics = TestMetrics()
+        // A TTL of 3 s: a loaded machine (the suites in parallel) can take over a second to
+        // renew a lease, and 1 s lost it before the test began.
         let configuration = EtcdCoordinationSpace.Configuration(endpoints: [server.endpoint], prefix: "metrics",
-                                                                leaseTTL: .seconds(1), connectTimeout: .seconds(1))
+                                                                leaseTTL: .seconds(3), connectTimeout: .seconds(1))
         let space = try await EtcdCoordinationSpace.join(configuration, metrics: EtcdMetrics(factory: metrics), hooks: CoordinationCenter.spaceHooks)
         func calls(_ call: String) -> [Int64] {
             metrics.timers(label: EtcdMetrics.callLabel, dimensions: [("call", call)]).flatMap(\.values)
@@ -26,7 +28,7 @@ struct EtcdMetricsTests {
         #expect(lost() == 0)
 
         await server.stop()
-        // Lost after a TTL (1 s) without an answer; bounded at 30 s.
+        // Lost after a TTL (3 s) without an answer; bounded at 30 s.
         let deadline = ContinuousClock.now + .seconds(30)
         while lost() == 0 && ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(50)) // ok: polling the lease keeper's thread, bounded
