@@ -13,13 +13,23 @@ extension SpaceLocksTests {
     }
 
     /// The plan's exclusive bytes (the item's and its writers' queue byte), taken by a
-    /// second owner; returns its descriptors (closing one gives back what it holds).
-    func holdElsewhere(_ plan: SpaceLocks.Plan) throws -> [Int32] {
+    /// second owner; returns its descriptors with the byte each holds, for ``letGo(_:)``.
+    func holdElsewhere(_ plan: SpaceLocks.Plan) throws -> [(fd: Int32, offset: Int64)] {
         try (plan.queue + plan.bytes).filter(\.exclusive).map { byte in
             let fd = otherOwner(of: byte.offset)
             try #require(fd >= 0)
             try #require(fc_ofd_lock(fd, fc_F_WRLCK, byte.offset, 1, 0) == 0)
-            return fd
+            return (fd, byte.offset)
+        }
+    }
+
+    /// Gives back what ``holdElsewhere(_:)`` took: unlocked, not only closed, as a child
+    /// process another test forks meanwhile holds a copy of each descriptor until it
+    /// execs, and the lock with it.
+    func letGo(_ other: [(fd: Int32, offset: Int64)]) {
+        for (fd, offset) in other {
+            #expect(fc_ofd_lock(fd, fc_F_UNLCK, offset, 1, 0) == 0)
+            close(fd)
         }
     }
 
@@ -49,7 +59,7 @@ extension SpaceLocksTests {
             let other = try holdElsewhere(plan)
             let waiter = Task { try await locks.acquire(plan) }
             #expect(await eventually(within: 10) { flagRaised() && locks.kernelWaitsInCall.load(ordering: .relaxed) == 1 }, "the claim waits in the kernel")
-            for fd in other { close(fd) }
+            letGo(other)
             let held = try await waiter.value
             let probe = otherOwner(of: plan.bytes[0].offset)
             defer { close(probe) }
@@ -76,7 +86,7 @@ extension SpaceLocksTests {
         #expect(await eventually(within: 2) { locks.kernelWaitsInCall.load(ordering: .relaxed) == 0 }, "the wait's thread ended")
         #expect(!flagRaised(), "the waiting flag is lowered")
         #expect(locks.heldCount == 0, "nothing is counted")
-        for fd in other { close(fd) }
+        letGo(other)
         // Nothing was granted behind the other owner to a wait that had gone.
         let probe = otherOwner(of: plan.bytes[0].offset)
         defer { close(probe) }
@@ -100,7 +110,7 @@ extension SpaceLocksTests {
         try await withLocks { locks in
             let plan = writing("timed")
             let other = try holdElsewhere(plan)
-            defer { for fd in other { close(fd) } }
+            defer { letGo(other) }
             struct TimedOut: Error {}
             // Seen waiting in the kernel before the deadline.
             let waitedInKernel = Task {
