@@ -49,6 +49,40 @@ struct UncoordinatedChangeTests {
         }
     }
 
+    @Test("a file moved into another directory by a program that does not coordinate: its presenter hears where it went, not a deletion, and hears changes there")
+    func uncoordinatedMoveElsewhere() async throws {
+        let box = Sandbox(), log = EventLog()
+        let file = box.file("before.txt", "v1")
+        let moved = box.directory("elsewhere").appendingPathComponent("after.txt")
+        let presenter = Recorder("P", url: file, log: log)
+        try await withPresenters([presenter]) {
+            try await Self.shell("mv '\(file.path)' '\(moved.path)'")
+            #expect(await log.waitFor("P:didMove:\(moved.path)", within: .seconds(10)), "\(log.all)")
+            #expect(!log.all.contains("P:accommodateDeletion"), "a move is not a deletion: \(log.all)")
+            #expect(presenter.presentedItemURL == moved)
+            log.clear()
+            try await Self.shell("printf more >> '\(moved.path)'")
+            #expect(await log.waitFor("P:didChange", within: .seconds(10)), "a change at the new place was not heard: \(log.all)")
+            // Saved by rename there, then moved again: the file that took its place is followed.
+            try await Self.shell("cd '\(box.url.path)/elsewhere' && printf v2 > .after.swp && mv .after.swp after.txt && mv after.txt '\(box.url.path)/back.txt'")
+            let back = box.url.appendingPathComponent("back.txt")
+            #expect(await log.waitFor("P:didMove:\(back.path)", within: .seconds(10)), "\(log.all)")
+            // Deleted there, it is a deletion.
+            try await Self.shell("rm '\(back.path)'")
+            #expect(await log.waitFor("P:accommodateDeletion", within: .seconds(10)), "\(log.all)")
+        }
+    }
+
+    @Test("a presented directory removed by a program that does not coordinate: its presenter hears the deletion")
+    func directoryRemoved() async throws {
+        let box = Sandbox(), log = EventLog()
+        let folder = box.directory("project")
+        try await withPresenters([Recorder("D", url: folder, log: log)]) {
+            try await Self.shell("rm -rf '\(folder.path)'")
+            #expect(await log.waitFor("D:accommodateDeletion", within: .seconds(10)), "\(log.all)")
+        }
+    }
+
     @Test("a file moved in a coordination of this process: its presenter's watch follows it, and hears changes at its new place only",
           arguments: [false, true])
     func watchFollowsCoordinatedMove(directory: Bool) async throws {

@@ -53,30 +53,64 @@ package final class PresenterWatch: Sendable {
 
     /// Watches `path`, which exists, and consumes its events; with `reportingExisting`
     /// the presenter hears of the item and what it holds as new.
-    private func begin(at path: FilePath, reportingExisting: Bool) async throws {
+    /// With `movedHere`, the presenter is told first that its item moved to `path`.
+    private func begin(at path: FilePath, reportingExisting: Bool, movedHere: Bool = false) async throws {
         let generation = nextGeneration()
         let watcher = try await FileWatcher(watching: path, recursive: presenter.presentedItemWatchesSubtree,
                                             settle: presenter.presentedItemSettleInterval,
                                             reportingExisting: reportingExisting)
+        // Held from the watch's start: what the watch reports happened after it.
+        let anchor = await runOnIOThreadToCompletion { ItemAnchor(holding: path) }
         // Said before the watch is reported started (a command prints `ready` then).
         let warned = !watcher.unwatchedDirectories.isEmpty
         if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
         let consumer = Task {
-            let item = await self.consume(watcher, item: path, warned: warned)
+            let (item, movedAway) = await self.consume(watcher, item: path, anchor: anchor, warned: warned, movedHere: movedHere)
             // The watch ended by itself (the item, or a directory above it, went away),
             // not stopped or replaced: the presenter is still registered there, so the
-            // item is watched again once it is back.
+            // item is watched again once it is back; an item moved away is watched
+            // where it went.
             let ended = self.state.withLock { state -> Bool in
                 guard !state.stopped, state.generation == generation else { return false }
                 state.watcher = nil
                 return true
             }
-            if ended { await self.awaitItem(at: item) }
+            guard ended else { return }
+            if movedAway {
+                watcher.cancel()
+                await self.follow(to: item)
+            } else {
+                await self.awaitItem(at: item)
+            }
         }
         if !replaceConsumer(watcher: watcher, consumer: consumer, generation: generation) {
             watcher.cancel()
             consumer.cancel()
         }
+    }
+
+    /// The item was moved away by a program that does not coordinate: it is watched where
+    /// it went, and the presenter told of the move before anything that happens there.
+    private func follow(to destination: FilePath) async {
+        do {
+            try await begin(at: destination, reportingExisting: false, movedHere: true)
+        } catch {
+            // Gone again already, or unwatchable there: told of the move all the same.
+            await call("presentedItemDidMove(to:)", at: destination) { [presenter] in
+                await presenter.presentedItemDidMove(to: destination.fileURL)
+            }
+            if let error = error as? FileCoordinationError, error.code == .notFound {
+                await awaitItem(at: destination)
+            } else {
+                Self.warnUnwatchable(destination, error)
+            }
+        }
+    }
+
+    /// Calls the presenter under the timeout policy, as a coordination does.
+    private func call(_ name: String, at item: FilePath, _ body: @escaping @Sendable () async throws -> Void) async {
+        let entry = PresenterRegistry.Entry(presenter: presenter, path: item)
+        _ = try? await PresenterCall(policy: .default, entry: entry, metrics: center.metrics)(name, body)
     }
 
     private func nextGeneration() -> Int {
@@ -227,16 +261,20 @@ package final class PresenterWatch: Sendable {
         }
     }
 
-    /// Turns the watcher's events into the presenter's callbacks until the watcher ends;
+    /// Turns the watcher's events into the presenter's callbacks until the watcher ends,
+    /// or the item moved out of the watched directory (`movedAway`, told as a move);
     /// returns where the item was last (a watched item follows renames).
-    private func consume(_ watcher: FileWatcher, item start: FilePath, warned: Bool) async -> FilePath {
+    private func consume(_ watcher: FileWatcher, item start: FilePath, anchor startAnchor: ItemAnchor?,
+                         warned: Bool, movedHere: Bool) async -> (item: FilePath, movedAway: Bool) {
         var item = start
+        var anchor = startAnchor
         let presenter = self.presenter
-        let policy = PresenterTimeoutPolicy.default
-        let entry = PresenterRegistry.Entry(presenter: presenter, path: item)
-        let metrics = center.metrics
         func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
-            _ = try? await PresenterCall(policy: policy, entry: entry, metrics: metrics)(name, body)
+            await self.call(name, at: start, body)
+        }
+        if movedHere {
+            let newURL = start.fileURL
+            await call("presentedItemDidMove(to:)") { await presenter.presentedItemDidMove(to: newURL) }
         }
         // Directories left out by the watch limit, told when the watch starts and
         // whenever more are (each new directory's creation is an event of its parent's).
@@ -261,10 +299,24 @@ package final class PresenterWatch: Sendable {
             if event.path == item || event.kind == .resync {
                 switch event.kind {
                 case .modified, .attributesChanged, .created:
+                    // A save by rename put another item there: that one is held now.
+                    if event.kind != .attributesChanged {
+                        let current = anchor
+                        anchor = await runOnIOThreadToCompletion { [item] in
+                            current.flatMap { $0.holds(item) ? $0 : nil } ?? ItemAnchor(holding: item)
+                        }
+                    }
                     await call("presentedItemDidChange()") { await presenter.presentedItemDidChange() }
                 case .resync:
                     await call("presentedItemDidLoseEvents()") { await presenter.presentedItemDidLoseEvents() }
                 case .deleted:
+                    let held = anchor
+                    if let destination = await runOnIOThreadToCompletion({ [item] in held?.movedAway(from: item) }) {
+                        // Told by the watch at its new place (``follow(to:)``).
+                        _ = center.move(from: item, to: destination)
+                        return (destination, true)
+                    }
+                    anchor = nil // a deleted file's space is freed
                     await call("accommodatePresentedItemDeletion()") { try await presenter.accommodatePresentedItemDeletion() }
                 case .moved:
                     guard let destination = event.destination else { continue }
@@ -289,6 +341,6 @@ package final class PresenterWatch: Sendable {
                 break
             }
         }
-        return item
+        return (item, false)
     }
 }
