@@ -63,8 +63,13 @@ struct UncoordinatedChangeTests {
             log.clear()
             try await Self.shell("printf more >> '\(moved.path)'")
             #expect(await log.waitFor("P:didChange", within: .seconds(10)), "a change at the new place was not heard: \(log.all)")
-            // Saved by rename there, then moved again: the file that took its place is followed.
-            try await Self.shell("cd '\(box.url.path)/elsewhere' && printf v2 > .after.swp && mv .after.swp after.txt && mv after.txt '\(box.url.path)/back.txt'")
+            // Saved by rename there, then moved again: the file that took its place is
+            // followed (once the watch has seen it: one replaced and moved away before
+            // that is told as deleted).
+            log.clear()
+            try await Self.shell("cd '\(box.url.path)/elsewhere' && printf v2 > .after.swp && mv .after.swp after.txt")
+            #expect(await log.waitFor("P:didChange", within: .seconds(10)), "\(log.all)")
+            try await Self.shell("mv '\(moved.path)' '\(box.url.path)/back.txt'")
             let back = box.url.appendingPathComponent("back.txt")
             #expect(await log.waitFor("P:didMove:\(back.path)", within: .seconds(10)), "\(log.all)")
             // Deleted there, it is a deletion.
