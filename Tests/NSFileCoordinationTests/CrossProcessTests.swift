@@ -37,8 +37,49 @@ final class SlowToLetGo: NSObject, NSFilePresenter, @unchecked Sendable {
     }
 }
 
+/// A document that saves through a coordinator made for it when asked, as `NSDocument`
+/// does.
+final class SavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
+    // Unchecked: every stored property is immutable.
+    let presentedItemURL: URL?
+    let presentedItemOperationQueue = OperationQueue()
+    let journal: Journal
+
+    init(url: URL, journal: Journal) {
+        presentedItemURL = url
+        self.journal = journal
+    }
+
+    func savePresentedItemChanges(completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
+        var error: NSError?
+        NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: presentedItemURL!, error: &error) { url in
+            journal.append((try? Data("saved".utf8).write(to: url)) == nil ? "not saved" : "saved")
+        }
+        completionHandler(error)
+    }
+}
+
 @Suite("NSFileCoordinator across processes", .timeLimit(.minutes(3)))
 struct NSCrossProcessTests {
+    @Test("a coordination in another process asks the document here to save: it saves through its own coordinator while that coordination waits, and the command reads what it saved",
+          arguments: ["--read", "--write"])
+    func saveThroughOwnCoordinator(access: String) async throws {
+        let scratch = Scratch(), journal = Journal()
+        let space = try await joinedSpace(scratch)
+        let file = scratch.file("doc.txt", "old")
+        let document = SavingDocument(url: file, journal: journal)
+        NSFileCoordinator.addFilePresenter(document)
+        defer { NSFileCoordinator.removeFilePresenter(document) }
+        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
+        let started = ContinuousClock.now
+        let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, access, file.path,
+                                                   "--presenter-timeout", "20", "--", "cat", file.path], includeStandardError: true)
+        #expect(status == 0, "\(output)")
+        #expect(ContinuousClock.now - started < .seconds(10), "the save waited for the coordination that asked for it")
+        #expect(output == "saved", "the command ran before the save")
+        #expect(journal.all == ["saved"])
+    }
+
     @Test("a writer in another process waits until the presenter here calls the block it was given")
     func writerWaitsForLateRelinquish() async throws {
         let scratch = Scratch(), journal = Journal()

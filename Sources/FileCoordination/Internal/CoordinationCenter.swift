@@ -24,6 +24,9 @@ package final class CoordinationCenter: Sendable {
         var presenters = PresenterRegistry()
         /// Tasks in ``waitUntilWaiting(_:)``, with the count each waits for.
         var waitingWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+        /// Items another process's coordination holds while it waits for a presenter of
+        /// this process to save them (``lend(_:_:)``).
+        var lent: [Lent] = []
     }
 
     let state = Locked(State())
@@ -179,6 +182,7 @@ package final class CoordinationCenter: Sendable {
                                        endOnWatcherThread: { watch.endSuppressingOnWatcherThread(token) })
             },
             presenterMoved: { [self] presenter, from, to in await presenterMoved(presenter, from: from, to: to) },
+            lend: { [self] presenter, path in lend(presenter, path) },
             rejoin: { lost, join in try await Self.replace(lost, with: join) })
     }
 
@@ -264,16 +268,17 @@ package final class CoordinationCenter: Sendable {
         // Fast path: free claims are granted under the lock, with no suspension. A cancel()
         // counts before it looks for requests under the lock: looked at under the lock, a
         // count unchanged means that look will find this request.
-        let submitted = state.withLock { state -> (RequestID, Bool, [CheckedContinuation<Void, Never>])? in
+        let submitted = state.withLock { state -> (RequestID, Bool, Bool, [CheckedContinuation<Void, Never>])? in
             guard coordinator.cancellations.load(ordering: .relaxed) == cancellations else { return nil }
             let (id, granted) = state.requests.submit(claims, purpose: purpose, owner: owner, intents: intents)
-            return (id, granted, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
+            let covered = granted && Lent.cover(state.lent, claims, purpose: purpose)
+            return (id, granted, covered, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
         }
-        guard let (id, granted, watchers) = submitted else {
+        guard let (id, granted, covered, watchers) = submitted else {
             throw FileCoordinationError.coordinatorCancelled(path: claims.first?.path)
         }
         for watcher in watchers { watcher.resume() }
-        if granted, transport?.takeClaimsNow(claims, for: id.raw) ?? true {
+        if granted, covered || transport?.takeClaimsNow(claims, for: id.raw) ?? true {
             Self.trace("claim granted", id, claims, level: .trace)
             metrics.granted(claims, waited: .zero)
             return .held(id)
@@ -308,8 +313,11 @@ package final class CoordinationCenter: Sendable {
         // As they are now: a coordinator that moved an item while this request waited
         // moved its claims too (``CoordinationRules/move(from:to:)``), and other processes
         // must meet them where the item is.
-        let current = self.claims(of: id)
-        if let transport, !transport.takeClaimsNow(current, for: id.raw) {
+        let (current, covered) = state.withLock { state in
+            let current = state.requests.rules.claims(of: id)
+            return (current, Lent.cover(state.lent, current, purpose: state.requests.rules.purpose(of: id)))
+        }
+        if !covered, let transport, !transport.takeClaimsNow(current, for: id.raw) {
             try await takeKernelClaims(id, current, coordinator: coordinator, since: cancellations)
         }
         Self.trace("claim granted after waiting", id, current)

@@ -88,6 +88,9 @@ package struct CoordinationRules: Sendable {
     func contains(_ id: RequestID) -> Bool { requests[id] != nil }
     /// The claims of `id` as they stand (waiting claims follow moves).
     func claims(of id: RequestID) -> [Claim] { requests[id]?.claims ?? [] }
+
+    /// The purpose of request `id` (nil once it is released).
+    func purpose(of id: RequestID) -> String? { requests[id]?.purpose }
     /// Every claim of every waiting request.
     var waitingClaims: [Claim] { requests.values.filter { !$0.granted }.flatMap(\.claims) }
     /// The requests granted now.

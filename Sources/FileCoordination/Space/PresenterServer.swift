@@ -266,8 +266,9 @@ package final class PresenterServer: Sendable {
         guard let presenter, let request, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
         do {
             switch relinquish.then {
-            case .save: try await presenter.savePresentedItemChanges()
-            case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
+            case .save: try await hooks.lending(presenter, request.path) { try await presenter.savePresentedItemChanges() }
+            case .accommodateDeletion:
+                try await hooks.lending(presenter, request.path) { try await presenter.accommodatePresentedItemDeletion() }
             case nil: break
             }
             for subitem in relinquish.subitemDeletions {
@@ -302,9 +303,11 @@ extension SpaceProtocol.PresenterMessage {
         var url: URL { path.fileURL }
         switch call {
         case .save:
-            await replying { try await presenter?.savePresentedItemChanges() }
+            guard let presenter else { return await replying {} }
+            await replying { try await hooks.lending(presenter, path) { try await presenter.savePresentedItemChanges() } }
         case .accommodateDeletion:
-            await replying { try await presenter?.accommodatePresentedItemDeletion() }
+            guard let presenter else { return await replying {} }
+            await replying { try await hooks.lending(presenter, path) { try await presenter.accommodatePresentedItemDeletion() } }
         case .accommodateSubitemDeletion:
             await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
         case .didChange:

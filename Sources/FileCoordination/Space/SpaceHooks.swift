@@ -11,6 +11,10 @@ package struct SpaceHooks: Sendable {
     let suppress: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> EchoSuppression?
     /// A writer in another process moved `presenter`'s item: this process follows it.
     let presenterMoved: @Sendable (_ presenter: any FilePresenter, _ from: FilePath, _ to: FilePath) async -> Void
+    /// Another process's coordination, holding its claim on the item at the path, waits
+    /// while `presenter` saves it: the presenter's own coordinators write it under that
+    /// claim until the closure returned is called.
+    let lend: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> @Sendable () -> Void
     /// The space `lost` can no longer serve (its etcd lease ended): when it is still the
     /// process's space, the space that `join` makes takes its place, this process's
     /// presenters published in it, and `lost` is left. Whether it took its place; throws
@@ -21,12 +25,24 @@ package struct SpaceHooks: Sendable {
     package init(claims: @escaping @Sendable () -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
                  suppress: @escaping @Sendable (any FilePresenter, FilePath) -> EchoSuppression?,
                  presenterMoved: @escaping @Sendable (any FilePresenter, FilePath, FilePath) async -> Void,
+                 lend: @escaping @Sendable (any FilePresenter, FilePath) -> @Sendable () -> Void,
                  rejoin: @escaping @Sendable (any CoordinationTransport,
                                               @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool) {
         self.claims = claims
         self.suppress = suppress
         self.presenterMoved = presenterMoved
+        self.lend = lend
         self.rejoin = rejoin
+    }
+}
+
+extension SpaceHooks {
+    /// Runs `body` (a presenter's save or deletion, asked by another process's
+    /// coordination) with the item lent to the presenter's own coordinators (``lend``).
+    func lending<T>(_ presenter: any FilePresenter, _ path: FilePath, _ body: () async throws -> T) async rethrows -> T {
+        let end = lend(presenter, path)
+        defer { end() }
+        return try await body()
     }
 }
 
