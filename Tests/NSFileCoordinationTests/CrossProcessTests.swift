@@ -53,9 +53,42 @@ final class SavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
     func savePresentedItemChanges(completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
         var error: NSError?
         NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: presentedItemURL!, error: &error) { url in
-            journal.append((try? Data("saved".utf8).write(to: url)) == nil ? "not saved" : "saved")
+            // "saved", then "saved 2", ...: which save a reader read.
+            let count = journal.all.count
+            let text = count == 0 ? "saved" : "saved \(count + 1)"
+            journal.append((try? Data(text.utf8).write(to: url)) == nil ? "not saved" : text)
         }
         completionHandler(error)
+    }
+}
+
+/// A document whose save also starts a slower write of its own (an autosave) through a
+/// coordinator made for it: "auto" written, then after `seconds` "autosaved".
+final class AutosavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
+    // Unchecked: every stored property is immutable.
+    let presentedItemURL: URL?
+    let presentedItemOperationQueue = OperationQueue()
+    let seconds: Double
+
+    init(url: URL, seconds: Double) {
+        presentedItemURL = url
+        self.seconds = seconds
+    }
+
+    func savePresentedItemChanges(completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
+        let started = DispatchSemaphore(value: 0)
+        let (url, seconds) = (presentedItemURL!, seconds)
+        Thread.detachNewThread {
+            var error: NSError?
+            NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: url, error: &error) { url in
+                try? Data("auto".utf8).write(to: url)
+                started.signal()
+                Thread.sleep(forTimeInterval: seconds) // ok: a write that takes a while, on purpose
+                try? Data("autosaved".utf8).write(to: url)
+            }
+        }
+        started.wait()
+        completionHandler(nil)
     }
 }
 
@@ -73,7 +106,7 @@ struct NSCrossProcessTests {
         #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
         let started = ContinuousClock.now
         let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, access, file.path,
-                                                   "--presenter-timeout", "20", "--", "cat", file.path], includeStandardError: true)
+                                                   "--presenter-timeout", "20", "--", "cat", file.path])
         #expect(status == 0, "\(output)")
         #expect(ContinuousClock.now - started < .seconds(10), "the save waited for the coordination that asked for it")
         #expect(output == "saved", "the command ran before the save")
@@ -96,6 +129,49 @@ struct NSCrossProcessTests {
         #expect(try await journal.waitAsync { $0.contains { $0.hasPrefix("reacquired") } })
         #expect(lines(of: order) == ["released", "writer", "reacquired"])
         #expect(journal.all == ["asked on queue", "reacquired on queue"])
+    }
+
+    @Test("a write the document started under the save's loan ends before the coordination that asked for the save goes on")
+    func loanCoversItsWritesToTheirEnd() async throws {
+        let scratch = Scratch()
+        let space = try await joinedSpace(scratch)
+        let file = scratch.file("doc.txt", "old")
+        let document = AutosavingDocument(url: file, seconds: 1)
+        NSFileCoordinator.addFilePresenter(document)
+        defer { NSFileCoordinator.removeFilePresenter(document) }
+        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
+        let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, "--write", file.path,
+                                                   "--presenter-timeout", "20", "--", "cat", file.path])
+        #expect(status == 0)
+        #expect(output == "autosaved", "the command ran while the document's write went on")
+    }
+
+    @Test("a reader asks the document to save while a reader of another process is in its accessor: the save's write waits for that reader, which reads what was there")
+    func noLoanBesideAnotherReader() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let space = try await joinedSpace(scratch)
+        let file = scratch.file("doc.txt", "old")
+        let document = SavingDocument(url: file, journal: journal)
+        NSFileCoordinator.addFilePresenter(document)
+        defer { NSFileCoordinator.removeFilePresenter(document) }
+        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
+        let fifo = scratch.path + "/release"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // A reader in its accessor until told to go; then it reads the file.
+        let reading = try Child([filecoordBinary, "exec", "--space", space, "--read", file.path, "--presenter-timeout", "20", "--", "sh", "-c",
+                                 "echo in; timeout 300 sh -c 'read x < \"$0\"' \"$0\"; cat \"$1\"; echo", fifo, file.path])
+        // It asked the document to save first.
+        #expect(try await reading.lines.waitAsync { $0 == ["in"] })
+        #expect(journal.all == ["saved"])
+        // A second reader asks the document to save (and gives up on it after 2 s).
+        let asking = Task { try await runToEnd([filecoordBinary, "exec", "--space", space, "--read", file.path,
+                                                "--presenter-timeout", "2", "--", "true"], includeStandardError: true) }
+        #expect(try await journal.waitAsync(seconds: 5) { $0.count > 1 } == false, "the save wrote while a reader of another process read: \(journal.all)")
+        _ = try await runToEnd(["sh", "-c", "echo go > '\(fifo)'"])
+        #expect(try await reading.wait() == 0)
+        #expect(reading.lines.all == ["in", "saved"], "the reader read what the second save wrote")
+        _ = try await asking.value
+        #expect(try await journal.waitAsync(seconds: 20) { $0 == ["saved", "saved 2"] }, "the second save never wrote: \(journal.all)")
     }
 
     @Test("cancel() ends a coordination waiting for another process's claim: NSUserCancelledError, and the accessor never runs")

@@ -10,30 +10,68 @@ extension CoordinationCenter {
     /// one: a document asked to save writes through a coordinator made for it while the
     /// asker waits for that save. Taking its own claim, it would wait for the asker's,
     /// and the asker for the save, until the presenter timeout. The asker's claim keeps
-    /// every other process out meanwhile, and every other coordination of the item asks
-    /// the same presenter, whose requests are served one at a time, after this one.
+    /// every other process out meanwhile (the presenter's process lends only what no
+    /// other process may be reading, see ``PresenterServer``), and every other
+    /// coordination of the item asks the same presenter, whose requests are served one
+    /// at a time, after this one.
     struct Lent {
+        let loan: UInt64
         let purpose: String
         let path: [UInt8]
+        /// The requests granted under it, until they are released: the presenter's answer
+        /// waits for them.
+        var covered: Set<RequestID> = []
+        /// No request is granted under it any more (the save ended, or its asker gave up).
+        var revoked = false
+        /// The end of the loan, waiting for the requests it covers.
+        var ended: UnsafeContinuation<Void, Never>?
 
-        /// Whether `claims` of a request with `purpose` all name an item lent to it.
-        static func cover(_ lent: [Lent], _ claims: [CoordinationRules.Claim], purpose: String?) -> Bool {
-            guard !lent.isEmpty, let purpose, !claims.isEmpty else { return false }
-            return claims.allSatisfy { claim in lent.contains { $0.purpose == purpose && $0.path == claim.key.bytes } }
+        /// Whether `claims` of request `id` with `purpose` all name one item lent to that
+        /// purpose; if so the request is recorded as covered.
+        static func cover(_ lent: inout [Lent], _ claims: [CoordinationRules.Claim], purpose: String?, id: RequestID) -> Bool {
+            guard !lent.isEmpty, let purpose, let first = claims.first?.key.bytes else { return false }
+            guard let index = lent.firstIndex(where: { !$0.revoked && $0.purpose == purpose && $0.path == first }),
+                  claims.allSatisfy({ $0.key.bytes == first }) else { return false }
+            lent[index].covered.insert(id)
+            return true
+        }
+
+        /// Request `id` was released: a loan that ended and covered nothing more is
+        /// removed, and its end resumed (returned).
+        static func released(_ id: RequestID, _ lent: inout [Lent]) -> UnsafeContinuation<Void, Never>? {
+            guard let index = lent.firstIndex(where: { $0.covered.contains(id) }) else { return nil }
+            lent[index].covered.remove(id)
+            guard lent[index].covered.isEmpty, let ended = lent[index].ended else { return nil }
+            lent.remove(at: index)
+            return ended
         }
     }
 
     /// Lends `path`, held by another process's coordination, to the coordinators made for
-    /// `presenter` while that coordination waits for it (``Lent``); returns what ends it.
-    func lend(_ presenter: any FilePresenter, _ path: FilePath) -> @Sendable () -> Void {
-        let lent = Lent(purpose: FileCoordinator.purpose(of: presenter), path: path.platformBytes)
-        state.withLock { $0.lent.append(lent) }
-        return { [self] in
-            state.withLock { state in
-                if let index = state.lent.firstIndex(where: { $0.purpose == lent.purpose && $0.path == lent.path }) {
-                    state.lent.remove(at: index)
-                }
+    /// `presenter` while that coordination waits for it (``Lent``). Not in a space that
+    /// fences claims (etcd): an accessor there needs a claim of its own process.
+    func lend(_ presenter: any FilePresenter, _ path: FilePath) -> ItemLoan {
+        guard !(transport?.fencesClaims ?? false) else { return ItemLoan(revoke: {}, end: {}) }
+        let loan = Self.loans.add(1, ordering: .relaxed).newValue
+        state.withLock { $0.lent.append(Lent(loan: loan, purpose: FileCoordinator.purpose(of: presenter), path: path.platformBytes)) }
+        return ItemLoan(revoke: { [self] in revokeLoan(loan, waiting: nil) },
+                        end: { [self] in await withUnsafeContinuation { revokeLoan(loan, waiting: $0) } })
+    }
+
+    /// Grants nothing more under `loan`; with `waiting`, resumes it once the requests the
+    /// loan covers are released (at once when there are none).
+    private func revokeLoan(_ loan: UInt64, waiting: UnsafeContinuation<Void, Never>?) {
+        let done = state.withLock { state -> Bool in
+            guard let index = state.lent.firstIndex(where: { $0.loan == loan }) else { return true }
+            state.lent[index].revoked = true
+            guard let waiting else { return false }
+            if state.lent[index].covered.isEmpty {
+                state.lent.remove(at: index)
+                return true
             }
+            state.lent[index].ended = waiting
+            return false
         }
+        if done { waiting?.resume() }
     }
 }

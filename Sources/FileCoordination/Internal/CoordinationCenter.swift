@@ -30,6 +30,8 @@ package final class CoordinationCenter: Sendable {
     }
 
     let state = Locked(State())
+    /// Numbers the loans of items to this process's presenters (``lend(_:_:)``).
+    static let loans = Atomic<UInt64>(0)
     /// Registered presenters, readable without the lock (the fast path's question).
     let presenterCount = Atomic<Int>(0)
     /// A transport of this center's own, in place of the process's space (tests).
@@ -271,7 +273,7 @@ package final class CoordinationCenter: Sendable {
         let submitted = state.withLock { state -> (RequestID, Bool, Bool, [CheckedContinuation<Void, Never>])? in
             guard coordinator.cancellations.load(ordering: .relaxed) == cancellations else { return nil }
             let (id, granted) = state.requests.submit(claims, purpose: purpose, owner: owner, intents: intents)
-            let covered = granted && Lent.cover(state.lent, claims, purpose: purpose)
+            let covered = granted && Lent.cover(&state.lent, claims, purpose: purpose, id: id)
             return (id, granted, covered, granted || state.waitingWatchers.isEmpty ? [] : Self.takeWatchers(from: &state))
         }
         guard let (id, granted, covered, watchers) = submitted else {
@@ -315,7 +317,7 @@ package final class CoordinationCenter: Sendable {
         // must meet them where the item is.
         let (current, covered) = state.withLock { state in
             let current = state.requests.rules.claims(of: id)
-            return (current, Lent.cover(state.lent, current, purpose: state.requests.rules.purpose(of: id)))
+            return (current, Lent.cover(&state.lent, current, purpose: state.requests.rules.purpose(of: id), id: id))
         }
         if !covered, let transport, !transport.takeClaimsNow(current, for: id.raw) {
             try await takeKernelClaims(id, current, coordinator: coordinator, since: cancellations)
@@ -389,8 +391,11 @@ package final class CoordinationCenter: Sendable {
     func release(_ id: RequestID) {
         if LibraryLogger.logs(.trace) { FileCoordinator.logger.trace("claim released \(id)") }
         transport?.releaseClaims(of: id.raw)
-        let granted = state.withLock { $0.requests.release(id) }
+        let (granted, loanEnded) = state.withLock { state in
+            (state.requests.release(id), state.lent.isEmpty ? nil : Lent.released(id, &state.lent))
+        }
         for waiter in granted { waiter.resume() }
+        loanEnded?.resume()
     }
 
     /// Fails every waiting request of `owner` (``FileCoordinator/cancel()``).

@@ -27,7 +27,8 @@ final class ItemAnchor: Sendable {
     /// is gone, or descriptors ran out: a move is then told as a deletion, as inotify
     /// tells it). Blocking: on a thread of the library's own.
     init?(holding path: FilePath) {
-        let opened = path.withPlatformString { Syscall.open($0, fc_O_PATH) }
+        // The name itself: a symbolic link put where the item was is not the item.
+        let opened = path.withPlatformString { Syscall.open($0, fc_O_PATH | O_NOFOLLOW) }
         guard case .success(let fd) = opened else { return nil }
         guard case .success(let info) = Syscall.fstat(fd), info.st_mode & S_IFMT != S_IFDIR else {
             _ = Syscall.close(fd)
@@ -41,7 +42,7 @@ final class ItemAnchor: Sendable {
     /// Whether the item at `path` is the one held (a save by rename replaces it).
     /// Blocking.
     func holds(_ path: FilePath) -> Bool {
-        guard case .success(let info) = path.withPlatformString({ Syscall.stat(path: $0) }) else { return false }
+        guard case .success(let info) = path.withPlatformString({ Syscall.lstat(path: $0) }) else { return false }
         return UInt64(info.st_dev) == device && UInt64(info.st_ino) == inode
     }
 

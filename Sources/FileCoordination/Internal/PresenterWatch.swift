@@ -60,7 +60,7 @@ package final class PresenterWatch: Sendable {
                                             settle: presenter.presentedItemSettleInterval,
                                             reportingExisting: reportingExisting)
         // Held from the watch's start: what the watch reports happened after it.
-        let anchor = await runOnIOThreadToCompletion { ItemAnchor(holding: path) }
+        let anchor = AnchorSlot(await runOnIOThreadToCompletion { ItemAnchor(holding: path) })
         // Said before the watch is reported started (a command prints `ready` then).
         let warned = !watcher.unwatchedDirectories.isEmpty
         if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
@@ -261,13 +261,26 @@ package final class PresenterWatch: Sendable {
         }
     }
 
+    /// The ``ItemAnchor`` a watch's consumer takes: held by nothing else, so that a
+    /// deleted file's descriptor (and its space on disk) goes when the consumer drops it.
+    private final class AnchorSlot: Sendable {
+        private let anchor: Mutex<ItemAnchor?>
+        init(_ anchor: ItemAnchor?) { self.anchor = Mutex(anchor) }
+        func take() -> ItemAnchor? {
+            anchor.withLock { anchor in
+                defer { anchor = nil }
+                return anchor
+            }
+        }
+    }
+
     /// Turns the watcher's events into the presenter's callbacks until the watcher ends,
     /// or the item moved out of the watched directory (`movedAway`, told as a move);
     /// returns where the item was last (a watched item follows renames).
-    private func consume(_ watcher: FileWatcher, item start: FilePath, anchor startAnchor: ItemAnchor?,
+    private func consume(_ watcher: FileWatcher, item start: FilePath, anchor slot: AnchorSlot,
                          warned: Bool, movedHere: Bool) async -> (item: FilePath, movedAway: Bool) {
         var item = start
-        var anchor = startAnchor
+        var anchor = slot.take()
         let presenter = self.presenter
         func call(_ name: String, _ body: @escaping @Sendable () async throws -> Void) async {
             await self.call(name, at: start, body)

@@ -15,6 +15,8 @@ package final class PresenterServer: Sendable {
     package struct KeptRelinquish: Sendable {
         package var reacquirer: FileReacquirer?
         package var suppression: EchoSuppression?
+        /// The presenter's number in the space.
+        var presenter: UInt64 = 0
 
         package init(reacquirer: FileReacquirer?, suppression: EchoSuppression? = nil) {
             (self.reacquirer, self.suppression) = (reacquirer, suppression)
@@ -38,6 +40,9 @@ package final class PresenterServer: Sendable {
         var nextPresenter: UInt64 = 1
         /// Relinquish requests queued, and what the served ones keep for their askers.
         var ledger = ServingLedger<KeptRelinquish>()
+        /// Items lent to a presenter's own coordinators while it saves for the request
+        /// (``followUps(_:of:presenter:)``).
+        var loans: [Key: ItemLoan] = [:]
         var started = false
     }
 
@@ -122,7 +127,14 @@ package final class PresenterServer: Sendable {
     package func received(_ message: SpaceProtocol.Message, onWatcherThread: Bool) -> Bool {
         guard case .presenter(let request) = message.body, let item = ServingMachine<KeptRelinquish>.item(message) else { return false }
         if onWatcherThread, case .reacquire(let key) = item { endSuppressionOnWatcherThread(of: key) }
-        state.withLock { ServingMachine.arrived(item, ledger: &$0.ledger) }
+        let loan = state.withLock { state -> ItemLoan? in
+            ServingMachine.arrived(item, ledger: &state.ledger)
+            // Its asker stopped waiting for the save (a presenter timeout): the item is
+            // not lent any more.
+            guard case .reacquire(let key) = item else { return nil }
+            return state.loans[key]
+        }
+        loan?.revoke()
         guard onWatcherThread else {
             incoming.yield(.message(message))
             return false
@@ -180,7 +192,11 @@ package final class PresenterServer: Sendable {
     /// reacquirers kept for it. Otherwise a writer killed after a presenter relinquished
     /// would leave the presenter without its item and deaf to every later change of it.
     package func senderDied(_ process: String) {
-        if state.withLock({ $0.ledger.senderDied(process) }) { incoming.yield(.senderGone(process)) }
+        let (owed, loans) = state.withLock { state in
+            (state.ledger.senderDied(process), state.loans.filter { $0.key.process == process }.map(\.value))
+        }
+        for loan in loans { loan.revoke() }
+        if owed { incoming.yield(.senderGone(process)) }
     }
 
     // MARK: Serving (the serving task)
@@ -207,7 +223,7 @@ package final class PresenterServer: Sendable {
             case .relinquish:
                 event = await relinquish(request, of: message, presenter: presenter)
             case .followUps:
-                event = await followUps(request, presenter: presenter)
+                event = await followUps(request, of: message, presenter: presenter)
             case .undo(let kept):
                 await undo(kept)
                 event = .undone
@@ -254,6 +270,7 @@ package final class PresenterServer: Sendable {
             let reacquirer = writing ? try await presenter.relinquishPresentedItem(toWriter: fileRequest)
                 : try await presenter.relinquishPresentedItem(toReader: fileRequest)
             var kept = KeptRelinquish(reacquirer: reacquirer)
+            kept.presenter = request.presenter
             if writing { kept.suppression = hooks.suppress(presenter, request.path) }
             return .relinquished(kept)
         } catch {
@@ -261,23 +278,42 @@ package final class PresenterServer: Sendable {
         }
     }
 
-    /// The steps a relinquish request carries for after the relinquish.
-    private func followUps(_ request: SpaceProtocol.PresenterMessage?, presenter: (any FilePresenter)?) async -> ServingMachine<KeptRelinquish>.Event {
-        guard let presenter, let request, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
+    /// The steps a relinquish request carries for after the relinquish. A save or a
+    /// deletion runs with the item lent to the presenter's own coordinators (``ItemLoan``),
+    /// when its asker holds it alone: a writer, or a reader while no other asker's
+    /// relinquish of the presenter is kept (another process may be reading the item). The answer waits until
+    /// what was granted under the loan is released.
+    private func followUps(_ request: SpaceProtocol.PresenterMessage?, of message: SpaceProtocol.Message?,
+                           presenter: (any FilePresenter)?) async -> ServingMachine<KeptRelinquish>.Event {
+        guard let presenter, let request, let message, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
+        let key = Key(process: message.header.from, request: relinquish.re)
+        let loan = relinquish.then == nil ? nil : state.withLock { state -> ItemLoan? in
+            guard !state.ledger.hasGivenUp(key),
+                  relinquish.access == .write || !state.ledger.keepsOther(than: key, { $0.presenter == request.presenter })
+            else { return nil }
+            let loan = hooks.lend(presenter, request.path)
+            state.loans[key] = loan
+            return loan
+        }
+        let outcome: ServingMachine<KeptRelinquish>.Event
         do {
             switch relinquish.then {
-            case .save: try await hooks.lending(presenter, request.path) { try await presenter.savePresentedItemChanges() }
-            case .accommodateDeletion:
-                try await hooks.lending(presenter, request.path) { try await presenter.accommodatePresentedItemDeletion() }
+            case .save: try await presenter.savePresentedItemChanges()
+            case .accommodateDeletion: try await presenter.accommodatePresentedItemDeletion()
             case nil: break
             }
             for subitem in relinquish.subitemDeletions {
                 try await presenter.accommodatePresentedSubitemDeletion(at: subitem.fileURL)
             }
-            return .followedUp
+            outcome = .followedUp
         } catch {
-            return .failed(Self.describe(error))
+            outcome = .failed(Self.describe(error))
         }
+        if let loan {
+            state.withLock { _ = $0.loans.removeValue(forKey: key) }
+            await loan.end()
+        }
+        return outcome
     }
 
     /// Ends a kept relinquish: the echo suppression, then the presenter's reacquirer.
@@ -303,11 +339,9 @@ extension SpaceProtocol.PresenterMessage {
         var url: URL { path.fileURL }
         switch call {
         case .save:
-            guard let presenter else { return await replying {} }
-            await replying { try await hooks.lending(presenter, path) { try await presenter.savePresentedItemChanges() } }
+            await replying { try await presenter?.savePresentedItemChanges() }
         case .accommodateDeletion:
-            guard let presenter else { return await replying {} }
-            await replying { try await hooks.lending(presenter, path) { try await presenter.accommodatePresentedItemDeletion() } }
+            await replying { try await presenter?.accommodatePresentedItemDeletion() }
         case .accommodateSubitemDeletion:
             await replying { try await presenter?.accommodatePresentedSubitemDeletion(at: url) }
         case .didChange:

@@ -17,6 +17,9 @@ struct ServingLedger<Kept> {
     /// Relinquishes whose presenter callback is running.
     private var running: Set<Key> = []
     private var kept: [Key: Kept] = [:]
+    /// Relinquishes running or kept whose asker stopped waiting (its `reacquire` came, or
+    /// it died) before they were undone.
+    private var givenUp: Set<Key> = []
 
     init() {}
 
@@ -29,6 +32,16 @@ struct ServingLedger<Kept> {
     /// gave up on it, and serving it now would cost the next writer the delay.
     mutating func reacquireArrived(_ key: Key) {
         queued.remove(key)
+        if running.contains(key) || kept[key] != nil { givenUp.insert(key) }
+    }
+
+    /// Whether the asker of `key` stopped waiting for it.
+    func hasGivenUp(_ key: Key) -> Bool { givenUp.contains(key) }
+
+    /// Whether relinquishes of requests other than `key` that `matches` are kept: their
+    /// askers may be in their accessors.
+    func keepsOther(than key: Key, _ matches: (Kept) -> Bool) -> Bool {
+        kept.contains { $0.key != key && matches($0.value) }
     }
 
     /// The serving task reached a relinquish request: whether to serve it (false when its
@@ -62,7 +75,8 @@ struct ServingLedger<Kept> {
 
     /// The `reacquire` is served, or the steps after relinquishing failed: what to undo.
     mutating func reacquire(_ key: Key) -> Kept? {
-        kept.removeValue(forKey: key)
+        givenUp.remove(key)
+        return kept.removeValue(forKey: key)
     }
 
     /// The processes something is owed to: after an inotify queue overflow (their deaths
@@ -85,6 +99,7 @@ struct ServingLedger<Kept> {
     mutating func senderDied(_ process: String) -> Bool {
         queued = queued.filter { $0.process != process }
         running = running.filter { $0.process != process }
+        givenUp.formUnion(kept.keys.filter { $0.process == process })
         return kept.keys.contains { $0.process == process }
     }
 
@@ -93,6 +108,7 @@ struct ServingLedger<Kept> {
     /// presenter without its item, and deaf to every later change of it).
     mutating func senderGoneServed(_ process: String) -> [Kept] {
         let keys = kept.keys.filter { $0.process == process }
+        givenUp = givenUp.filter { $0.process != process }
         return keys.compactMap { kept.removeValue(forKey: $0) }
     }
 

@@ -13,8 +13,8 @@ package struct SpaceHooks: Sendable {
     let presenterMoved: @Sendable (_ presenter: any FilePresenter, _ from: FilePath, _ to: FilePath) async -> Void
     /// Another process's coordination, holding its claim on the item at the path, waits
     /// while `presenter` saves it: the presenter's own coordinators write it under that
-    /// claim until the closure returned is called.
-    let lend: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> @Sendable () -> Void
+    /// claim until the loan returned is revoked or ended.
+    let lend: @Sendable (_ presenter: any FilePresenter, _ path: FilePath) -> ItemLoan
     /// The space `lost` can no longer serve (its etcd lease ended): when it is still the
     /// process's space, the space that `join` makes takes its place, this process's
     /// presenters published in it, and `lost` is left. Whether it took its place; throws
@@ -25,7 +25,7 @@ package struct SpaceHooks: Sendable {
     package init(claims: @escaping @Sendable () -> (held: [CoordinationRules.Claim], waiting: [CoordinationRules.Claim]),
                  suppress: @escaping @Sendable (any FilePresenter, FilePath) -> EchoSuppression?,
                  presenterMoved: @escaping @Sendable (any FilePresenter, FilePath, FilePath) async -> Void,
-                 lend: @escaping @Sendable (any FilePresenter, FilePath) -> @Sendable () -> Void,
+                 lend: @escaping @Sendable (any FilePresenter, FilePath) -> ItemLoan,
                  rejoin: @escaping @Sendable (any CoordinationTransport,
                                               @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool) {
         self.claims = claims
@@ -36,13 +36,15 @@ package struct SpaceHooks: Sendable {
     }
 }
 
-extension SpaceHooks {
-    /// Runs `body` (a presenter's save or deletion, asked by another process's
-    /// coordination) with the item lent to the presenter's own coordinators (``lend``).
-    func lending<T>(_ presenter: any FilePresenter, _ path: FilePath, _ body: () async throws -> T) async rethrows -> T {
-        let end = lend(presenter, path)
-        defer { end() }
-        return try await body()
+/// An item lent to a presenter's own coordinators (``SpaceHooks/lend``).
+package struct ItemLoan: Sendable {
+    /// Nothing more is granted under it: its asker gave up waiting, or died.
+    let revoke: @Sendable () -> Void
+    /// Revokes it, and returns once what was granted under it is released.
+    let end: @Sendable () async -> Void
+
+    package init(revoke: @escaping @Sendable () -> Void, end: @escaping @Sendable () async -> Void) {
+        (self.revoke, self.end) = (revoke, end)
     }
 }
 
