@@ -85,7 +85,7 @@ extension FileCoordinator {
         let done = DispatchSemaphore(value: 0)
         let result = Locked<Result<T, any Error>?>(nil)
         Task(executorPreference: ioThreadTaskExecutor) {
-            let outcome = await Result(catching: operation)
+            let outcome = await BlockingCaller.$isWaiting.withValue(true) { await Result(catching: operation) }
             result.withLock { $0 = outcome }
             done.signal()
         }
@@ -260,4 +260,15 @@ extension FileCoordinator {
             }))
         return (prepared, finish)
     }
+}
+
+/// Whether the current coordination runs for a blocking form: its caller may hold a thread
+/// of the cooperative pool, and all of them may be held so. The tasks such a coordination
+/// starts (a presenter's callback, its timer) then run on the library's I/O threads too.
+enum BlockingCaller {
+    @TaskLocal static var isWaiting = false
+
+    /// Where a task the current coordination starts runs: nil, the default executor,
+    /// unless it runs for a blocking form.
+    static var executor: (any TaskExecutor)? { isWaiting ? ioThreadTaskExecutor : nil }
 }

@@ -137,8 +137,11 @@ public final class FileWatcher: AsyncSequence, Sendable {
                         return
                     }
                     // Started once the marker is registered, so that it cannot fire before.
+                    // Both tasks on the library's I/O threads: a sync is awaited by
+                    // coordinations that the blocking forms run, whose callers may hold
+                    // every thread of the cooperative pool.
                     timer.withLock {
-                        $0 = Task {
+                        $0 = Task(executorPreference: ioThreadTaskExecutor) {
                             try? await Task.sleep(for: timeout) // the caller's time limit
                             guard !Task.isCancelled else { return }
                             buffer.failCookie(name, FileCoordinationError(.sync, 
@@ -147,9 +150,9 @@ public final class FileWatcher: AsyncSequence, Sendable {
                         }
                     }
                     if Task.isCancelled { buffer.failCookie(name, CancellationError()) }
-                    Task {
+                    Task(executorPreference: ioThreadTaskExecutor) { [self] in
                         do {
-                            try await runOnIOThread { [self] () throws in try writeMarker(name) }
+                            try writeMarker(name)
                         } catch {
                             buffer.failCookie(name, error)
                             // The directory was replaced: nothing more can be seen.

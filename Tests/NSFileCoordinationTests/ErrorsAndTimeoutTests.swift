@@ -72,6 +72,38 @@ struct ErrorsAndTimeoutTests {
         #expect(ended, "\(finished.value) of \(callers) calls ended: the pool's threads all wait for work that needs them")
     }
 
+    @Test("coordinate(writingItemAt:error:) called from more tasks at once than the cooperative pool has threads, with a presenter to ask: every call ends, and the presenter is asked by each",
+          .timeLimit(.minutes(1)))
+    func blockingFromManyTasksWithPresenter() async throws {
+        let scratch = Scratch(), journal = Journal()
+        let file = scratch.file("doc.txt")
+        let document = Document("D", url: file, journal: journal)
+        NSFileCoordinator.addFilePresenter(document)
+        defer { NSFileCoordinator.removeFilePresenter(document) }
+        // Registered (addFilePresenter returns before): a first write asks it.
+        _ = try await offThePool {
+            var error: NSError?
+            NSFileCoordinator().coordinate(writingItemAt: file, error: &error) { _ in }
+        }
+        #expect(events(of: "D", in: journal.all).contains("relinquishToWriter"))
+        let callers = ProcessInfo.processInfo.activeProcessorCount * 4
+        let finished = Shared(0)
+        let count = NSLock()
+        for _ in 0 ..< callers {
+            Task.detached {
+                var error: NSError?
+                NSFileCoordinator().coordinate(writingItemAt: file, error: &error) { _ in }
+                count.withLock { finished.value += 1 }
+            }
+        }
+        let ended = try await offThePool { () -> Bool in
+            for _ in 0 ..< 2_000 where count.withLock({ finished.value }) < callers { usleep(10_000) } // ok: polling from a thread of its own, bounded
+            return count.withLock { finished.value } == callers
+        }
+        #expect(ended, "\(finished.value) of \(callers) calls ended: the presenter's messages need the pool's threads, which the calls hold")
+        #expect(events(of: "D", in: journal.all).filter { $0 == "relinquishToWriter" }.count == callers + 1)
+    }
+
     @Test("after cancel(), every later coordination of that coordinator fails with NSUserCancelledError and never runs its block, as Apple's does")
     func cancelIsForGood() async throws {
         let scratch = Scratch()

@@ -104,7 +104,7 @@ package struct PresenterCall: Sendable {
 
     /// A relinquish answered too late still gets its item back.
     static let late: @Sendable (FileReacquirer?) -> Void = { reacquirer in
-        if let reacquirer { Task { await reacquirer() } }
+        if let reacquirer { Task(executorPreference: BlockingCaller.executor) { await reacquirer() } }
     }
 
     static func relinquishName(_ kind: FileAccessRequest.Kind) -> String {

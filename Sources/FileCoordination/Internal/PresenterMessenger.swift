@@ -36,7 +36,9 @@ package enum PresenterMessenger {
         try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T?, any Error>) in
             // Cancelled before it began: the callback is never made.
             guard race.install(continuation) else { return }
-            let work = Task {
+            // (A blocking form's callers may hold every thread of the pool.)
+            let executor = BlockingCaller.executor
+            let work = Task(executorPreference: executor) {
                 do {
                     let value = try await body()
                     // An answer after the coordination gave up (timeout, cancellation)
@@ -46,7 +48,7 @@ package enum PresenterMessenger {
                     race.finish(.failure(error))
                 }
             }
-            let timer = Task {
+            let timer = Task(executorPreference: executor) {
                 try? await Task.sleep(for: policy.timeout) // ok: the timeout is real time
                 guard !Task.isCancelled else { return }
                 switch policy.action {

@@ -226,7 +226,7 @@ package final class PresenterWatch: Sendable {
     /// the write's own events through as a change made outside coordination.
     package func endSuppressing(_ token: Int) async {
         let watcher = state.withLock { $0.watcher }
-        let mark = await Task { try? await watcher?.syncMark() }.value
+        let mark = await Task(executorPreference: BlockingCaller.executor) { try? await watcher?.syncMark() }.value
         endSuppressing(token, at: mark ?? 0)
     }
 
