@@ -60,13 +60,23 @@ final class EtcdClient: Sendable {
     private func send(_ path: String, _ body: [UInt8], again: (@Sendable () -> Bool)?) {
         worker.enqueue { [self] in
             do { _ = try perform(path, body) } catch {
-                if let failure = error as? EtcdFailure, case .connection = failure, let again, again() {
+                if let again, let failure = error as? EtcdFailure, Self.worthAgain(failure), again() {
                     Thread.sleep(forTimeInterval: 0.5)
                     send(path, body, again: again)
                     return
                 }
                 FileCoordinator.logger.warning("etcd call failed", metadata: ["call": "\(path)", "error": "\(error)"])
             }
+        }
+    }
+
+    /// Whether a call that failed so may succeed later: no member answered, every member
+    /// said it has no leader, or none answered in a form the client accepts (a member may
+    /// be replaced, a proxy fixed). A refusal (a bad request, no permission) will not.
+    private static func worthAgain(_ error: EtcdFailure) -> Bool {
+        switch error {
+        case .connection, .invalid: true
+        case .answer(let answer): answer.isUnavailable
         }
     }
 

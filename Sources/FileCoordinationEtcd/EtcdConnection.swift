@@ -256,6 +256,8 @@ final class EtcdConnection: @unchecked Sendable {
 
     /// The answer's head (after any 1xx interim answers).
     private func readHead(deadline: EtcdDeadline) throws(EtcdFailure) -> EtcdHTTPHead {
+        // Interim answers count against the head limit: the client never asks for one.
+        var interim = 0
         while true {
             let parsed: (head: EtcdHTTPHead, size: Int)?
             do {
@@ -266,6 +268,10 @@ final class EtcdConnection: @unchecked Sendable {
             if let parsed {
                 inboxStart += parsed.size
                 if parsed.head.status >= 200 { return parsed.head }
+                interim += parsed.size
+                guard interim <= limits.headBytes else {
+                    throw .invalid(endpoint, EtcdWireError.tooLarge("the interim (1xx) answers", limit: limits.headBytes).description)
+                }
                 continue
             }
             try receive(until: deadline, doing: "the answer's head")
@@ -316,6 +322,9 @@ final class EtcdConnection: @unchecked Sendable {
 
     /// Receives what has arrived (waiting for it until `deadline`) into the inbox.
     private func receive(until deadline: EtcdDeadline, doing what: String) throws(EtcdFailure) {
+        // Checked here too, not only while waiting: a peer that always has bytes ready
+        // (sent as fast as they are read) would never make this wait.
+        guard deadline.milliseconds > 0 else { throw .connection(endpoint, "\(what) did not come within \(deadline.allowed)") }
         if inboxStart > 0, inboxStart == inbox.count || inboxStart > 65_536 {
             inbox.removeFirst(inboxStart)
             inboxStart = 0

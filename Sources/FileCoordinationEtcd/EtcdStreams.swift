@@ -68,6 +68,9 @@ final class EtcdWatch: Sendable {
         var down = false
         let idle = Self.idleLimit(client)
         while !state.withLock({ $0.cancelled }) {
+            // When this stream was created: one that then stays up for the idle limit is
+            // sound, though nothing happened on it.
+            var created: ContinuousClock.Instant?
             do {
                 let started = EtcdDeadline(client.connectTimeout)
                 let connection = try EtcdConnection(client.endpoints[member % client.endpoints.count], deadline: started,
@@ -93,7 +96,10 @@ final class EtcdWatch: Sendable {
                         }
                         switch message {
                         case .created:
-                            failingSince = nil
+                            // Not yet sound: a member that creates every watch and then
+                            // sends what cannot be served would otherwise never be an
+                            // outage, and the waits on this watch would never end.
+                            created = .now
                             if down {
                                 down = false
                                 resumed?(missed)
@@ -134,6 +140,7 @@ final class EtcdWatch: Sendable {
                 if state.withLock({ $0.cancelled }) { return }
                 if case .answer(let answer) = error as? EtcdFailure, answer.isUnauthenticated { client.auth?.invalidate() }
                 let now = ContinuousClock.now
+                if let created, now - created >= idle { failingSince = nil }
                 if let since = failingSince, now - since > client.retryLimit {
                     let failure = error as? EtcdFailure ?? .connection(client.endpoints[0], "\(error)")
                     guard let outage else {

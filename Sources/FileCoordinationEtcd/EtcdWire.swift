@@ -122,6 +122,8 @@ struct EtcdChunkDecoder: Sendable {
 
     private var state = State.size
     private var decoded = 0
+    /// The trailers' bytes so far: bounded as a head is.
+    private var trailerBytes = 0
     /// The most body bytes accepted (nil: no bound, for a stream whose messages are
     /// bounded one by one).
     let bodyLimit: Int?
@@ -164,6 +166,8 @@ struct EtcdChunkDecoder: Sendable {
                 state = .size
             case .trailers:
                 guard let line = try nextLine(input[index...]) else { return index - input.startIndex }
+                trailerBytes += line.next - index
+                if trailerBytes > limits.headBytes { throw .tooLarge("the trailers of the chunked body", limit: limits.headBytes) }
                 index = line.next
                 if line.text.isEmpty { state = .done }
             case .done:

@@ -127,6 +127,27 @@ struct EtcdHostileTests {
         #expect(written.value < 12, "the client waited for \(written.value) lines")
     }
 
+    @Test("endless interim answers (100 Continue), or endless trailers after the last chunk, sent as fast as the client reads: refused, exit 1",
+          .timeLimit(.minutes(1)), arguments: [false, true])
+    func endlessInterimsOrTrailers(trailers: Bool) async throws {
+        let sent = Counter()
+        let endpoint = try HostileEndpoint { _, peer in
+            let unit = trailers ? "X-Trailer: a\r\n" : "HTTP/1.1 100 Continue\r\n\r\n"
+            let block = Array(String(repeating: unit, count: 65_536 / unit.utf8.count).utf8)
+            if trailers { peer.write("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n") }
+            let end = Date(timeIntervalSinceNow: 20)
+            while end.timeIntervalSinceNow > 0, peer.write(block) { _ = sent.next() }
+            return false
+        }
+        let run = try await exec(against: endpoint, environment: ["FILECOORD_ETCD_TIMEOUT": "2"])
+        endpoint.stop()
+        #expect(run.status == 1, "\(run.errors)")
+        #expect(run.errors.split(separator: "\n").count == 1 && run.errors.contains(endpoint.endpoint), "\(run.errors)")
+        // Refused past the head limit (64 KiB) and kernel buffers, not 20 s of bytes.
+        #expect(sent.value < 64 * 16, "the client took \(sent.value * 64) KiB")
+        #expect(run.peakMiB < 128, "it held \(run.peakMiB) MiB")
+    }
+
     @Test("bytes after each answer (a forged second answer): never read as the next call's answer; the run succeeds",
           .timeLimit(.minutes(1)))
     func bytesAfterTheAnswer() async throws {

@@ -93,6 +93,21 @@ struct EtcdHostileWatchTests {
         #expect(run.took < .seconds(10), "it took \(run.took)")
     }
 
+    @Test("every watch is created, then sends a message that cannot be decoded: an outage after the retry limit (the connect timeout, 1 s here), and the waiting claim fails with a line naming the endpoint, well before its own timeout",
+          .timeLimit(.minutes(1)))
+    func createdThenBrokenEveryTime() async throws {
+        let etcd = FakeEtcd(blockFirstClaim: true)
+        let endpoint = try endpoint(etcd) { _, peer in
+            peer.chunk(Array(#"{"result":{"events":[{"type":"DELETE","kv":{"key":#"#.utf8) + [0xff, 0xfe] + Array("\n".utf8))
+        }
+        let run = try await exec(against: endpoint, environment: ["FILECOORD_ETCD_TIMEOUT": "1"])
+        endpoint.stop()
+        #expect(run.status == 1, "\(run.status): \(run.errors)")
+        #expect(run.errors.contains(endpoint.endpoint), "\(run.errors)")
+        // The claim timeout (15 s) is the bound that says "for ever".
+        #expect(run.took < .seconds(12), "it took \(run.took)")
+    }
+
     @Test("a member that stops answering mid-watch: noticed within four times the connect timeout (1 s here), the watch resumes and the release is seen",
           .timeLimit(.minutes(1)))
     func silentMemberMidWatch() async throws {
