@@ -177,6 +177,40 @@ struct MessageSlotsTests {
         #expect(closeWrites(expecting: 1) == 1)
     }
 
+    @Test("an empty slot replaced by a FIFO (or anything but a file) is never opened: the send goes on at once, the name is removed")
+    func fifoInPlaceOfSlot() throws {
+        try withSlots { slots, directoryFD throws in
+            _ = try #require(try send("first", slots, directoryFD))
+            #expect(try receive() == ["first"])
+            var fifos: [String] = []
+            for name in try FileManager.default.contentsOfDirectory(atPath: mailbox) {
+                let path = mailbox + "/" + name
+                #expect(unlink(path) == 0)
+                #expect(mkfifo(path, 0o600) == 0)
+                fifos.append(path)
+            }
+            try #require(!fifos.isEmpty)
+            // On a thread of its own: a send blocked in the FIFO's open is let go by a
+            // reader opened after the bound.
+            let sent = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                _ = try? send("second", slots, directoryFD)
+                sent.signal()
+            }
+            let ended = sent.wait(timeout: .now() + 5) == .success
+            if !ended { for path in fifos { close(open(path, O_RDONLY | O_NONBLOCK)) } }
+            #expect(ended, "the send waited in a FIFO's open")
+            _ = sent.wait(timeout: .now() + 5)
+            for path in fifos { #expect(!FileManager.default.fileExists(atPath: path) || !isFIFO(path), "\(path) is still a FIFO") }
+            #expect(try receive() == ["second"])
+        }
+    }
+
+    func isFIFO(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFIFO
+    }
+
     @Test("a target dropped as gone takes its spare with it")
     func drop() throws {
         try withSlots { slots, directoryFD throws in

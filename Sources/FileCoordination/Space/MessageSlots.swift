@@ -149,8 +149,15 @@ final class MessageSlots: Sendable {
                 unreserve(target, generation) // not read yet
                 continue
             }
+            // A FIFO (or a device) put in its place would block the open, and with it this
+            // sender's messages and the release of its claims: only a file is opened, and
+            // without waiting, should it be swapped since.
+            guard info.st_mode & S_IFMT == S_IFREG else {
+                retire(target, generation, dirFD: dirFD)
+                continue
+            }
             let fd: Int32
-            switch Syscall.openat(dirFD, name, O_WRONLY | fc_O_NOFOLLOW) {
+            switch Syscall.openat(dirFD, name, O_WRONLY | O_NONBLOCK | fc_O_NOFOLLOW) {
             case .success(let value): fd = value
             case .failure(let errno):
                 skip(errno)
