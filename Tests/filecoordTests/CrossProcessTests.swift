@@ -307,6 +307,26 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(ended.stderr.contains("ignored a file in the coordination space") && ended.stderr.contains("forged"), "\(ended.stderr)")
     }
 
+    @Test("a presenter record whose process is not the one its name gives (`from ../../escape`) is ignored: a writer messages no one outside the space", .timeLimit(.minutes(2)))
+    func forgedPresenterRecord() async throws {
+        let file = scratch.write("doc", "old")
+        let escape = scratch.path + "/escape" // mail/../../escape, from the space
+        try FileManager.default.createDirectory(atPath: escape, withIntermediateDirectories: false)
+        let (presenter, _, _) = try await presentAlone(file)
+        let real = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/presenters").first { !$0.hasPrefix(".") })
+        let record = try String(contentsOfFile: space + "/presenters/" + real, encoding: .utf8)
+        // The record of another presenter of the same live process, naming another process.
+        let forged = record.split(separator: "\n").map { $0.hasPrefix("from ") ? "from ../../escape" : String($0) }.joined(separator: "\n") + "\n"
+        let dash = try #require(real.lastIndex(of: "-"))
+        let owner = real[..<dash]
+        #expect(FileManager.default.createFile(atPath: space + "/presenters/\(owner)-99", contents: Data(forged.utf8)))
+        let result = try await filecoord("write", file, "--space", space, "--presenter-timeout", "2", stdin: Data("new".utf8))
+        #expect(result.status == 0, "\(result.errorText)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: escape).isEmpty, "a message was written outside the space")
+        presenter.signal(SIGTERM)
+        _ = await presenter.wait()
+    }
+
     @Test("a writer's message files made ahead are removed after it exits or is killed, without a warning", .timeLimit(.minutes(3)))
     func spareMessageFiles() async throws {
         let file = scratch.write("doc", "old")

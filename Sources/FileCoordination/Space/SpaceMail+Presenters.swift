@@ -88,7 +88,14 @@ extension SpaceMail {
                 switch self.readMessage(dirFD: dirFD, name: Array(SpaceLayout.presenterRecord(named: name).utf8)) {
                 case .success(let message):
                     do throws(SpaceProtocol.Invalid) {
-                        fresh[name] = try SpaceProtocol.PresenterRecord(decoding: message)
+                        let record = try SpaceProtocol.PresenterRecord(decoding: message)
+                        // Its process is the one its name gives: messages to the presenter
+                        // go to that process's mailbox, a name used as a path.
+                        guard record.from == owner else {
+                            reason = "its process is not the one its name gives"
+                            break
+                        }
+                        fresh[name] = record
                         continue
                     } catch .unknownKind(let kind) {
                         reason = "a \(kind), not a presenter"
