@@ -220,7 +220,30 @@ extension EtcdCoordinationSpace {
             let waiting = state.withLock { $0.waiting.keys.sorted() }
             let error = Self.error(failure, operation: .coordinate, endpoints: configuration.endpoints)
             for id in waiting { finishWait(id, .failure(error)) }
+        } missed: { [weak self] in
+            self?.recheckWaits()
         })
+    }
+
+    /// Deletions were compacted away before the stream saw them: the claims are read
+    /// again, and every key waited for that is gone counts as deleted (a claim key is
+    /// never made again). If they cannot be read, every wait fails, as in an outage.
+    private func recheckWaits() {
+        Task { [self] in
+            let answer: EtcdJSON.RangeResponse
+            do {
+                answer = try await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: keys.claims, prefix: true),
+                                               as: EtcdJSON.RangeResponse.self)
+            } catch {
+                let failure = error as? EtcdFailure ?? .connection(client.endpoints[0], "the claims could not be read again")
+                let failed = Self.error(failure, operation: .coordinate, endpoints: configuration.endpoints)
+                for id in state.withLock({ $0.waiting.keys.sorted() }) { finishWait(id, .failure(failed)) }
+                return
+            }
+            let present = Set((answer.kvs ?? []).compactMap { $0.keyBytes })
+            let done = state.withLock { state in state.waits.deleted(state.waits.blockingKeys.filter { !present.contains($0) }) }
+            for id in done { finishWait(id, .success(())) }
+        }
     }
 
     /// On the stream's thread: keys deleted; each wait whose last blocker went ends.

@@ -32,6 +32,9 @@ extension EtcdMail {
         } failed: { [weak self] failure in
             FileCoordinator.logger.error("the watch on the etcd space's presenters failed", metadata: ["error": "\(failure)"])
             self?.presentersLost()
+        } missed: { [weak self] in
+            // Changes were compacted away: the view is read again when next needed.
+            self?.presentersLost()
         })
         state.withLock { $0.presenterRoute = route }
         let answer = route == nil ? nil : try? await client.call("/v3/kv/range", EtcdJSON.RangeRequest(key: presentersFolder, prefix: true),

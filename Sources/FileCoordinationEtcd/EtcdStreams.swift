@@ -100,7 +100,7 @@ final class EtcdWatch: Sendable {
                             // sends what cannot be served would otherwise never be an
                             // outage, and the waits on this watch would never end.
                             created = .now
-                            if down {
+                            if down || missed {
                                 down = false
                                 resumed?(missed)
                                 missed = false
@@ -114,17 +114,20 @@ final class EtcdWatch: Sendable {
                             if state.withLock({ $0.cancelled }) { return }
                             handle(batch)
                         case .canceled(let compacted?, let reason):
-                            // Compacted past `next`: what was missed cannot be had.
+                            // Compacted past `next`: what was missed cannot be had. A watch
+                            // that never gives up goes on from the oldest revision etcd has
+                            // and says so once it is back (`resumed(missed: true)`): its
+                            // routes read again what they follow. It is no outage: etcd
+                            // answers (a shared etcd compacts while this stream is quiet).
                             let failure = EtcdFailure.answer(EtcdAnswer(status: 410, code: nil, message: reason))
-                            guard let outage else {
+                            guard outage != nil else {
                                 failed(failure)
                                 return
                             }
-                            if !down { outage(failure) }
-                            down = true
                             missed = missed || compacted > next
                             next = max(next, compacted)
-                            throw failure
+                            failingSince = nil
+                            throw failure // a new stream, from `next`
                         case .canceled(_, let reason):
                             // Refused (a token that expired unused while the watch ran): a
                             // new token, and the watch again.

@@ -21,6 +21,9 @@ struct EtcdWaits: Sendable {
     /// The requests that wait.
     var waitingRequests: [UInt64] { blockers.keys.sorted() }
 
+    /// The keys some request waits for.
+    var blockingKeys: [[UInt8]] { Array(waiters.keys) }
+
     /// Request `id`'s transaction starts: deletions from now on are kept for it.
     mutating func transactionStarts(_ id: UInt64) {
         inFlight[id] = deletedBase + deleted.count

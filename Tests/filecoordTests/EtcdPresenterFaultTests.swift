@@ -190,24 +190,12 @@ struct OutageFixture {
 
     /// Waits, up to 20 s, until etcd holds `count` keys under `prefix`.
     func waitForKeys(_ prefix: String, count: Int) async throws -> Bool {
-        var end = Array(prefix.utf8)
-        end[end.count - 1] += 1
-        let range = #"{"key":"\#(Data(prefix.utf8).base64EncodedString())","range_end":"\#(Data(end).base64EncodedString())","count_only":true}"#
-        for _ in 0 ..< 2_000 {
-            let answer = try JSONSerialization.jsonObject(with: await post(server, "/v3/kv/range", range)) as? [String: Any]
-            if Int(answer?["count"] as? String ?? "0") == count { return true }
-            try await Task.sleep(for: .milliseconds(10)) // ok: polling etcd's keys, bounded
-        }
-        return false
+        try await waitForEtcdKeys(server, prefix, count: count)
     }
 
     /// One more revision, and etcd's history compacted up to it.
     func compact() async throws {
-        let put = await post(server, "/v3/kv/put", #"{"key":"\#(Data("elsewhere".utf8).base64EncodedString())","value":""}"#)
-        let answer = try #require(try JSONSerialization.jsonObject(with: put) as? [String: Any])
-        let revision = try #require((answer["header"] as? [String: Any])?["revision"] as? String)
-        let compacted = String(decoding: await post(server, "/v3/kv/compaction", #"{"revision":"\#(revision)","physical":true}"#), as: UTF8.self)
-        #expect(compacted.contains("header"), "\(compacted)")
+        try await compactEtcd(server)
     }
 
     func end() async {

@@ -69,6 +69,37 @@ struct EtcdSpaceTests {
         await server.stop()
     }
 
+    @Test("a claim waiting while etcd compacts its history past the claim's quiet watch: the watch starts again, the claims are read again, and the holder's release grants it",
+          .timeLimit(.minutes(1)))
+    func waitOutlivesCompaction() async throws {
+        let server = try await EtcdServer()
+        let volume = try SharedVolume(hosts: 2)
+        defer { volume.unmount() }
+        let space = server.address("compacted")
+        try writeFixture(Data("x".utf8), toPath: volume.shared.path + "/item")
+        let scratch = Scratch()
+        let fifo = scratch.path + "/release"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--write", volume.roots[0] + "/item", "--",
+                                      "sh", "-c", "echo held; exec timeout 60 sh -c 'read x < \"$0\"' \"$0\"", fifo])
+        var lines = holder.lines.makeAsyncIterator()
+        #expect(await lines.next() == "held")
+        let waiting = Task {
+            try await filecoordIn(space, root: volume.roots[1], ["exec", "--write", volume.roots[1] + "/item", "--", "true"],
+                                  environment: ["FILECOORD_ETCD_TIMEOUT": "1"])
+        }
+        #expect(try await waitForEtcdKeys(server, "compacted/claims/", count: 2), "the second claim never waited")
+        try await compactEtcd(server)
+        // The waiter's stream, quiet, starts again after four times the connect timeout
+        // (1 s), from a revision etcd no longer has.
+        try await Task.sleep(for: .seconds(6)) // ok: the stream's idle limit passes
+        _ = try await run("/bin/sh", ["-c", "echo go > '\(fifo)'"])
+        let waiter = try await waiting.value
+        #expect(waiter.status == 0, "\(waiter.errorText)")
+        _ = await holder.wait()
+        await server.stop()
+    }
+
     @Test("a claim held on another host: -n fails at once and --timeout 1 after a second, exit 3, as locally",
           .timeLimit(.minutes(1)))
     func claimTimeoutAcrossHosts() async throws {
@@ -78,10 +109,13 @@ struct EtcdSpaceTests {
         let space = server.address("timeout")
         try writeFixture(Data("x".utf8), toPath: volume.shared.path + "/item")
         let holder = try LineProcess(["exec", "--space", space, "--root", volume.roots[0], "--write", volume.roots[0] + "/item",
-                                      "--", "sh", "-c", "echo held; exec sleep 10"])
+                                      "--", "sh", "-c", "echo held; exec sleep 60"])
         var lines = holder.lines.makeAsyncIterator()
         #expect(await lines.next() == "held")
-        for (option, bound) in [(["-n"], Duration.seconds(2)), (["--timeout", "1"], Duration.seconds(3))] {
+        // Well before the holder lets go (60 s). Not tighter: with the whole suite beside it
+        // on two cores, etcd has taken 5 s (the connect timeout) to answer each of the
+        // release and the lease's revoke at exit.
+        for (option, bound) in [(["-n"], Duration.seconds(20)), (["--timeout", "1"], Duration.seconds(20))] {
             let started = ContinuousClock.now
             let waiter = try await filecoordIn(space, root: volume.roots[1], ["exec"] + option + ["--write", volume.roots[1] + "/item", "--", "true"])
             let took = ContinuousClock.now - started
@@ -100,13 +134,15 @@ struct EtcdSpaceTests {
         let scratch = Scratch()
         let item = scratch.write("item", "x")
         let started = ContinuousClock.now
-        let result = try await filecoordIn("etcd://127.0.0.1:\(port)/x", root: nil, ["exec", "--write", item, "--", "true"])
+        let result = try await filecoordIn("etcd://127.0.0.1:\(port)/x", root: nil, ["exec", "--write", item, "--", "true"],
+                                           environment: ["FILECOORD_ETCD_TIMEOUT": "2"])
         let took = ContinuousClock.now - started
         #expect(result.status == 1)
         let lines = result.errorText.split(separator: "\n")
         #expect(lines.count == 1, "\(result.errorText)")
         #expect(result.errorText.contains("127.0.0.1:\(port)"), "\(result.errorText)")
-        // The connect timeout is 5 s; the process's own start and exit on top.
+        // The connect timeout, 2 s here; the process's own start and exit on top (which
+        // the whole suite beside it on two cores has made 4 s).
         #expect(took < .seconds(7), "it took \(took)")
     }
 
@@ -384,6 +420,31 @@ struct EtcdSpaceTests {
 }
 
 /// One POST to a member's JSON gateway, on a thread of its own: the body of the answer.
+/// Waits, up to 20 s, until `member` holds `count` keys under `prefix`.
+func waitForEtcdKeys(_ member: EtcdServer, _ prefix: String, count: Int) async throws -> Bool {
+    var end = Array(prefix.utf8)
+    end[end.count - 1] += 1
+    let range = #"{"key":"\#(Data(prefix.utf8).base64EncodedString())","range_end":"\#(Data(end).base64EncodedString())","count_only":true}"#
+    for _ in 0 ..< 2_000 {
+        let answer = try JSONSerialization.jsonObject(with: await post(member, "/v3/kv/range", range)) as? [String: Any]
+        if Int(answer?["count"] as? String ?? "0") == count { return true }
+        try await Task.sleep(for: .milliseconds(10)) // ok: polling etcd's keys, bounded
+    }
+    return false
+}
+
+/// Two more revisions (a key outside every space, put twice), and `member`'s history
+/// compacted up to the last: a stream that had seen every revision before them resumes
+/// from one etcd no longer has.
+func compactEtcd(_ member: EtcdServer) async throws {
+    _ = await post(member, "/v3/kv/put", #"{"key":"\#(Data("elsewhere".utf8).base64EncodedString())","value":""}"#)
+    let put = await post(member, "/v3/kv/put", #"{"key":"\#(Data("elsewhere".utf8).base64EncodedString())","value":""}"#)
+    let answer = try #require(try JSONSerialization.jsonObject(with: put) as? [String: Any])
+    let revision = try #require((answer["header"] as? [String: Any])?["revision"] as? String)
+    let compacted = String(decoding: await post(member, "/v3/kv/compaction", #"{"revision":"\#(revision)","physical":true}"#), as: UTF8.self)
+    #expect(compacted.contains("header"), "\(compacted)")
+}
+
 func post(_ member: EtcdServer, _ path: String, _ body: String) async -> Data {
     let request = "POST \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)"
     return await withCheckedContinuation { continuation in
