@@ -38,57 +38,45 @@ final class SlowToLetGo: NSObject, NSFilePresenter, @unchecked Sendable {
 }
 
 /// A document that saves through a coordinator made for it when asked, as `NSDocument`
-/// does.
+/// does: "saved", then "saved 2", ... (which save a reader read). With `autosave`, the
+/// save instead starts a slower write of its own beside it and returns: "auto" written,
+/// then after that many seconds "autosaved".
 final class SavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
     // Unchecked: every stored property is immutable.
     let presentedItemURL: URL?
     let presentedItemOperationQueue = OperationQueue()
     let journal: Journal
+    let autosave: Double?
 
-    init(url: URL, journal: Journal) {
+    init(url: URL, journal: Journal, autosave: Double? = nil) {
         presentedItemURL = url
         self.journal = journal
+        self.autosave = autosave
     }
 
     func savePresentedItemChanges(completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
+        let url = presentedItemURL!
+        if let seconds = autosave {
+            let started = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                var error: NSError?
+                NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: url, error: &error) { url in
+                    try? Data("auto".utf8).write(to: url)
+                    started.signal()
+                    Thread.sleep(forTimeInterval: seconds) // ok: a write that takes a while, on purpose
+                    try? Data("autosaved".utf8).write(to: url)
+                }
+            }
+            started.wait()
+            return completionHandler(nil)
+        }
         var error: NSError?
-        NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: presentedItemURL!, error: &error) { url in
-            // "saved", then "saved 2", ...: which save a reader read.
+        NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: url, error: &error) { url in
             let count = journal.all.count
             let text = count == 0 ? "saved" : "saved \(count + 1)"
             journal.append((try? Data(text.utf8).write(to: url)) == nil ? "not saved" : text)
         }
         completionHandler(error)
-    }
-}
-
-/// A document whose save also starts a slower write of its own (an autosave) through a
-/// coordinator made for it: "auto" written, then after `seconds` "autosaved".
-final class AutosavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
-    // Unchecked: every stored property is immutable.
-    let presentedItemURL: URL?
-    let presentedItemOperationQueue = OperationQueue()
-    let seconds: Double
-
-    init(url: URL, seconds: Double) {
-        presentedItemURL = url
-        self.seconds = seconds
-    }
-
-    func savePresentedItemChanges(completionHandler: @escaping @Sendable ((any Error)?) -> Void) {
-        let started = DispatchSemaphore(value: 0)
-        let (url, seconds) = (presentedItemURL!, seconds)
-        Thread.detachNewThread {
-            var error: NSError?
-            NSFileCoordinator(filePresenter: self).coordinate(writingItemAt: url, error: &error) { url in
-                try? Data("auto".utf8).write(to: url)
-                started.signal()
-                Thread.sleep(forTimeInterval: seconds) // ok: a write that takes a while, on purpose
-                try? Data("autosaved".utf8).write(to: url)
-            }
-        }
-        started.wait()
-        completionHandler(nil)
     }
 }
 
@@ -136,7 +124,7 @@ struct NSCrossProcessTests {
         let scratch = Scratch()
         let space = try await joinedSpace(scratch)
         let file = scratch.file("doc.txt", "old")
-        let document = AutosavingDocument(url: file, seconds: 1)
+        let document = SavingDocument(url: file, journal: Journal(), autosave: 1)
         NSFileCoordinator.addFilePresenter(document)
         defer { NSFileCoordinator.removeFilePresenter(document) }
         #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")

@@ -54,22 +54,31 @@ struct ErrorsAndTimeoutTests {
     func blockingFromManyTasks() async throws {
         let scratch = Scratch()
         let file = scratch.file("doc.txt")
+        let (ended, callers) = try await Self.callFromManyTasks {
+            var error: NSError?
+            NSFileCoordinator().coordinate(readingItemAt: file, error: &error) { _ in }
+        }
+        #expect(ended == callers, "\(ended) of \(callers) calls ended: the pool's threads all wait for work that needs them")
+    }
+
+    /// Calls `coordinate` from more tasks at once than the cooperative pool has threads,
+    /// each blocking its pool thread inside the call, as ported code does: how many of the
+    /// calls ended within 20 s, and of how many.
+    static func callFromManyTasks(_ coordinate: @escaping @Sendable () -> Void) async throws -> (ended: Int, callers: Int) {
         let callers = ProcessInfo.processInfo.activeProcessorCount * 4
         let finished = Shared(0)
         let count = NSLock()
-        // Tasks of their own, each blocking its pool thread inside the call.
         for _ in 0 ..< callers {
             Task.detached {
-                var error: NSError?
-                NSFileCoordinator().coordinate(readingItemAt: file, error: &error) { _ in }
+                coordinate()
                 count.withLock { finished.value += 1 }
             }
         }
-        let ended = try await offThePool { () -> Bool in
+        let ended = try await offThePool { () -> Int in
             for _ in 0 ..< 2_000 where count.withLock({ finished.value }) < callers { usleep(10_000) } // ok: polling from a thread of its own, bounded
-            return count.withLock { finished.value } == callers
+            return count.withLock { finished.value }
         }
-        #expect(ended, "\(finished.value) of \(callers) calls ended: the pool's threads all wait for work that needs them")
+        return (ended, callers)
     }
 
     @Test("coordinate(writingItemAt:error:) called from more tasks at once than the cooperative pool has threads, with a presenter to ask: every call ends, and the presenter is asked by each",
@@ -86,21 +95,11 @@ struct ErrorsAndTimeoutTests {
             NSFileCoordinator().coordinate(writingItemAt: file, error: &error) { _ in }
         }
         #expect(events(of: "D", in: journal.all).contains("relinquishToWriter"))
-        let callers = ProcessInfo.processInfo.activeProcessorCount * 4
-        let finished = Shared(0)
-        let count = NSLock()
-        for _ in 0 ..< callers {
-            Task.detached {
-                var error: NSError?
-                NSFileCoordinator().coordinate(writingItemAt: file, error: &error) { _ in }
-                count.withLock { finished.value += 1 }
-            }
+        let (ended, callers) = try await Self.callFromManyTasks {
+            var error: NSError?
+            NSFileCoordinator().coordinate(writingItemAt: file, error: &error) { _ in }
         }
-        let ended = try await offThePool { () -> Bool in
-            for _ in 0 ..< 2_000 where count.withLock({ finished.value }) < callers { usleep(10_000) } // ok: polling from a thread of its own, bounded
-            return count.withLock { finished.value } == callers
-        }
-        #expect(ended, "\(finished.value) of \(callers) calls ended: the presenter's messages need the pool's threads, which the calls hold")
+        #expect(ended == callers, "\(ended) of \(callers) calls ended: the presenter's messages need the pool's threads, which the calls hold")
         #expect(events(of: "D", in: journal.all).filter { $0 == "relinquishToWriter" }.count == callers + 1)
     }
 
