@@ -253,7 +253,7 @@ final class EtcdMail: PresenterMailbox {
         }
         let local = SpaceProtocol.Message(header: message.header, body: body)
         if case .reply(let reply) = body {
-            replies.resolve(reply.re, with: .success(body))
+            replies.resolve(reply.re, from: message.header.from, with: .success(body))
             return
         }
         _ = server.received(local, onWatcherThread: false)

@@ -76,6 +76,16 @@ struct AwaitedRepliesTests {
         #expect(table.entries.isEmpty)
     }
 
+    @Test("a reply from a process other than the one asked is not the request's: it stays awaited, and the asked one's reply resolves it")
+    func replyFromAnotherProcess() {
+        var table = ReplyTable<Int>()
+        table.register(7, target: "10-ab")
+        guard case .parked = table.park(7, 70) else { Issue.record("not parked"); return }
+        #expect(table.arrive(7, from: "11-cd", .success(.status)) == nil)
+        #expect(table.isParked(7))
+        #expect(table.arrive(7, from: "10-ab", .success(nil)) == 70)
+    }
+
     /// Waits, bounded, until `condition` holds.
     private func until(_ condition: () -> Bool) async throws {
         for _ in 0..<20_000 where !condition() {

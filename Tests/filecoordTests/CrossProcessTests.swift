@@ -307,6 +307,28 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(ended.stderr.contains("ignored a file in the coordination space") && ended.stderr.contains("forged"), "\(ended.stderr)")
     }
 
+    @Test("a presenter request from a process that is not in the space (a valid name with no record) is ignored with a warning, not served", .timeLimit(.minutes(2)))
+    func requestFromNoMember() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, _, box) = try await presentAlone(file)
+        // A real relinquish, left unread while the presenter is stopped, copied under the
+        // name of a process that has no record.
+        presenter.signal(SIGSTOP)
+        let gaveUp = try await filecoord("write", file, "--space", space, "--presenter-timeout", "0.3", stdin: Data("new".utf8))
+        #expect(gaveUp.status == 0, "\(gaveUp.errorText)")
+        let names = try FileManager.default.contentsOfDirectory(atPath: box)
+        let request = try #require(names.lazy.compactMap { try? String(contentsOfFile: box + "/" + $0, encoding: .utf8) }
+            .first { $0.contains("kind relinquish") })
+        let forged = request.split(separator: "\n").map { $0.hasPrefix("from ") ? "from 1-0" : String($0) }.joined(separator: "\n") + "\n"
+        #expect(FileManager.default.createFile(atPath: box + "/1-0-1", contents: Data(forged.utf8)))
+        presenter.signal(SIGCONT)
+        // It reads its mailbox in order: once it has answered `status`, it has read the forgery.
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        presenter.signal(SIGTERM)
+        let ended = await presenter.wait()
+        #expect(ended.stderr.contains("is not in the space") && ended.stderr.contains("1-0-1"), "\(ended.stderr)")
+    }
+
     @Test("a presenter record whose process is not the one its name gives (`from ../../escape`) is ignored: a writer messages no one outside the space", .timeLimit(.minutes(2)))
     func forgedPresenterRecord() async throws {
         let file = scratch.write("doc", "old")
@@ -540,8 +562,20 @@ struct CrossProcessTests: CrossProcessFixture {
         await createFiles(in: tmpfs.path, count: limit + 1000)
         let writers = 6
         let base = Date(timeIntervalSinceNow: -1000)
+        var held: [Int32] = []
+        defer { for fd in held { close(fd) } }
         for writer in 0 ..< writers {
             let from = "99999\(writer)-fade", item = tmpfs.path + "/c\(writer)"
+            // A process of the space, alive as long as this test holds its record's lock (a
+            // relinquish from a process that is not in the space is ignored, and records
+            // of dead ones are removed by the next process that joins).
+            let record = space + "/procs/" + from
+            #expect(FileManager.default.createFile(atPath: record, contents: Data("filecoord 1\nkind process\npid 1\nlistening 0\nend\n".utf8)))
+            let fd = open(record, O_RDWR | O_CLOEXEC)
+            var lock = flock()
+            (lock.l_type, lock.l_whence, lock.l_start, lock.l_len) = (Int16(F_WRLCK), Int16(SEEK_SET), 0, 1)
+            #expect(fd >= 0 && fcntl(fd, F_SETLK, &lock) == 0)
+            held.append(fd)
             let reacquire = "filecoord 1\nkind reacquire\npresenter \(number)\npath \(item)\nre 1\nfrom \(from)\nid 2\npid 1\nend\n"
             let relinquish = "filecoord 1\nkind relinquish\npresenter \(number)\npath \(item)\naccess write\npurpose test\nre 1\nfrom \(from)\nid 1\npid 1\nend\n"
             #expect(FileManager.default.createFile(atPath: box + "/\(from)-2", contents: Data(reacquire.utf8),

@@ -39,7 +39,15 @@ struct ReplyTable<Continuation> {
 
     /// The outcome of `id` is known: the parked task to resume with it, or nil when the
     /// task has not parked yet (it finds the outcome as it does) or no longer waits.
-    mutating func arrive(_ id: UInt64, _ outcome: Result<SpaceProtocol.Body?, any Error>) -> Continuation? {
+    /// With `sender`, a reply from a process other than the one asked is not `id`'s (its
+    /// numbers are this process's own, and any process may write to this one).
+    mutating func arrive(_ id: UInt64, from sender: String? = nil, _ outcome: Result<SpaceProtocol.Body?, any Error>) -> Continuation? {
+        if let sender {
+            switch entries[id] {
+            case .registered(let target), .waiting(let target, _): guard target == sender else { return nil }
+            case .arrived, .none: return nil
+            }
+        }
         switch entries[id] {
         case .waiting(_, let continuation):
             entries[id] = nil
@@ -121,9 +129,10 @@ package final class AwaitedReplies: Sendable {
         }
     }
 
-    /// The outcome of `id`: its reply, or nil when its target is gone, or an error.
-    package func resolve(_ id: UInt64, with outcome: Result<SpaceProtocol.Body?, any Error>) {
-        table.withLock { $0.arrive(id, outcome) }?.resume(with: outcome)
+    /// The outcome of `id`: its reply, or nil when its target is gone, or an error. With
+    /// `sender` (a reply's), only from the process asked.
+    package func resolve(_ id: UInt64, from sender: String? = nil, with outcome: Result<SpaceProtocol.Body?, any Error>) {
+        table.withLock { $0.arrive(id, from: sender, outcome) }?.resume(with: outcome)
     }
 
     /// Whether `id` still waits for its outcome.

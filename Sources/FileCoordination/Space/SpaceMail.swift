@@ -217,12 +217,20 @@ package final class SpaceMail: Sendable {
             // messages and `reacquire` for an I/O thread to write: one stays awake for them
             // (after a short accessor they come soon after this reply), until its flush.
             expectIOWork(withinMicroseconds: 100)
-            replies.resolve(reply.re, with: .success(message.body))
+            replies.resolve(reply.re, from: header.from, with: .success(message.body))
         case .statusReply(let report):
-            replies.resolve(report.re, with: .success(message.body))
+            replies.resolve(report.re, from: header.from, with: .success(message.body))
         case .status:
             Task.detached { [self] in await answerStatus(header) }
-        case .presenter:
+        case .presenter(let request):
+            // A relinquish from a process that is not in the space (gone before it was
+            // read, or never in it) would be kept for a `reacquire` or a death that never
+            // comes: the presenter relinquished for good. (What a process that left sent
+            // before it left, its `did…` and `reacquire`, is still served.)
+            if case .relinquish = request.call, !hasRecord(header.from) {
+                Self.ignored(path, "its sender \(header.from) is not in the space")
+                return false
+            }
             servedHere = server.received(message, onWatcherThread: true)
         }
         return false
