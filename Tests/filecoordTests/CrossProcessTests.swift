@@ -329,6 +329,40 @@ struct CrossProcessTests: CrossProcessFixture {
         #expect(ended.stderr.contains("is not in the space") && ended.stderr.contains("1-0-1"), "\(ended.stderr)")
     }
 
+    @Test("a slot of a live sender read while the sender still writes it (cut short) is left for its own close, then served; the presenter hears the message", .timeLimit(.minutes(2)))
+    func slotReadMidWrite() async throws {
+        let file = scratch.write("doc", "old")
+        let (presenter, stream, box) = try await presentAlone(file)
+        var lines = stream
+        let record = try #require(try FileManager.default.contentsOfDirectory(atPath: space + "/presenters").first { !$0.hasPrefix(".") })
+        let number = try #require(record.split(separator: "-").last.map(String.init))
+        // A sender of the space, alive while this test holds its record's lock.
+        let sender = "99998-beef"
+        let senderRecord = space + "/procs/" + sender
+        #expect(FileManager.default.createFile(atPath: senderRecord, contents: Data("filecoord 1\nkind process\npid 1\nlistening 0\nend\n".utf8)))
+        let recordFD = open(senderRecord, O_RDWR | O_CLOEXEC)
+        defer { close(recordFD) }
+        var lock = flock()
+        (lock.l_type, lock.l_whence, lock.l_start, lock.l_len) = (Int16(F_WRLCK), Int16(SEEK_SET), 0, 1)
+        #expect(recordFD >= 0 && fcntl(recordFD, F_SETLK, &lock) == 0)
+        let message = Array("filecoord 1\nkind did-change\npresenter \(number)\npath \(file)\nfrom \(sender)\nid 1\npid 1\nend\n".utf8)
+        let slot = box + "/\(sender)-r1"
+        // Its first half, closed: what a receiver sees of a message not yet whole.
+        #expect(FileManager.default.createFile(atPath: slot, contents: Data(message[..<(message.count / 2)])))
+        // Read by then: `status` is answered after what came before it.
+        #expect(try await filecoord("status", "--space", space).status == 0)
+        #expect(FileManager.default.fileExists(atPath: slot), "the slot was removed while its sender wrote it")
+        let handle = try #require(FileHandle(forWritingAtPath: slot))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data(message[(message.count / 2)...]))
+        try handle.close()
+        let heard = await lines.next().map { event($0).event }
+        #expect(heard == "didChange", "\(heard ?? "nothing")")
+        presenter.signal(SIGTERM)
+        let ended = await presenter.wait()
+        #expect(!ended.stderr.contains("ignored a file"), "\(ended.stderr)")
+    }
+
     @Test("a presenter record whose process is not the one its name gives (`from ../../escape`) is ignored: a writer messages no one outside the space", .timeLimit(.minutes(2)))
     func forgedPresenterRecord() async throws {
         let file = scratch.write("doc", "old")

@@ -95,6 +95,14 @@ final class MessageSlots: Sendable {
         return name[dash + 1] == UInt8(ascii: "r")
     }
 
+    /// The sender a slot's name gives (`<sender>` of `<sender>-r<generation>`), if it is a
+    /// process's name.
+    static func sender(ofSlot name: [UInt8]) -> String? {
+        guard let dash = name.lastIndex(of: UInt8(ascii: "-")) else { return nil }
+        let sender = String(decoding: name[..<dash], as: UTF8.self)
+        return SpaceMail.isProcessName(sender) ? sender : nil
+    }
+
     /// Opens the file for the next message to `target`: its spare, else an empty slot,
     /// else a new slot while it has fewer than ``slotsPerTarget``. Nil when every slot
     /// holds a message not read yet: the caller then creates a one-shot file. Throws

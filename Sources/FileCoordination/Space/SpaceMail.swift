@@ -162,6 +162,15 @@ package final class SpaceMail: Sendable {
             Self.unread(path, FileCoordinationError(.read, errno: failure ?? .ioError, path: path).description)
             return true
         }
+        // A slot read on an earlier message's event (a rescan read that one) while its
+        // sender writes the next into it, past a page (the size grows page by page): left
+        // to its own close, unless its sender is gone.
+        let midWrite: Bool
+        if case .failure(.truncated) = outcome, MessageSlots.isSlot(name), let sender = MessageSlots.sender(ofSlot: name) {
+            midWrite = isAlive(sender)
+        } else {
+            midWrite = false
+        }
         // Whether the message was served right here (its reply, if any, is written).
         var servedHere = false
         // Done once the message is handed on: off the reply's path. A slot is emptied for
@@ -173,6 +182,7 @@ package final class SpaceMail: Sendable {
             if case .success = outcome, !servedHere { sched_yield() }
             switch (MessageSlots.isSlot(name), outcome) {
             case (true, .failure(.empty)): break // a spare closed unused: removed by its sender, or after it dies
+            case (true, .failure(.truncated)) where midWrite: break
             // The record is tested before emptying (a slot of a sender without one is unlinked
             // full: a sender still writing while it leaves would otherwise write it again,
             // and lose that message when it is unlinked) and again after: a sender that
@@ -199,6 +209,7 @@ package final class SpaceMail: Sendable {
                 return false
             }
         case .failure(.empty): return false
+        case .failure(.truncated) where midWrite: return false
         case .failure(let reason):
             Self.ignored(path, reason.rawValue)
             return false
