@@ -279,10 +279,10 @@ package final class PresenterServer: Sendable {
     }
 
     /// The steps a relinquish request carries for after the relinquish. A save or a
-    /// deletion runs with the item lent to the presenter's own coordinators (``ItemLoan``),
+    /// deletion runs with the item lent to the presenter's own coordinators (``ItemLoan``)
     /// when its asker holds it alone: a writer, or a reader while no other asker's
-    /// relinquish of the presenter is kept (another process may be reading the item). The answer waits until
-    /// what was granted under the loan is released.
+    /// relinquish of the presenter is kept (another process may be reading the item).
+    /// The answer waits until what was granted under the loan is released.
     private func followUps(_ request: SpaceProtocol.PresenterMessage?, of message: SpaceProtocol.Message?,
                            presenter: (any FilePresenter)?) async -> ServingMachine<KeptRelinquish>.Event {
         guard let presenter, let request, let message, case .relinquish(let relinquish) = request.call else { return .failed("no presenter") }
