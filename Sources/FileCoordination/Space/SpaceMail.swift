@@ -306,9 +306,30 @@ package final class SpaceMail: Sendable {
             let head = queues[queue][positions[queue]]
             return (head.time, head.from.isEmpty ? 1 : 0, head.from)
         }
-        while let next = queues.indices.filter({ positions[$0] < queues[$0].count }).min(by: { key($0) < key($1) }) {
+        // The queues by their heads' keys, in a binary heap: a mailbox flooded by many
+        // senders (an overflow's rescan, on the watcher thread) merges in N log S steps.
+        var heap = Array(queues.indices)
+        func siftDown(_ start: Int) {
+            var parent = start
+            while true {
+                let left = 2 * parent + 1, right = left + 1
+                var least = parent
+                if left < heap.count, key(heap[left]) < key(heap[least]) { least = left }
+                if right < heap.count, key(heap[right]) < key(heap[least]) { least = right }
+                guard least != parent else { return }
+                heap.swapAt(parent, least)
+                parent = least
+            }
+        }
+        for index in stride(from: heap.count / 2 - 1, through: 0, by: -1) { siftDown(index) }
+        while let next = heap.first {
             order.append(queues[next][positions[next]].name)
             positions[next] += 1
+            if positions[next] == queues[next].count {
+                heap.swapAt(0, heap.count - 1)
+                heap.removeLast()
+            }
+            siftDown(0)
         }
         return order
     }
