@@ -65,7 +65,9 @@ package enum Faults {
 
     final class Storage: Sendable {
         let armed = Atomic<Int>(0)
-        let faults = Mutex<[Fault]>([])
+        // A lock ThreadSanitizer sees, as every lock of the package is (a bare Mutex is a
+        // futex it cannot see, and reports the accesses under it as races).
+        let faults = LockedValue<[Fault]>([])
 
         init() {
             #if DEBUG

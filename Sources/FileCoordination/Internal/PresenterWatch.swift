@@ -264,8 +264,8 @@ package final class PresenterWatch: Sendable {
     /// The ``ItemAnchor`` a watch's consumer takes: held by nothing else, so that a
     /// deleted file's descriptor (and its space on disk) goes when the consumer drops it.
     private final class AnchorSlot: Sendable {
-        private let anchor: Mutex<ItemAnchor?>
-        init(_ anchor: ItemAnchor?) { self.anchor = Mutex(anchor) }
+        private let anchor: Locked<ItemAnchor?>
+        init(_ anchor: ItemAnchor?) { self.anchor = Locked(anchor) }
         func take() -> ItemAnchor? {
             anchor.withLock { anchor in
                 defer { anchor = nil }
