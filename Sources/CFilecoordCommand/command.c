@@ -168,10 +168,11 @@ void fc_forward_signals_end(void) {
     if (pending) raise(pending);
 }
 
-static volatile sig_atomic_t fc_last_signal;
+// Written by the thread that waited for the command, read by the task it resumed.
+static int fc_last_signal;
 
 int fc_last_command_signal(void) {
-    return fc_last_signal;
+    return __atomic_load_n(&fc_last_signal, __ATOMIC_ACQUIRE);
 }
 
 int fc_wait_command(pid_t pid) {
@@ -186,7 +187,7 @@ int fc_wait_command(pid_t pid) {
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) return -errno;
     }
-    fc_last_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    __atomic_store_n(&fc_last_signal, WIFSIGNALED(status) ? WTERMSIG(status) : 0, __ATOMIC_RELEASE);
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     return 128 + WTERMSIG(status);
 }
