@@ -117,28 +117,29 @@ int fc_spawn_command(pid_t *pid, const char *file, char *const argv[], char *con
 }
 
 /// 0: not forwarding; -1: the command is being started (a signal waits in
-/// fc_pending_signal); above 0: the command.
-static volatile sig_atomic_t fc_forward_pid;
-static volatile sig_atomic_t fc_pending_signal;
+/// fc_pending_signal); above 0: the command. Both are read in a signal handler and
+/// written by other threads: every access is atomic (lock-free for an int).
+static int fc_forward_pid;
+static int fc_pending_signal;
 static struct sigaction fc_previous[fc_forwarded_count];
 static int fc_replaced[fc_forwarded_count];
 
 static void fc_forward(int number, siginfo_t *info, void *context) {
     (void)context;
     int saved = errno;
-    pid_t pid = (pid_t)fc_forward_pid;
+    pid_t pid = (pid_t)__atomic_load_n(&fc_forward_pid, __ATOMIC_SEQ_CST);
     // si_code <= 0: sent by a process (kill, sigqueue, tgkill). A terminal's signal
     // (SI_KERNEL) went to the command's process group already.
     if (info != NULL && info->si_code <= 0) {
         if (pid > 0) kill(pid, number);
-        else if (pid == -1) fc_pending_signal = number;
+        else if (pid == -1) __atomic_store_n(&fc_pending_signal, number, __ATOMIC_SEQ_CST);
     }
     errno = saved;
 }
 
 void fc_forward_signals_begin(void) {
-    fc_pending_signal = 0;
-    fc_forward_pid = -1;
+    __atomic_store_n(&fc_pending_signal, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&fc_forward_pid, -1, __ATOMIC_SEQ_CST);
     for (int index = 0; index < fc_forwarded_count; index++) {
         struct sigaction forward;
         fc_replaced[index] = 0;
@@ -152,13 +153,13 @@ void fc_forward_signals_begin(void) {
 }
 
 void fc_forward_signals_to(pid_t pid) {
-    fc_forward_pid = pid;
+    __atomic_store_n(&fc_forward_pid, pid, __ATOMIC_SEQ_CST);
     int pending = __atomic_exchange_n(&fc_pending_signal, 0, __ATOMIC_SEQ_CST);
     if (pending) kill(pid, pending);
 }
 
 void fc_forward_signals_end(void) {
-    fc_forward_pid = 0;
+    __atomic_store_n(&fc_forward_pid, 0, __ATOMIC_SEQ_CST);
     for (int index = 0; index < fc_forwarded_count; index++) {
         if (fc_replaced[index]) sigaction(fc_forwarded[index], &fc_previous[index], NULL);
         fc_replaced[index] = 0;
