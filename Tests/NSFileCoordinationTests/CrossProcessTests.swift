@@ -82,23 +82,32 @@ final class SavingDocument: NSObject, NSFilePresenter, @unchecked Sendable {
 
 @Suite("NSFileCoordinator across processes", .timeLimit(.minutes(3)))
 struct NSCrossProcessTests {
-    @Test("a coordination in another process asks the document here to save: it saves through its own coordinator while that coordination waits, and the command reads what it saved",
-          arguments: ["--read", "--write"])
-    func saveThroughOwnCoordinator(access: String) async throws {
+    /// Runs `body` with a ``SavingDocument`` of a file holding "old", added and published
+    /// in this process's space: the space's directory, the file, the document's journal
+    /// and the scratch directory that holds the file.
+    func withSavingDocument(autosave: Double? = nil, _ body: (String, URL, Journal, Scratch) async throws -> Void) async throws {
         let scratch = Scratch(), journal = Journal()
         let space = try await joinedSpace(scratch)
         let file = scratch.file("doc.txt", "old")
-        let document = SavingDocument(url: file, journal: journal)
+        let document = SavingDocument(url: file, journal: journal, autosave: autosave)
         NSFileCoordinator.addFilePresenter(document)
         defer { NSFileCoordinator.removeFilePresenter(document) }
         #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
-        let started = ContinuousClock.now
-        let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, access, file.path,
-                                                   "--presenter-timeout", "20", "--", "cat", file.path])
-        #expect(status == 0, "\(output)")
-        #expect(ContinuousClock.now - started < .seconds(10), "the save waited for the coordination that asked for it")
-        #expect(output == "saved", "the command ran before the save")
-        #expect(journal.all == ["saved"])
+        try await body(space, file, journal, scratch)
+    }
+
+    @Test("a coordination in another process asks the document here to save: it saves through its own coordinator while that coordination waits, and the command reads what it saved",
+          arguments: ["--read", "--write"])
+    func saveThroughOwnCoordinator(access: String) async throws {
+        try await withSavingDocument { space, file, journal, _ in
+            let started = ContinuousClock.now
+            let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, access, file.path,
+                                                       "--presenter-timeout", "20", "--", "cat", file.path])
+            #expect(status == 0, "\(output)")
+            #expect(ContinuousClock.now - started < .seconds(10), "the save waited for the coordination that asked for it")
+            #expect(output == "saved", "the command ran before the save")
+            #expect(journal.all == ["saved"])
+        }
     }
 
     @Test("a writer in another process waits until the presenter here calls the block it was given")
@@ -121,45 +130,35 @@ struct NSCrossProcessTests {
 
     @Test("a write the document started under the save's loan ends before the coordination that asked for the save goes on")
     func loanCoversItsWritesToTheirEnd() async throws {
-        let scratch = Scratch()
-        let space = try await joinedSpace(scratch)
-        let file = scratch.file("doc.txt", "old")
-        let document = SavingDocument(url: file, journal: Journal(), autosave: 1)
-        NSFileCoordinator.addFilePresenter(document)
-        defer { NSFileCoordinator.removeFilePresenter(document) }
-        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
-        let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, "--write", file.path,
-                                                   "--presenter-timeout", "20", "--", "cat", file.path])
-        #expect(status == 0)
-        #expect(output == "autosaved", "the command ran while the document's write went on")
+        try await withSavingDocument(autosave: 1) { space, file, _, _ in
+            let (status, output) = try await runToEnd([filecoordBinary, "exec", "--space", space, "--write", file.path,
+                                                       "--presenter-timeout", "20", "--", "cat", file.path])
+            #expect(status == 0)
+            #expect(output == "autosaved", "the command ran while the document's write went on")
+        }
     }
 
     @Test("a reader asks the document to save while a reader of another process is in its accessor: the save's write waits for that reader, which reads what was there")
     func noLoanBesideAnotherReader() async throws {
-        let scratch = Scratch(), journal = Journal()
-        let space = try await joinedSpace(scratch)
-        let file = scratch.file("doc.txt", "old")
-        let document = SavingDocument(url: file, journal: journal)
-        NSFileCoordinator.addFilePresenter(document)
-        defer { NSFileCoordinator.removeFilePresenter(document) }
-        #expect(try await waitForStatus(space: space) { listsPresenter($0, of: resolved(file)) }, "the presenter was never published")
-        let fifo = scratch.path + "/release"
-        #expect(mkfifo(fifo, 0o600) == 0)
-        // A reader in its accessor until told to go; then it reads the file.
-        let reading = try Child([filecoordBinary, "exec", "--space", space, "--read", file.path, "--presenter-timeout", "20", "--", "sh", "-c",
-                                 "echo in; timeout 300 sh -c 'read x < \"$0\"' \"$0\"; cat \"$1\"; echo", fifo, file.path])
-        // It asked the document to save first.
-        #expect(try await reading.lines.waitAsync { $0 == ["in"] })
-        #expect(journal.all == ["saved"])
-        // A second reader asks the document to save (and gives up on it after 2 s).
-        let asking = Task { try await runToEnd([filecoordBinary, "exec", "--space", space, "--read", file.path,
-                                                "--presenter-timeout", "2", "--", "true"], includeStandardError: true) }
-        #expect(try await journal.waitAsync(seconds: 5) { $0.count > 1 } == false, "the save wrote while a reader of another process read: \(journal.all)")
-        _ = try await runToEnd(["sh", "-c", "echo go > '\(fifo)'"])
-        #expect(try await reading.wait() == 0)
-        #expect(reading.lines.all == ["in", "saved"], "the reader read what the second save wrote")
-        _ = try await asking.value
-        #expect(try await journal.waitAsync(seconds: 20) { $0 == ["saved", "saved 2"] }, "the second save never wrote: \(journal.all)")
+        try await withSavingDocument { space, file, journal, scratch in
+            let fifo = scratch.path + "/release"
+            #expect(mkfifo(fifo, 0o600) == 0)
+            // A reader in its accessor until told to go; then it reads the file.
+            let reading = try Child([filecoordBinary, "exec", "--space", space, "--read", file.path, "--presenter-timeout", "20", "--", "sh", "-c",
+                                     "echo in; timeout 300 sh -c 'read x < \"$0\"' \"$0\"; cat \"$1\"; echo", fifo, file.path])
+            // It asked the document to save first.
+            #expect(try await reading.lines.waitAsync { $0 == ["in"] })
+            #expect(journal.all == ["saved"])
+            // A second reader asks the document to save (and gives up on it after 2 s).
+            let asking = Task { try await runToEnd([filecoordBinary, "exec", "--space", space, "--read", file.path,
+                                                    "--presenter-timeout", "2", "--", "true"], includeStandardError: true) }
+            #expect(try await journal.waitAsync(seconds: 5) { $0.count > 1 } == false, "the save wrote while a reader of another process read: \(journal.all)")
+            _ = try await runToEnd(["sh", "-c", "echo go > '\(fifo)'"])
+            #expect(try await reading.wait() == 0)
+            #expect(reading.lines.all == ["in", "saved"], "the reader read what the second save wrote")
+            _ = try await asking.value
+            #expect(try await journal.waitAsync(seconds: 20) { $0 == ["saved", "saved 2"] }, "the second save never wrote: \(journal.all)")
+        }
     }
 
     @Test("cancel() ends a coordination waiting for another process's claim: NSUserCancelledError, and the accessor never runs")

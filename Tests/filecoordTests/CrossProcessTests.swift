@@ -287,46 +287,36 @@ struct CrossProcessTests: CrossProcessFixture {
         let file = scratch.write("doc", "old")
         let escape = scratch.path + "/escape"
         try FileManager.default.createDirectory(atPath: escape, withIntermediateDirectories: false)
-        let (presenter, _, box) = try await presentAlone(file)
-        // A real relinquish, left unread while the presenter is stopped, copied under a
-        // sender's name that climbs out of the mailboxes.
-        presenter.signal(SIGSTOP)
-        let gaveUp = try await filecoord("write", file, "--space", space, "--presenter-timeout", "0.3", stdin: Data("new".utf8))
-        #expect(gaveUp.status == 0, "\(gaveUp.errorText)")
-        let names = try FileManager.default.contentsOfDirectory(atPath: box)
-        let request = try #require(names.lazy.compactMap { try? String(contentsOfFile: box + "/" + $0, encoding: .utf8) }
-            .first { $0.contains("kind relinquish") })
-        let forged = request.split(separator: "\n").map { $0.hasPrefix("from ") ? "from ../../escape" : String($0) }.joined(separator: "\n") + "\n"
-        #expect(FileManager.default.createFile(atPath: box + "/forged", contents: Data(forged.utf8)))
-        presenter.signal(SIGCONT)
-        // It reads its mailbox in order: once it has answered `status`, it has read the forgery.
-        #expect(try await filecoord("status", "--space", space).status == 0)
+        let errors = try await presenterReading(relinquishFrom: "../../escape", named: "forged", of: file)
         #expect(try FileManager.default.contentsOfDirectory(atPath: escape).isEmpty, "a reply was written outside the space")
-        presenter.signal(SIGTERM)
-        let ended = await presenter.wait()
-        #expect(ended.stderr.contains("ignored a file in the coordination space") && ended.stderr.contains("forged"), "\(ended.stderr)")
+        #expect(errors.contains("ignored a file in the coordination space") && errors.contains("forged"), "\(errors)")
     }
 
     @Test("a presenter request from a process that is not in the space (a valid name with no record) is ignored with a warning, not served", .timeLimit(.minutes(2)))
     func requestFromNoMember() async throws {
         let file = scratch.write("doc", "old")
+        let errors = try await presenterReading(relinquishFrom: "1-0", named: "1-0-1", of: file)
+        #expect(errors.contains("is not in the space") && errors.contains("1-0-1"), "\(errors)")
+    }
+
+    /// A presenter of `file` that reads a real relinquish (left unread while it was
+    /// stopped) copied under the sender `sender`, in its mailbox's file `name`: what it
+    /// wrote on stderr once it has read it (it reads its mailbox in order: once it has
+    /// answered `status`, it has read the copy) and ended.
+    func presenterReading(relinquishFrom sender: String, named name: String, of file: String) async throws -> String {
         let (presenter, _, box) = try await presentAlone(file)
-        // A real relinquish, left unread while the presenter is stopped, copied under the
-        // name of a process that has no record.
         presenter.signal(SIGSTOP)
         let gaveUp = try await filecoord("write", file, "--space", space, "--presenter-timeout", "0.3", stdin: Data("new".utf8))
         #expect(gaveUp.status == 0, "\(gaveUp.errorText)")
         let names = try FileManager.default.contentsOfDirectory(atPath: box)
         let request = try #require(names.lazy.compactMap { try? String(contentsOfFile: box + "/" + $0, encoding: .utf8) }
             .first { $0.contains("kind relinquish") })
-        let forged = request.split(separator: "\n").map { $0.hasPrefix("from ") ? "from 1-0" : String($0) }.joined(separator: "\n") + "\n"
-        #expect(FileManager.default.createFile(atPath: box + "/1-0-1", contents: Data(forged.utf8)))
+        let forged = request.split(separator: "\n").map { $0.hasPrefix("from ") ? "from \(sender)" : String($0) }.joined(separator: "\n") + "\n"
+        #expect(FileManager.default.createFile(atPath: box + "/" + name, contents: Data(forged.utf8)))
         presenter.signal(SIGCONT)
-        // It reads its mailbox in order: once it has answered `status`, it has read the forgery.
         #expect(try await filecoord("status", "--space", space).status == 0)
         presenter.signal(SIGTERM)
-        let ended = await presenter.wait()
-        #expect(ended.stderr.contains("is not in the space") && ended.stderr.contains("1-0-1"), "\(ended.stderr)")
+        return await presenter.wait().stderr
     }
 
     @Test("a slot of a live sender read while the sender still writes it (cut short) is left for its own close, then served; the presenter hears the message", .timeLimit(.minutes(2)))

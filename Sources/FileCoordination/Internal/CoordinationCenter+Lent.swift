@@ -1,4 +1,5 @@
 import AsyncFileIO
+import Synchronization
 import SystemPackage
 
 extension CoordinationCenter {
@@ -46,6 +47,9 @@ extension CoordinationCenter {
             return ended
         }
     }
+
+    /// Numbers the loans of items to this process's presenters (``lend(_:_:)``).
+    static let loans = Atomic<UInt64>(0)
 
     /// Lends `path`, held by another process's coordination, to the coordinators made for
     /// `presenter` while that coordination waits for it (``Lent``). Not in a space that

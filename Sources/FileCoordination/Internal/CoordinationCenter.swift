@@ -30,8 +30,6 @@ package final class CoordinationCenter: Sendable {
     }
 
     let state = Locked(State())
-    /// Numbers the loans of items to this process's presenters (``lend(_:_:)``).
-    static let loans = Atomic<UInt64>(0)
     /// Registered presenters, readable without the lock (the fast path's question).
     let presenterCount = Atomic<Int>(0)
     /// A transport of this center's own, in place of the process's space (tests).
@@ -151,7 +149,7 @@ package final class CoordinationCenter: Sendable {
 
     /// ``SpaceHooks/rejoin``: the space `join` makes replaces `lost` if `lost` is still
     /// the process's space (not left, not replaced meanwhile).
-    private static func replace(_ lost: any CoordinationTransport,
+    static func replace(_ lost: any CoordinationTransport,
                                 with join: @Sendable (SpaceHooks) async throws -> any CoordinationTransport) async throws -> Bool {
         func isCurrent(_ setting: SpaceSetting) -> Bool {
             if case .joined(let current) = setting { current === lost } else { false }
@@ -166,26 +164,6 @@ package final class CoordinationCenter: Sendable {
         guard replaced else { return false }
         for (presenter, path) in shared.state.withLock({ $0.presenters.entries }) { _ = await space.publish(presenter, at: path) }
         return true
-    }
-
-    /// What the process's space calls back, whichever center joined it: the process's
-    /// center (``shared``), as the space is the process's (tests' private centers share it).
-    package static var spaceHooks: SpaceHooks { shared.hooks }
-
-    /// What a space serving this center calls back: its claims, its presenters' watches,
-    /// and following a presenter moved by another process.
-    package var hooks: SpaceHooks {
-        SpaceHooks(
-            claims: { [self] in statusClaims() },
-            suppress: { [self] presenter, path in
-                guard let watch = watch(of: ObjectIdentifier(presenter)) else { return nil }
-                let token = watch.beginSuppressing(path)
-                return EchoSuppression(end: { await watch.endSuppressing(token) },
-                                       endOnWatcherThread: { watch.endSuppressingOnWatcherThread(token) })
-            },
-            presenterMoved: { [self] presenter, from, to in await presenterMoved(presenter, from: from, to: to) },
-            lend: { [self] presenter, path in lend(presenter, path) },
-            rejoin: { lost, join in try await Self.replace(lost, with: join) })
     }
 
     /// Coordinates within this process only from now on.
