@@ -56,11 +56,14 @@ package final class PresenterWatch: Sendable {
     /// With `movedHere`, the presenter is told first that its item moved to `path`.
     private func begin(at path: FilePath, reportingExisting: Bool, movedHere: Bool = false) async throws {
         let generation = nextGeneration()
+        // Held from before the watch starts: what the watch reports happens after it. (Not
+        // between the watcher's start and its installing below: a write's suppression ends
+        // with no sync while no watcher is installed, and the write's events would then
+        // reach the presenter as a change made outside coordination.)
+        let anchor = AnchorSlot(await runOnIOThreadToCompletion { ItemAnchor(holding: path) })
         let watcher = try await FileWatcher(watching: path, recursive: presenter.presentedItemWatchesSubtree,
                                             settle: presenter.presentedItemSettleInterval,
                                             reportingExisting: reportingExisting)
-        // Held from the watch's start: what the watch reports happened after it.
-        let anchor = AnchorSlot(await runOnIOThreadToCompletion { ItemAnchor(holding: path) })
         // Said before the watch is reported started (a command prints `ready` then).
         let warned = !watcher.unwatchedDirectories.isEmpty
         if warned { Self.warnUnwatched(watcher.unwatchedDirectories, of: path) }
